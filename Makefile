@@ -1,0 +1,50 @@
+# Two commands: `make demo` and `make test`. Each builds its environment from this
+# repository's files on a fresh machine (python3.11, pip, the package registries).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+SGL_VENV := .venv-sglang
+SGL_PY := $(SGL_VENV)/bin/python
+
+.PHONY: demo test lint format venv sglang-venv test-core test-sglang bench clean
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# SGLang's real classes on CPU: torch 2.13.0 (CPU build on local disk), sglang pinned
+# exactly and installed without its GPU dependencies (see tests/sglang/README.md).
+sglang-venv: $(SGL_VENV)/.installed
+$(SGL_VENV)/.installed: pyproject.toml tests/sglang/requirements-cpu.txt
+	$(PYTHON) -m venv $(SGL_VENV)
+	$(SGL_PY) -m pip install --quiet --upgrade "pip>=24"
+	$(SGL_PY) -m pip install --quiet torch==2.13.0
+	$(SGL_PY) -m pip install --quiet --no-deps sglang==0.5.23
+	$(SGL_PY) -m pip install --quiet -r tests/sglang/requirements-cpu.txt
+	$(SGL_PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test-core: venv
+	$(PY) -m pytest -q -m "not sglang" -p no:cacheprovider
+
+test-sglang: sglang-venv
+	$(SGL_PY) -m pytest -q -m sglang -p no:cacheprovider tests/sglang
+
+test: lint test-core test-sglang
+
+demo: venv
+	$(PY) -m prism_proxy.cli explain examples/explain_round.json
+
+clean:
+	rm -rf $(VENV) $(SGL_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,108 @@
+"""Start and stop the project's servers as real subprocesses on loopback.
+
+Used by the sweep, the demo, the benchmarks and the integration tests, so that all of
+them exercise the same console entry points over real HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A running server: its process, base URL and log file."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, wait, then SIGKILL; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout_s)
+        return int(self.process.returncode)
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float, path: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with code {process.returncode} before {url}{path}")
+        try:
+            response = httpx.get(url + path, timeout=2.0)
+            if response.status_code == 200:
+                return
+            last_error = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            last_error = repr(exc)
+        time.sleep(0.05)
+    raise TimeoutError(f"{url}{path} not healthy after {timeout_s:.0f}s: {last_error}")
+
+
+@contextlib.contextmanager
+def run_server(
+    module: str,
+    args: Sequence[str],
+    *,
+    port: int | None = None,
+    log_dir: Path | None = None,
+    name: str | None = None,
+    health_path: str = "/health",
+    startup_timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[ServerProcess]:
+    """Run `python -m <module> <args> --port P` until the block exits.
+
+    The port is appended (free one when not given); the server must answer 200 on
+    `health_path` before the block starts. Output goes to a log file.
+    """
+    port = port or free_port()
+    log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name or module.replace('.', '_')}-{port}.log"
+    command = [sys.executable, "-m", module, *args, "--port", str(port)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    server = ServerProcess(process=process, url=f"http://127.0.0.1:{port}", log_path=log_path)
+    try:
+        wait_healthy(server.url, process, startup_timeout_s, health_path)
+        yield server
+    except BaseException:
+        server.stop()
+        sys.stderr.write(server.log_text()[-4000:])
+        raise
+    else:
+        server.stop()

@@ -1,0 +1,85 @@
+"""Plain data the scheduling policies take and return (SPEC §2, §5).
+
+Policies are pure: they see a snapshot of the queue and of the backend's active set,
+and return a `RoundPlan`. Time enters only through each request's `arrival`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Lane(StrEnum):
+    """Which lane of a wave released a request (SPEC §2, dispatch wave)."""
+
+    HOT = "hot"
+    COLD = "cold"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """A request waiting in QAS.
+
+    `segments` is the request's skeleton Π_i: reusable-segment ids in the order the
+    client sent them. `reorder` says whether they are order-insensitive (SPEC §1).
+    `prefix_key` identifies the serialized head (system prompt + template) so that the
+    baselines' approximate cache view never matches across different heads;
+    `segment_tokens` gives each segment's token length (weights for prefix-match
+    lengths; 1 each when unknown), `head_tokens` the head's.
+    """
+
+    rid: str
+    arrival: float
+    segments: tuple[str, ...] = ()
+    reorder: bool = True
+    prefix_key: str = ""
+    head_tokens: int = 0
+    segment_tokens: tuple[int, ...] | None = None
+
+    def segment_length(self, index: int) -> int:
+        return 1 if self.segment_tokens is None else self.segment_tokens[index]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRequest:
+    """A request released to the backend and not finished yet (Q_active)."""
+
+    rid: str
+    segments: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BucketView:
+    """One bucket of a round, for reporting (scan order is the list order)."""
+
+    signature: tuple[str, ...]
+    rids: tuple[str, ...]
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaveEntry:
+    rid: str
+    lane: Lane
+
+
+@dataclass(frozen=True, slots=True)
+class RoundPlan:
+    """What one round decides.
+
+    * `priorities`: P_t(r; ∅) for every segment seen in the queue or the active set.
+    * `skeletons`: per queued rid, the segment order to serialize (Π*_i for `prism`).
+    * `signatures`: per queued rid, its bucket signature (empty = cold only).
+    * `buckets`: hot-lane candidate buckets in scan order (policies without buckets
+      report none).
+    * `wave`: released requests in release order, at most `wave_size` of them.
+    * `dispatch_priorities`: P̂_t(r) = P_t(r; B_dispatch_t) (SPEC §3).
+    """
+
+    priorities: dict[str, float] = field(default_factory=dict)
+    skeletons: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    signatures: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    buckets: list[BucketView] = field(default_factory=list)
+    wave: list[WaveEntry] = field(default_factory=list)
+    dispatch_priorities: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,145 @@
+"""`prism-proxy explain`: what one scheduling round would do, as JSON (issue 2).
+
+Reads a round description (JSON, stdin or a file), prints the policy's `RoundPlan`.
+Bad input exits with code 2 and a one-line error naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Literal, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.policies import make_policy
+from prism_proxy.qas.types import ActiveRequest, QueuedRequest, RoundPlan
+
+EXIT_BAD_INPUT = 2
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _unique_segments(segments: list[str]) -> list[str]:
+    if any(not s for s in segments):
+        raise ValueError("segment ids must be non-empty")
+    duplicates = sorted({s for s in segments if segments.count(s) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate segment ids {duplicates}")
+    return segments
+
+
+class QueuedIn(_Strict):
+    rid: str = Field(min_length=1)
+    arrival: float
+    segments: list[str] = []
+    reorder: bool = True
+
+    @field_validator("segments")
+    @classmethod
+    def _check_segments(cls, segments: list[str]) -> list[str]:
+        return _unique_segments(segments)
+
+
+class ActiveIn(_Strict):
+    rid: str = Field(min_length=1)
+    segments: list[str] = []
+
+    @field_validator("segments")
+    @classmethod
+    def _check_segments(cls, segments: list[str]) -> list[str]:
+        return _unique_segments(segments)
+
+
+class ExplainInput(_Strict):
+    policy: Literal["prism", "fifo", "klpm", "contextpilot"] = "prism"
+    wave_size: int = Field(ge=0)
+    params: dict[str, float | int] = {}
+    queue: list[QueuedIn] = []
+    active: list[ActiveIn] = []
+
+
+class BadInput(ValueError):
+    """A one-line message naming the offending field."""
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "input"
+
+
+def parse_input(text: str) -> tuple[ExplainInput, QasParams]:
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"input: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    try:
+        parsed = ExplainInput.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BadInput(f"{_field_path(first['loc'])}: {first['msg']}") from None
+    seen: set[str] = set()
+    for where, items in (("queue", parsed.queue), ("active", parsed.active)):
+        for index, item in enumerate(items):
+            if item.rid in seen:
+                raise BadInput(f"{where}[{index}].rid: duplicate rid {item.rid!r}")
+            seen.add(item.rid)
+    try:
+        params = QasParams.from_overrides(parsed.params)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    return parsed, params
+
+
+def explain(document: ExplainInput, params: QasParams) -> dict[str, Any]:
+    """Run one round of the chosen policy on the described snapshot."""
+    queue = [QueuedRequest(q.rid, q.arrival, tuple(q.segments), q.reorder) for q in document.queue]
+    active = [ActiveRequest(a.rid, tuple(a.segments)) for a in document.active]
+    plan = make_policy(document.policy, params).plan_round(queue, active, document.wave_size)
+    return plan_to_json(plan, document.policy, document.wave_size)
+
+
+def plan_to_json(plan: RoundPlan, policy: str, wave_size: int) -> dict[str, Any]:
+    return {
+        "policy": policy,
+        "wave_size": wave_size,
+        "priorities": plan.priorities,
+        "requests": {
+            rid: {"skeleton": list(skeleton), "signature": list(plan.signatures.get(rid, ()))}
+            for rid, skeleton in plan.skeletons.items()
+        },
+        "buckets": [
+            {"signature": list(b.signature), "rids": list(b.rids), "score": b.score}
+            for b in plan.buckets
+        ],
+        "wave": [{"rid": e.rid, "lane": e.lane.value} for e in plan.wave],
+        "dispatch_priorities": plan.dispatch_priorities,
+    }
+
+
+def run(source: TextIO, out: TextIO, err: TextIO) -> int:
+    try:
+        document, params = parse_input(source.read())
+    except BadInput as exc:
+        err.write(f"error: {exc}\n")
+        return EXIT_BAD_INPUT
+    json.dump(explain(document, params), out, indent=2)
+    out.write("\n")
+    return 0
+
+
+def main(path: str | None = None) -> int:
+    """Entry point for `prism-proxy explain [FILE]` (stdin when FILE is absent or '-')."""
+    if path in (None, "-"):
+        return run(sys.stdin, sys.stdout, sys.stderr)
+    try:
+        with open(path, encoding="utf-8") as source:
+            return run(source, sys.stdout, sys.stderr)
+    except OSError as exc:
+        sys.stderr.write(f"error: input: cannot read {path}: {exc.strerror}\n")
+        return EXIT_BAD_INPUT

@@ -1,0 +1,140 @@
+"""Baseline admission policies behind the same interface as QAS (SPEC §5).
+
+* `fifo`: arrival order, what native SGLang sees with no proxy.
+* `klpm`: k-LPM: repeat { the oldest request; then k−1 times the request with the
+  longest prefix match against the proxy's cache view }. No reordering.
+* `contextpilot`: reorder each request so segments believed cached come first (along
+  the view's most recently used path), group by first segment, largest groups first.
+
+Every wave is recorded in the policy's `CacheView` as it is released. Lanes for the
+metrics: requests taken for their age are `cold`, those taken for affinity `hot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prism_proxy.qas.cache_view import CacheView
+from prism_proxy.qas.counters import SegmentCounters
+from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.round import fifo_order
+from prism_proxy.qas.types import (
+    ActiveRequest,
+    BucketView,
+    Lane,
+    QueuedRequest,
+    RoundPlan,
+    WaveEntry,
+)
+
+
+def _plan(
+    counters: SegmentCounters,
+    queue: Sequence[QueuedRequest],
+    skeletons: dict[str, tuple[str, ...]],
+    wave: list[WaveEntry],
+    buckets: list[BucketView] | None = None,
+) -> RoundPlan:
+    return RoundPlan(
+        priorities=counters.base_priorities(),
+        skeletons=skeletons,
+        signatures={q.rid: () for q in queue},
+        buckets=buckets or [],
+        wave=wave,
+        dispatch_priorities=counters.batch_priorities(skeletons[e.rid] for e in wave),
+    )
+
+
+class FifoPolicy:
+    name = "fifo"
+
+    def __init__(self, params: QasParams) -> None:
+        self.params = params
+
+    def plan_round(
+        self, queue: Sequence[QueuedRequest], active: Sequence[ActiveRequest], wave_size: int
+    ) -> RoundPlan:
+        ordered = fifo_order(queue)
+        wave = [WaveEntry(q.rid, Lane.COLD) for q in ordered[: max(0, wave_size)]]
+        skeletons = {q.rid: tuple(q.segments) for q in queue}
+        return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)
+
+
+class KlpmPolicy:
+    name = "klpm"
+
+    def __init__(self, params: QasParams) -> None:
+        self.params = params
+        self.view = CacheView(params.cache_view_tokens)
+
+    def plan_round(
+        self, queue: Sequence[QueuedRequest], active: Sequence[ActiveRequest], wave_size: int
+    ) -> RoundPlan:
+        remaining = fifo_order(queue)
+        wave: list[WaveEntry] = []
+        while remaining and len(wave) < wave_size:
+            picked = remaining.pop(0)
+            self.view.insert(picked, picked.segments)
+            wave.append(WaveEntry(picked.rid, Lane.COLD))
+            for _ in range(self.params.k - 1):
+                if not remaining or len(wave) >= wave_size:
+                    break
+                best = max(
+                    range(len(remaining)),
+                    key=lambda i: (self.view.match_tokens(remaining[i], remaining[i].segments), -i),
+                )
+                picked = remaining.pop(best)
+                self.view.insert(picked, picked.segments)
+                wave.append(WaveEntry(picked.rid, Lane.HOT))
+        skeletons = {q.rid: tuple(q.segments) for q in queue}
+        return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)
+
+
+class ContextPilotPolicy:
+    name = "contextpilot"
+
+    def __init__(self, params: QasParams) -> None:
+        self.params = params
+        self.view = CacheView(params.cache_view_tokens)
+
+    def cached_first(self, request: QueuedRequest) -> tuple[str, ...]:
+        """Segments along the view's most recently used path first, the rest in order."""
+        if not request.reorder:
+            return tuple(request.segments)
+        node = self.view.head_node(request)
+        remaining = dict.fromkeys(request.segments)
+        front: list[str] = []
+        while node is not None and remaining:
+            candidates = [
+                child
+                for key, child in node.children.items()
+                if key.startswith("seg:") and key[4:] in remaining
+            ]
+            node = max(candidates, key=lambda c: c.last_used, default=None)
+            if node is not None:
+                front.append(node.key[4:])
+                del remaining[node.key[4:]]
+        return (*front, *remaining)
+
+    def plan_round(
+        self, queue: Sequence[QueuedRequest], active: Sequence[ActiveRequest], wave_size: int
+    ) -> RoundPlan:
+        ordered = fifo_order(queue)
+        skeletons = {q.rid: self.cached_first(q) for q in ordered}
+        groups: dict[tuple[str, ...], list[QueuedRequest]] = {}
+        for request in ordered:
+            groups.setdefault(skeletons[request.rid][:1], []).append(request)
+        scan = sorted(groups.items(), key=lambda item: -len(item[1]))  # stable: oldest first
+        wave: list[WaveEntry] = []
+        for _, members in scan:
+            for request in members:
+                if len(wave) >= wave_size:
+                    break
+                self.view.insert(request, skeletons[request.rid])
+                wave.append(WaveEntry(request.rid, Lane.HOT))
+        buckets = [
+            BucketView(key, tuple(q.rid for q in members), float(len(members)))
+            for key, members in scan
+        ]
+        counters = SegmentCounters.snapshot(queue, active, self.params)
+        return _plan(counters, queue, skeletons, wave, buckets)

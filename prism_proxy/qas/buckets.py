@@ -1,0 +1,76 @@
+"""Signature buckets and their scores (SPEC §2, bucket score).
+
+With R_b the distinct segments of bucket b, T[b] its queued requests (FIFO) and
+B_hot_b the first min(|T[b]|, M − q_cold) of them:
+
+    U(b)     = (1/|R_b|) · Σ_{r ∈ R_b} P_t(r; B_hot_b)
+    Score(b) = α_size·|T[b]| + β_util·U(b)
+
+Every segment of a request in B_hot_b lies in R_b, so
+Σ_{r ∈ R_b} n_t(r; B_hot_b) = Σ_{q ∈ B_hot_b} |R(q)|: one pass over the bucket's
+segment occurrences scores it, O(S) for the whole round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prism_proxy.qas.counters import SegmentCounters
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A queued request as the round sees it: FIFO rank, aligned skeleton, signature."""
+
+    rid: str
+    rank: int
+    arrival: float
+    skeleton: tuple[str, ...]
+    signature: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Bucket:
+    signature: tuple[str, ...]
+    members: list[Member] = field(default_factory=list)
+    score: float = 0.0
+
+    @property
+    def oldest_rank(self) -> int:
+        return self.members[0].rank
+
+
+def group_by_signature(members: Iterable[Member]) -> list[Bucket]:
+    """Buckets of equal non-empty signatures; members must come in FIFO order.
+
+    Requests with the empty signature are cold-only and join no bucket.
+    """
+    buckets: dict[tuple[str, ...], Bucket] = {}
+    for member in members:
+        if member.signature:
+            bucket = buckets.get(member.signature)
+            if bucket is None:
+                bucket = buckets[member.signature] = Bucket(member.signature)
+            bucket.members.append(member)
+    return list(buckets.values())
+
+
+def bucket_score(
+    bucket: Bucket, counters: SegmentCounters, hot_capacity: int
+) -> tuple[float, float]:
+    """(Score(b), U(b)) for a bucket given the hot-lane capacity M − q_cold."""
+    params = counters.params
+    distinct = {segment for member in bucket.members for segment in member.skeleton}
+    base = sum(counters.base_priority(segment) for segment in distinct)
+    hot_batch = bucket.members[: max(0, hot_capacity)]
+    next_total = sum(len(set(member.skeleton)) for member in hot_batch)
+    utility = (base + params.w_n * next_total) / len(distinct)
+    return params.alpha_size * len(bucket.members) + params.beta_util * utility, utility
+
+
+def scan_order(buckets: list[Bucket], counters: SegmentCounters, hot_capacity: int) -> list[Bucket]:
+    """Score each bucket once; descending score, ties to the older oldest request."""
+    for bucket in buckets:
+        bucket.score, _ = bucket_score(bucket, counters, hot_capacity)
+    return sorted(buckets, key=lambda b: (-b.score, b.oldest_rank))

@@ -1,0 +1,89 @@
+"""The proxy's approximate view of the backend cache, for the baselines (SPEC §5).
+
+Like sgl-model-gateway's approximate tree, it records what the proxy dispatched, is
+bounded in tokens, is pruned least-recently-used first, and never sees the backend's
+evictions. Prompts are concatenations of separately tokenized pieces (SPEC §1), so the
+tree is kept over pieces (the serialized head, then segment ids) weighted by their token
+lengths: two prompts share a token prefix exactly across the pieces they share, and
+matching costs O(pieces) instead of O(tokens). Private suffixes are never reused and are
+not recorded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from prism_proxy.qas.types import QueuedRequest
+
+
+@dataclass(eq=False, slots=True)
+class ViewNode:
+    key: str
+    tokens: int
+    parent: ViewNode | None
+    children: dict[str, ViewNode] = field(default_factory=dict)
+    last_used: int = 0
+
+
+def request_path(request: QueuedRequest, order: Sequence[str]) -> list[tuple[str, int]]:
+    """(piece key, tokens) for the head and each segment of `order`."""
+    lengths = dict(zip(request.segments, range(len(request.segments)), strict=True))
+    path = [("head:" + request.prefix_key, request.head_tokens)]
+    path.extend(("seg:" + s, request.segment_length(lengths[s])) for s in order)
+    return path
+
+
+class CacheView:
+    """A bounded piece-level radix tree with LRU pruning."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.root = ViewNode("", 0, None)
+        self.total_tokens = 0
+        self._clock = itertools.count(1)
+        self._lru: list[tuple[int, int, ViewNode]] = []
+        self._ids = itertools.count()
+
+    def match_tokens(self, request: QueuedRequest, order: Sequence[str]) -> int:
+        """Tokens of the longest recorded prefix of the request in this order."""
+        node, matched = self.root, 0
+        for key, tokens in request_path(request, order):
+            child = node.children.get(key)
+            if child is None:
+                break
+            node, matched = child, matched + tokens
+        return matched
+
+    def head_node(self, request: QueuedRequest) -> ViewNode | None:
+        return self.root.children.get("head:" + request.prefix_key)
+
+    def insert(self, request: QueuedRequest, order: Sequence[str]) -> None:
+        """Record a dispatched prompt and mark its path most recently used."""
+        tick = next(self._clock)
+        node = self.root
+        for key, tokens in request_path(request, order):
+            child = node.children.get(key)
+            if child is None:
+                child = node.children[key] = ViewNode(key, tokens, node)
+                self.total_tokens += tokens
+            child.last_used = tick
+            node = child
+        heapq.heappush(self._lru, (tick, next(self._ids), node))
+        self._prune()
+
+    def _prune(self) -> None:
+        while self.total_tokens > self.capacity_tokens and self._lru:
+            tick, _, node = heapq.heappop(self._lru)
+            if node.children or node.last_used != tick or node.parent is None:
+                continue  # stale entry: touched again, or no longer a leaf
+            parent = node.parent
+            if parent.children.get(node.key) is not node:
+                continue
+            del parent.children[node.key]
+            node.parent = None
+            self.total_tokens -= node.tokens
+            if parent is not self.root and not parent.children:
+                heapq.heappush(self._lru, (parent.last_used, next(self._ids), parent))

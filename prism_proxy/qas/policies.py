@@ -1,0 +1,47 @@
+"""Scheduling policies by name (SPEC §2, §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from prism_proxy.qas.baselines import ContextPilotPolicy, FifoPolicy, KlpmPolicy
+from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.prism import PrismPolicy
+from prism_proxy.qas.types import ActiveRequest, QueuedRequest, RoundPlan
+
+
+class SchedulingPolicy(Protocol):
+    """Decides which queued requests a round releases, in what order, with what skeleton.
+
+    Contract: the wave holds at most `wave_size` distinct rids, all from `queue`, and
+    exactly min(wave_size, len(queue)) of them. `skeletons[rid]` is a permutation of the
+    request's segments (the identity when `reorder` is false). The policy may keep state
+    across rounds only to model what it released (the baselines' cache view).
+    """
+
+    name: str
+
+    def plan_round(
+        self,
+        queue: Sequence[QueuedRequest],
+        active: Sequence[ActiveRequest],
+        wave_size: int,
+    ) -> RoundPlan: ...
+
+
+POLICIES: dict[str, Callable[[QasParams], SchedulingPolicy]] = {
+    "prism": PrismPolicy,
+    "fifo": FifoPolicy,
+    "klpm": KlpmPolicy,
+    "contextpilot": ContextPilotPolicy,
+}
+
+
+def make_policy(name: str, params: QasParams | None = None) -> SchedulingPolicy:
+    """Build a policy by name; unknown names raise ValueError listing the choices."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+    return factory(params or QasParams())

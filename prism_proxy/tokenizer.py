@@ -1,0 +1,180 @@
+"""Tokenizer loading: the served model's tokenizer, or the deterministic ``builtin``.
+
+``load_tokenizer(spec)`` takes ``None``/``"builtin"`` or a model directory holding
+``tokenizer.json`` (the ``tokenizers`` library's format; no ``transformers`` needed) and
+optionally ``tokenizer_config.json`` (``chat_template``, ``bos_token``, ``eos_token``) or
+``chat_template.jinja``. Chat templates are rendered the way Hugging Face does: a jinja2
+sandboxed environment with ``trim_blocks``/``lstrip_blocks``, the ``tojson`` filter and
+the ``raise_exception``/``strftime_now`` globals, and the variables ``messages``,
+``add_generation_prompt``, ``bos_token``, ``eos_token`` (SPEC §1 needs the template to
+split a chat prompt into head and tail around the segments).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from prism_proxy.builtin_tokenizer import ensure_builtin
+
+BUILTIN = "builtin"
+
+
+class ChatTemplateError(ValueError):
+    """The chat template is missing, or it raised (``raise_exception``) while rendering."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in a sandbox configured like Hugging Face's."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def _token_text(value: Any) -> str | None:
+    """``tokenizer_config.json`` spells special tokens as a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _pick_template(value: Any) -> str | None:
+    """``chat_template`` is a string, or a list of ``{name, template}`` (use ``default``)."""
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    """A loaded tokenizer: ``encode`` adds no special tokens (the serializer places every
+    token itself); special tokens written in the text (``<|im_start|>``) are recognised."""
+
+    def __init__(
+        self,
+        name: str,
+        backend: HFTokenizer,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ) -> None:
+        self.name = name
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.eos_token_id: int | None = (
+            backend.token_to_id(eos_token) if eos_token is not None else None
+        )
+        self._backend = backend
+        self._template = compile_chat_template(chat_template) if chat_template else None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special tokens added."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``encode`` over several texts (one call into the Rust library)."""
+        encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        return [e.ids for e in encodings]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render ``messages`` with the chat template, as ``apply_chat_template(...,
+        tokenize=False)`` would. Raises ``ChatTemplateError`` without a template."""
+        if self._template is None:
+            raise ChatTemplateError(f"tokenizer {self.name!r} has no chat_template")
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                tools=None,
+                documents=None,
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+def load_model_dir(path: str | os.PathLike[str], name: str | None = None) -> Tokenizer:
+    """Load ``tokenizer.json`` (+ ``tokenizer_config.json`` / ``chat_template.jinja``)."""
+    directory = Path(path)
+    tokenizer_file = directory / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"no tokenizer.json in {directory}")
+    config: dict[str, Any] = {}
+    config_file = directory / "tokenizer_config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    template = _pick_template(config.get("chat_template"))
+    jinja_file = directory / "chat_template.jinja"
+    if template is None and jinja_file.is_file():
+        template = jinja_file.read_text(encoding="utf-8")
+    return Tokenizer(
+        name=name or str(directory),
+        backend=HFTokenizer.from_file(str(tokenizer_file)),
+        chat_template=template,
+        bos_token=_token_text(config.get("bos_token")),
+        eos_token=_token_text(config.get("eos_token")),
+    )
+
+
+def default_cache_dir() -> Path:
+    """``$PRISM_CACHE_DIR``, else ``$XDG_CACHE_HOME/prism``, else ``~/.cache/prism``."""
+    if env := os.environ.get("PRISM_CACHE_DIR"):
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "prism" if xdg else Path.home() / ".cache" / "prism"
+
+
+def load_tokenizer(spec: str | None = None, cache_dir: Path | None = None) -> Tokenizer:
+    """``None``/``"builtin"``: the deterministic builtin tokenizer (built on first use,
+    cached under ``cache_dir``); anything else: a model directory path."""
+    if spec is None or spec == BUILTIN:
+        directory = ensure_builtin(cache_dir if cache_dir is not None else default_cache_dir())
+        return load_model_dir(directory, name=BUILTIN)
+    return load_model_dir(spec)

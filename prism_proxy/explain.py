@@ -57,7 +57,7 @@ class ActiveIn(_Strict):
 class ExplainInput(_Strict):
     policy: Literal["prism", "fifo", "klpm", "contextpilot"] = "prism"
     wave_size: int = Field(ge=0)
-    params: dict[str, float | int] = {}
+    params: dict[str, Any] = {}
     queue: list[QueuedIn] = []
     active: list[ActiveIn] = []
 

@@ -32,7 +32,8 @@ class PrismPolicy:
     ) -> RoundPlan:
         params = self.params
         counters = SegmentCounters.snapshot(queue, active, params)
-        priority = counters.base_priority
+        priorities = counters.base_priorities()
+        priority = priorities.__getitem__
         members = []
         for rank, request in enumerate(fifo_order(queue)):
             skeleton = (
@@ -54,7 +55,7 @@ class PrismPolicy:
         wave = fill_wave(members, scan, wave_size, params.q_cold)
         skeletons = {m.rid: m.skeleton for m in members}
         return RoundPlan(
-            priorities=counters.base_priorities(),
+            priorities=priorities,
             skeletons=skeletons,
             signatures={m.rid: m.signature for m in members},
             buckets=[

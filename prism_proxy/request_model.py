@@ -1,0 +1,233 @@
+"""Segmented request model (SPEC §1; issue 2, item 3): pydantic at the HTTP edge.
+
+A PRISM request is a system prompt, an ordered list of reusable segments ``{id, text}``
+and a private suffix, plus a ``reorder`` flag (may QAS move the segments? default yes,
+for retrieved documents) and sampling parameters.
+
+Validation limits (``RequestLimits``) are passed in the validation context, so a server
+can configure them::
+
+    prompt = SegmentedPrompt.model_validate(body, context={"limits": limits})
+
+``parse_prompt`` does that and turns a ``ValidationError`` into ``RequestError`` with a
+one-line message naming the field, e.g. ``segments[1].id: duplicate segment id 'd7'
+(first at segments[0])``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on one request; every text piece is the system prompt, a segment's text or
+    the suffix."""
+
+    max_segments: int = 256
+    max_id_chars: int = 256
+    max_piece_chars: int = 256_000
+    max_total_chars: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_segments", "max_id_chars", "max_piece_chars", "max_total_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RequestLimits.{name} must be >= 1")
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+class RequestError(ValueError):
+    """A request failed validation; ``str(err)`` is one line naming the field."""
+
+
+def _limits(info: ValidationInfo) -> RequestLimits:
+    context = info.context or {}
+    limits = context.get("limits", DEFAULT_LIMITS) if isinstance(context, dict) else None
+    return limits if isinstance(limits, RequestLimits) else DEFAULT_LIMITS
+
+
+def _check_piece(value: str | None, info: ValidationInfo) -> str | None:
+    limit = _limits(info).max_piece_chars
+    if value is not None and len(value) > limit:
+        raise ValueError(f"too long: {len(value)} characters > limit {limit}")
+    return value
+
+
+class Segment(BaseModel):
+    """A reusable piece of prompt: its ``id`` is a stable control-plane hint (KV reuse
+    still needs token-exact equality, so one id must always carry the same text)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    id: str
+    text: str
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        limit = _limits(info).max_id_chars
+        if len(value) > limit:
+            raise ValueError(f"too long: {len(value)} characters > limit {limit}")
+        return value
+
+    _check_text = field_validator("text")(_check_piece)
+
+
+class SegmentedPrompt(BaseModel):
+    """System prompt, ordered segments, private suffix (SPEC §1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    system: str | None = None
+    segments: list[Segment] = Field(default_factory=list)
+    suffix: str = ""
+    reorder: bool = True
+
+    _check_system = field_validator("system", "suffix")(_check_piece)
+
+    @field_validator("segments")
+    @classmethod
+    def _check_segments(cls, value: list[Segment], info: ValidationInfo) -> list[Segment]:
+        limit = _limits(info).max_segments
+        if len(value) > limit:
+            raise ValueError(f"too many segments: {len(value)} > limit {limit}")
+        first: dict[str, int] = {}
+        for index, segment in enumerate(value):
+            if segment.id in first:
+                raise ValueError(
+                    f"duplicate segment id {segment.id!r} at segments[{index}] "
+                    f"(first at segments[{first[segment.id]}])"
+                )
+            first[segment.id] = index
+        return value
+
+    @model_validator(mode="after")
+    def _check_total(self, info: ValidationInfo) -> Self:
+        limit = _limits(info).max_total_chars
+        total = len(self.system or "") + len(self.suffix) + sum(len(s.text) for s in self.segments)
+        if total > limit:
+            raise ValueError(f"prompt too long: {total} characters in total > limit {limit}")
+        return self
+
+    @property
+    def segment_ids(self) -> list[str]:
+        return [s.id for s in self.segments]
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """``("segments", 2, "id")`` -> ``segments[2].id``; drops union member tags such as
+    ``str`` or ``list[str]`` that pydantic inserts into the location."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in _TYPE_TAGS and "[" not in part:
+            path += f".{part}" if path else part
+    return path
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line: ``<field path>: <message>`` for the most specific error (plus a count
+    of the others), e.g. ``segments[2].id: must not be empty``."""
+    errors = err.errors(include_url=False)
+    if not errors:
+        return "invalid request"
+    paths = [_field_path(tuple(e["loc"])) for e in errors]
+    best = max(range(len(errors)), key=lambda i: (paths[i].count(".") + paths[i].count("["), -i))
+    message = str(errors[best]["msg"]).removeprefix("Value error, ")
+    line = f"{paths[best] or 'request'}: {message}"
+    others = len({p for p in paths if not paths[best].startswith(p)})
+    if others:
+        line += f" (and {others} more error{'s' if others > 1 else ''})"
+    return " ".join(line.split())
+
+
+def parse_prompt(data: Any, limits: RequestLimits = DEFAULT_LIMITS) -> SegmentedPrompt:
+    """Validate a decoded JSON object; raise ``RequestError`` (one line) if invalid."""
+    try:
+        return SegmentedPrompt.model_validate(data, context={"limits": limits})
+    except ValidationError as err:
+        raise RequestError(format_validation_error(err)) from None
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters, as SGLang's ``/generate`` ``sampling_params`` accepts them
+    (``srt/sampling/sampling_params.py``); ``None`` leaves the backend's default.
+    Unknown fields are rejected: a typo must not silently change generation."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    max_new_tokens: int | None = Field(default=None, ge=0)
+    min_new_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    n: int | None = Field(default=None, ge=1, le=1)
+    sampling_seed: int | None = Field(default=None, alias="seed")
+    json_schema: str | None = None
+    regex: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _check_top_k(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("must be -1 (disabled) or >= 1")
+        return value
+
+    def to_sglang(self) -> dict[str, Any]:
+        """The ``sampling_params`` object for SGLang's ``/generate`` (unset fields left
+        out, ``seed`` spelled ``sampling_seed``)."""
+        return self.model_dump(exclude_none=True, by_alias=False)
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
+        """Pick the sampling fields of an OpenAI completions/chat body (other keys such
+        as ``model`` or ``messages`` are the caller's business). ``max_tokens`` and
+        ``max_completion_tokens`` map to ``max_new_tokens``, ``min_tokens`` to
+        ``min_new_tokens``; SGLang's extra fields (``top_k``, ``min_p``, …) pass as is."""
+        fields: dict[str, Any] = {}
+        for key in ("max_completion_tokens", "max_tokens"):
+            if body.get(key) is not None:
+                fields["max_new_tokens"] = body[key]
+        if body.get("min_tokens") is not None:
+            fields["min_new_tokens"] = body["min_tokens"]
+        for name, field in cls.model_fields.items():
+            key = field.alias or name
+            if name not in fields and body.get(key) is not None:
+                fields[key] = body[key]
+        return cls.model_validate(fields)
+
+
+def parse_sampling(data: Any) -> SamplingParams:
+    """Validate sampling parameters; raise ``RequestError`` (one line) if invalid."""
+    try:
+        return SamplingParams.model_validate(data if data is not None else {})
+    except ValidationError as err:
+        raise RequestError(format_validation_error(err)) from None

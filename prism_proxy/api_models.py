@@ -1,0 +1,206 @@
+"""Pydantic models of the client-facing HTTP bodies (the proxy's edge).
+
+OpenAI chat/completions bodies accept what the `openai` client sends and keep unknown
+fields (`extra="allow"`) so that passthrough requests reach the backend unchanged. The
+optional `prism` object carries segment hints (SPEC §1):
+`{"system", "segments": [{"id", "text"}], "suffix", "reorder", "chat"}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class SegmentHint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    text: str
+
+
+class PrismHint(BaseModel):
+    """Segment hints; omitted `system`/`suffix` come from the chat messages or prompt.
+
+    `chat` chooses chat-template serialization; its default depends on the endpoint
+    (true for chat completions, false for completions and `/generate`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: str | None = None
+    segments: list[SegmentHint] = Field(default_factory=list)
+    suffix: str | None = None
+    reorder: bool = True
+    chat: bool | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class _SamplingFields(BaseModel):
+    """Sampling fields shared by chat and completions (OpenAI + SGLang extensions)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    n: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    rid: str | None = None
+    prism: PrismHint | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+    def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
+        """SGLang `sampling_params` for `/generate` (unset fields stay unset)."""
+        params: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "min_new_tokens": self.min_tokens,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "sampling_seed": self.seed,
+        }
+        return {key: value for key, value in params.items() if value is not None}
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    functions: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def passthrough_reason(self) -> str | None:
+        """Why the token path cannot serve this request (None: it can)."""
+        if self.tools or self.functions or self.tool_choice not in (None, "none"):
+            return "tools"
+        if (self.n or 1) > 1:
+            return "n"
+        if self.logprobs or self.top_logprobs:
+            return "logprobs"
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            return "response_format"
+        if self.logit_bias:
+            return "logit_bias"
+        for message in self.messages:
+            if message.role not in ("system", "user", "assistant", "developer"):
+                return f"role {message.role}"
+            if message.model_extra:
+                return "message fields " + ",".join(sorted(message.model_extra))
+            if isinstance(message.content, list) and any(
+                part.get("type") != "text" for part in message.content
+            ):
+                return "non-text content"
+        return None
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
+        )
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    def passthrough_reason(self) -> str | None:
+        if (self.n or 1) > 1 or (self.best_of or 1) > 1:
+            return "n"
+        if self.logprobs is not None:
+            return "logprobs"
+        if self.echo:
+            return "echo"
+        if self.suffix:
+            return "suffix"
+        if self.logit_bias:
+            return "logit_bias"
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int):
+            return "batch prompt" if len(self.prompt) != 1 else None
+        return None
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt of a non-batch request (text or token ids)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            return prompt[0]  # type: ignore[return-value]
+        return prompt  # type: ignore[return-value]
+
+
+class GenerateRequest(BaseModel):
+    """SGLang-native `/generate`; unknown fields are forwarded unchanged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | None = None
+    stream: bool = False
+    rid: str | None = None
+    prism: PrismHint | None = None
+
+    def passthrough_reason(self) -> str | None:
+        if isinstance(self.text, list) or (self.input_ids and isinstance(self.input_ids[0], list)):
+            return "batch"
+        return None
+
+
+ModelT = type[BaseModel]
+
+
+def describe_validation_error(error: ValidationError) -> tuple[str, str]:
+    """(`param`, message) naming the first offending field, e.g. `messages.0.content`."""
+    first = error.errors()[0]
+    param = ".".join(str(part) for part in first.get("loc", ())) or "body"
+    return param, f"{param}: {first.get('msg', 'invalid value')}"
+
+
+def openai_error(message: str, *, kind: str, param: str | None = None, code: Any = None) -> dict:
+    """An OpenAI-style error body."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+Endpoint = Literal["chat", "completions", "generate"]

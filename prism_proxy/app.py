@@ -1,0 +1,162 @@
+"""`create_app(config)`: wiring only. Each long-lived resource has its own cleanup
+context (started in order, stopped in reverse): backend session → tokenizer and
+serializer → control RPC sender → QAS loop → backend health probe.
+
+Shutdown (`runner.cleanup()`): aiohttp stops listening, waits up to
+`shutdown_timeout_s` for in-flight handlers (the QAS loop still runs, so queued
+requests are released and streams finish), then the contexts below stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from prism_proxy import state
+from prism_proxy.admission import AdmissionController
+from prism_proxy.backend_client import BackendClient, BackendError
+from prism_proxy.config import ProxyConfig
+from prism_proxy.control_client import ControlClient
+from prism_proxy.handlers import add_routes, error_middleware
+from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.qas.policies import make_policy
+from prism_proxy.serializer import Serializer
+from prism_proxy.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[state.CONFIG]
+    session = BackendClient.create_session(max_connections=config.max_inflight + 64)
+    app[state.BACKEND] = BackendClient(
+        session,
+        config.backend_url,
+        metrics=app[state.METRICS],
+        timeout_s=config.backend_timeout_s,
+        connect_timeout_s=config.connect_timeout_s,
+    )
+    yield
+    await app[state.BACKEND].drain()
+    await session.close()
+
+
+async def resolve_tokenizer_spec(config: ProxyConfig, backend: BackendClient) -> str:
+    """`auto` → the backend's `model_path` when it is a local directory (else fail)."""
+    if config.tokenizer != "auto":
+        return config.tokenizer
+    try:
+        info = await backend.get_json("/model_info", timeout_s=config.connect_timeout_s + 5)
+    except BackendError as exc:
+        raise RuntimeError(f"--tokenizer auto: cannot ask the backend: {exc.message}") from None
+    path = info.get("model_path") if isinstance(info, dict) else None
+    if not isinstance(path, str) or not os.path.isdir(path):
+        raise RuntimeError(
+            f"--tokenizer auto: the backend's model_path {path!r} is not a local directory; "
+            "pass --tokenizer PATH (a model directory) or --tokenizer builtin"
+        )
+    return path
+
+
+async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    spec = await resolve_tokenizer_spec(app[state.CONFIG], app[state.BACKEND])
+    tokenizer = await asyncio.to_thread(load_tokenizer, spec)
+    app[state.TOKENIZER] = tokenizer
+    app[state.SERIALIZER] = Serializer(tokenizer)
+    log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
+    yield
+
+
+async def control_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[state.CONFIG]
+    if config.control_url is None:
+        yield
+        return
+    client = ControlClient(
+        app[state.BACKEND].session,
+        config.control_url,
+        token=config.control_token,
+        protect=config.protect,
+        metrics=app[state.METRICS],
+    )
+    app[state.CONTROL] = client
+    task = asyncio.create_task(client.run(), name="prism-control-rpc")
+    yield
+    await _cancel(task)
+
+
+async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[state.CONFIG]
+    control = app.get(state.CONTROL)
+    admission = AdmissionController(
+        make_policy(config.policy, config.qas),
+        max_inflight=config.max_inflight,
+        window_s=config.window_s,
+        max_queue=config.max_queue,
+        metrics=app[state.METRICS],
+        on_wave=control.push if control is not None else None,
+    )
+    app[state.ADMISSION] = admission
+    task = asyncio.create_task(admission.run(), name="prism-qas-loop")
+    yield
+    await _cancel(task)
+
+
+async def health_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[state.CONFIG]
+    backend = app[state.BACKEND]
+    await backend.probe()
+    if config.health_interval_s <= 0:
+        yield
+        return
+    task = asyncio.create_task(backend.probe_forever(config.health_interval_s))
+    yield
+    await _cancel(task)
+
+
+def create_app(config: ProxyConfig) -> web.Application:
+    """The proxy's aiohttp application (no I/O until it starts)."""
+    # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
+    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
+    app[state.CONFIG] = config
+    app[state.METRICS] = ProxyMetrics.create()
+    app.cleanup_ctx.extend([backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx])
+    add_routes(app)
+    return app
+
+
+@dataclass
+class RunningProxy:
+    """An in-process proxy on loopback (tests and benchmarks)."""
+
+    runner: web.AppRunner
+    app: web.Application
+    url: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_proxy(config: ProxyConfig) -> RunningProxy:
+    """Start the app on `config.host:config.port` (port 0: any free port)."""
+    app = create_app(config)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout_s
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return RunningProxy(runner, app, f"http://{host}:{port}")

@@ -1,0 +1,206 @@
+"""HTTP client of the backend (SGLang or the simulated engine), SPEC §4.
+
+One `aiohttp.ClientSession` per app. Every call is tried exactly once (no retries, so
+a failing backend never sees a retry storm); failures become `BackendError` with the
+status the proxy answers: 502 when the backend is unreachable or answers 5xx, 503 when
+it answers 503 or times out, the backend's own status for its 4xx answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from prism_proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
+
+READ_BUFSIZE = 4 * 1024 * 1024  # long cumulative stream chunks must fit in one line
+
+
+class BackendError(Exception):
+    """The backend could not serve a request; `status` is what the client gets."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error_message(status: int, text: str) -> str:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:500] or f"HTTP {status}"
+    if isinstance(body, dict):
+        error = body.get("error", body.get("message", body.get("detail")))
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        if error is not None:
+            return str(error)[:500]
+    return text.strip()[:500]
+
+
+def parse_sse_line(line: bytes) -> dict[str, Any] | None:
+    """The JSON object of one `data: {...}` line; None for other lines and `[DONE]`."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == b"[DONE]":
+        return None
+    return json.loads(data)
+
+
+class BackendClient:
+    """Calls `/generate`, the OpenAI endpoints, `/abort_request` and info endpoints."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        metrics: ProxyMetrics,
+        timeout_s: float,
+        connect_timeout_s: float,
+    ) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.metrics = metrics
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self._background: set[asyncio.Task[None]] = set()
+        self.aborts_sent = 0
+        self.up = False
+
+    @staticmethod
+    def create_session(max_connections: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0)
+        return aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE)
+
+    # --- helpers -------------------------------------------------------------------
+    def _up(self, up: bool) -> None:
+        self.up = up
+        self.metrics.backend_up.set(1 if up else 0)
+
+    def _unreachable(self, exc: BaseException) -> BackendError:
+        self._up(False)
+        if isinstance(exc, TimeoutError):
+            return BackendError(503, f"backend {self.base_url} timed out")
+        return BackendError(502, f"backend {self.base_url} unreachable: {exc}")
+
+    async def _check(self, response: aiohttp.ClientResponse) -> None:
+        if response.status < 400:
+            self._up(True)
+            return
+        text = await response.text(errors="replace")
+        message = _error_message(response.status, text)
+        if response.status >= 500:
+            self._up(False)
+            status = 503 if response.status == 503 else 502
+            raise BackendError(status, f"backend answered HTTP {response.status}: {message}")
+        self._up(True)
+        raise BackendError(response.status, message)
+
+    @contextlib.asynccontextmanager
+    async def _post(self, path: str, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+        try:
+            async with self.session.post(
+                self.base_url + path, json=body, timeout=self.timeout
+            ) as response:
+                await self._check(response)
+                yield response
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise self._unreachable(exc) from exc
+
+    # --- the token path --------------------------------------------------------------
+    async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Non-streaming `/generate`; returns the backend's JSON object."""
+        async with self._post("/generate", {**body, "stream": False}) as response:
+            try:
+                return await response.json(content_type=None)
+            except ValueError as exc:
+                raise BackendError(502, f"backend sent invalid JSON: {exc}") from exc
+
+    async def generate_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Streaming `/generate`: yields each chunk object as it arrives.
+
+        A `{"error": ...}` chunk raises BackendError(502).
+        """
+        async with self._post("/generate", {**body, "stream": True}) as response:
+            async for line in response.content:
+                try:
+                    chunk = parse_sse_line(line)
+                except ValueError as exc:
+                    raise BackendError(502, f"backend sent an invalid chunk: {exc}") from exc
+                if chunk is None:
+                    continue
+                if "error" in chunk:
+                    raise BackendError(502, f"backend error: {_error_message(502, line[5:])}")
+                yield chunk
+
+    # --- passthrough -----------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def forward(
+        self, path: str, body: dict[str, Any]
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST `body` unchanged to `path`; yields the open response (status < 400)."""
+        async with self._post(path, body) as response:
+            yield response
+
+    async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self.timeout
+        try:
+            async with self.session.get(self.base_url + path, timeout=timeout) as response:
+                await self._check(response)
+                return await response.json(content_type=None)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise self._unreachable(exc) from exc
+        except ValueError as exc:
+            raise BackendError(502, f"backend sent invalid JSON on {path}: {exc}") from exc
+
+    # --- abort and health ---------------------------------------------------------------
+    def abort(self, rid: str) -> None:
+        """Send `POST /abort_request {"rid"}` now, in a task of its own.
+
+        A task, not an await: it must survive the cancellation of the handler that
+        asks for it (a client disconnect cancels the handler).
+        """
+        task = asyncio.get_running_loop().create_task(self._abort(rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, rid: str) -> None:
+        try:
+            async with self.session.post(
+                self.base_url + "/abort_request",
+                json={"rid": rid},
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as response:
+                await response.read()
+                self.aborts_sent += 1
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("abort of %s failed: %s", rid, exc)
+
+    async def probe(self) -> bool:
+        """One health probe (`/model_info`, cheap on SGLang); updates `backend_up`."""
+        try:
+            await self.get_json("/model_info", timeout_s=5.0)
+        except BackendError:
+            return False
+        return True
+
+    async def probe_forever(self, interval_s: float) -> None:
+        while True:
+            await self.probe()
+            await asyncio.sleep(interval_s)
+
+    async def drain(self) -> None:
+        """Wait for the abort tasks still running (shutdown)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

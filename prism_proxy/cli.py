@@ -1,0 +1,81 @@
+"""`prism-proxy`: `serve` (the admission proxy) and `explain` (one QAS round as JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from prism_proxy.config import ConfigError, add_arguments, build_config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = {k: v for k, v in vars(args).items() if k != "command"}
+    try:
+        config = build_config(settings)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import uvloop
+    from aiohttp import web
+
+    from prism_proxy.app import create_app
+
+    logging.getLogger(__name__).info(
+        "prism-proxy on %s:%d → %s (policy %s, max_inflight %d, window %.1f ms)",
+        config.host, config.port, config.backend_url, config.policy, config.max_inflight,
+        config.window_ms,
+    )  # fmt: skip
+    try:
+        web.run_app(
+            create_app(config),
+            host=config.host,
+            port=config.port,
+            loop=uvloop.new_event_loop(),
+            handler_cancellation=True,
+            shutdown_timeout=config.shutdown_timeout_s,
+            access_log=logging.getLogger("aiohttp.access") if config.log_level == "debug" else None,
+            print=None,
+        )
+    except RuntimeError as exc:  # a resource failed to start (e.g. --tokenizer auto)
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from prism_proxy import explain
+
+    return explain.main(args.file)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prism-proxy", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the admission proxy",
+        description="Settings: flag > PRISM_* environment variable > --config file > default.",
+    )
+    add_arguments(serve)
+    serve.set_defaults(handler=_serve)
+    explain = commands.add_parser("explain", help="print what one QAS round would do")
+    explain.add_argument("file", nargs="?", default=None, help="JSON input (default: stdin)")
+    explain.set_defaults(handler=_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = args.handler
+    del args.handler
+    return int(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

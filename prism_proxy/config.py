@@ -1,0 +1,255 @@
+"""The proxy's configuration: one frozen `ProxyConfig`, read in one place.
+
+Every setting has a command-line flag, a `PRISM_*` environment variable and a config
+file key (TOML or JSON file given with `--config` / `PRISM_CONFIG`). Precedence:
+flag > environment > file > default. The QAS parameters (SPEC §2, §5) are generated
+from `QasParams`'s fields, so a new parameter gets its flag, variable and key for free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from prism_proxy.qas.params import QasParams
+
+POLICY_NAMES = ("prism", "fifo", "klpm", "contextpilot")
+ENV_PREFIX = "PRISM_"
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value; the message names the setting and where it came from."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """Settings of `prism-proxy serve` (see docs/proxy.md for the reference table)."""
+
+    backend: str = "http://127.0.0.1:30000"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tokenizer: str = "builtin"
+    policy: str = "prism"
+    max_inflight: int = 64
+    window_ms: float = 10.0
+    max_queue: int = 10_000
+    max_body_bytes: int = 8 * 1024 * 1024
+    control_url: str | None = None
+    control_token: str | None = None
+    protect: int = 8
+    backend_timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    health_interval_s: float = 5.0
+    shutdown_timeout_s: float = 30.0
+    retry_after_s: int = 1
+    log_level: str = "info"
+    qas: QasParams = field(default_factory=QasParams)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ConfigError(f"policy: unknown {self.policy!r}; choose one of {POLICY_NAMES}")
+        positive = ("max_inflight", "max_queue", "max_body_bytes", "backend_timeout_s")
+        for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
+        for name in ("window_ms", "protect", "health_interval_s", "retry_after_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port: out of range: {self.port}")
+        if not self.backend.startswith(("http://", "https://")):
+            raise ConfigError(f"backend: expected an http(s) URL, got {self.backend!r}")
+
+    @property
+    def backend_url(self) -> str:
+        return self.backend.rstrip("/")
+
+    @property
+    def window_s(self) -> float:
+        return self.window_ms / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: its `ProxyConfig` field (or QAS parameter), flag and parser."""
+
+    name: str
+    parse: Callable[[str], Any]
+    help: str
+    qas: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+_HELP = {
+    "backend": "base URL of the SGLang server or the simulated engine",
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "tokenizer": "'builtin', a model directory, or 'auto' (the backend's model_path)",
+    "policy": f"admission policy: {'|'.join(POLICY_NAMES)}",
+    "max_inflight": "concurrency limit: released and unfinished requests (sets the wave M)",
+    "window_ms": "QAS round window Δt_win in milliseconds",
+    "max_queue": "queued requests beyond which new ones get 429",
+    "max_body_bytes": "largest request body accepted (413 above)",
+    "control_url": "base URL of the DART control RPC (unset: no pushes)",
+    "control_token": "bearer token for the control RPC",
+    "protect": "DART protection budget f sent with each priority table",
+    "backend_timeout_s": "total time allowed for one backend request",
+    "connect_timeout_s": "time allowed to connect to the backend",
+    "health_interval_s": "seconds between backend health probes (0: no probes)",
+    "shutdown_timeout_s": "seconds to drain in-flight requests on shutdown",
+    "retry_after_s": "Retry-After seconds sent with 429",
+    "log_level": "debug|info|warning|error",
+}
+_QAS_HELP = {
+    "f_front": "QAS f_front: segments moved to the front",
+    "kappa": "QAS κ: signature size",
+    "q_cold": "QAS cold-lane slots per wave",
+    "alpha_size": "QAS bucket-size weight α_size",
+    "beta_util": "QAS utility weight β_util",
+    "w_a": "P_t weight of active requests",
+    "w_n": "P_t weight of the next batch",
+    "w_g": "P_t weight of queued requests",
+    "k": "k-LPM group size (policy klpm)",
+    "cache_view_tokens": "capacity of the baselines' approximate cache view",
+}
+
+
+def _parser_for(default: Any, optional: bool) -> Callable[[str], Any]:
+    if optional:
+        return _optional_str
+    if isinstance(default, bool):
+        return lambda text: text.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return float
+    return str
+
+
+def options() -> list[Option]:
+    """All settings, proxy ones first, then the QAS parameters."""
+    result: list[Option] = []
+    base = ProxyConfig()
+    for f in fields(ProxyConfig):
+        if f.name == "qas":
+            continue
+        optional = "None" in str(f.type)
+        parse = _parser_for(getattr(base, f.name), optional)
+        result.append(Option(f.name, parse, _HELP.get(f.name, f.name)))
+    qas_defaults = QasParams()
+    for name in QasParams.field_names():
+        parse = _parser_for(getattr(qas_defaults, name), False)
+        result.append(Option(name, parse, _QAS_HELP.get(name, f"QAS parameter {name}"), qas=True))
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every setting as a flag; unset flags stay absent (SUPPRESS) for precedence."""
+    parser.add_argument("--config", default=argparse.SUPPRESS, help="TOML or JSON config file")
+    for option in options():
+        parser.add_argument(
+            option.flag,
+            dest=option.name,
+            type=option.parse,
+            default=argparse.SUPPRESS,
+            help=f"{option.help} (env {option.env})",
+        )
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML (`.toml`) or JSON config file into a flat mapping of settings.
+
+    Keys use the flag names with `_` or `-` (`max_inflight`, `max-inflight`); QAS
+    parameters may also sit in a `[qas]` table.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"config: cannot parse {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a table/object")
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "qas" and isinstance(value, dict):
+            flat.update({k.replace("-", "_"): v for k, v in value.items()})
+        else:
+            flat[key.replace("-", "_")] = value
+    return flat
+
+
+def _coerce(option: Option, value: Any, source: str) -> Any:
+    """Parse a string (env) or check a typed value (file)."""
+    try:
+        if isinstance(value, str):
+            return option.parse(value)
+        if value is None:
+            return None
+        if isinstance(value, bool) and option.parse in (int, float):
+            raise TypeError("boolean")
+        return option.parse(str(value)) if option.parse in (int, float) else value
+    except (TypeError, ValueError):
+        raise ConfigError(f"{option.name} (from {source}): bad value {value!r}") from None
+
+
+def build_config(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProxyConfig:
+    """Merge flags > environment > config file > defaults into a `ProxyConfig`."""
+    flags = dict(flags or {})
+    environ = os.environ if environ is None else environ
+    config_path = flags.pop("config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    file_values = load_file(config_path) if config_path else {}
+    known = {option.name: option for option in options()}
+    unknown = sorted(set(file_values) - set(known))
+    if unknown:
+        raise ConfigError(f"config: unknown setting(s) {', '.join(unknown)}")
+
+    values: dict[str, Any] = {}
+    for name, option in known.items():
+        if name in flags:
+            values[name] = flags[name]
+        elif option.env in environ:
+            values[name] = _coerce(option, environ[option.env], option.env)
+        elif name in file_values:
+            values[name] = _coerce(option, file_values[name], f"config {config_path}")
+    qas_values = {k: v for k, v in values.items() if known[k].qas}
+    proxy_values = {k: v for k, v in values.items() if not known[k].qas}
+    try:
+        qas = QasParams.from_overrides(qas_values)
+        return replace(ProxyConfig(), qas=qas, **proxy_values)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_serve_args(
+    argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
+) -> ProxyConfig:
+    """Parse `serve` flags alone (used by tests and by `cli.py`)."""
+    parser = argparse.ArgumentParser(prog="prism-proxy serve")
+    add_arguments(parser)
+    return build_config(vars(parser.parse_args(argv)), environ)

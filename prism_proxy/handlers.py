@@ -1,0 +1,472 @@
+"""HTTP handlers: parse at the edge, admit through QAS, relay the backend's answer.
+
+Token path (SPEC §1, §2, §4): body → `TokenJob` → queued in QAS → released in a wave →
+serialized in the released order → backend `/generate` with `input_ids`, `rid`,
+`sampling_params` and `kv_hints.prism.anchors` → OpenAI (or native) response.
+Passthrough (features the token path cannot serve): admitted by QAS the same way, then
+sent unchanged (minus `prism`) to the backend's own endpoint.
+
+Every accepted request ends in exactly one response: errors raised anywhere become
+`ApiError` and one JSON error body (middleware); a client that leaves while queued is
+withdrawn, one that leaves after its request was sent triggers `/abort_request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from prism_proxy import state
+from prism_proxy.admission import QueueFullError, ShuttingDownError
+from prism_proxy.api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    describe_validation_error,
+    openai_error,
+)
+from prism_proxy.backend_client import BackendError
+from prism_proxy.openai_format import (
+    SSE_DONE,
+    ChatFormat,
+    CompletionFormat,
+    GenerateFormat,
+    ResponseFormat,
+    TokenUsage,
+    sse,
+    stream_error,
+)
+from prism_proxy.prompts import (
+    PromptError,
+    TokenJob,
+    chat_defaults,
+    hinted_prompt,
+    message_text,
+    private_job,
+    segmented_job,
+)
+from prism_proxy.qas.types import QueuedRequest
+from prism_proxy.tokenizer import ChatTemplateError
+
+ENDPOINT = web.RequestKey("endpoint", str)
+LANE = web.RequestKey("lane", str)
+STATUS = web.RequestKey("status", int)  # overrides the HTTP status for metrics
+STARTED = web.RequestKey("started", float)
+
+M = TypeVar("M", bound=BaseModel)
+
+CLIENT_CLOSED = 499  # metrics status of requests whose client went away
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class ApiError(Exception):
+    """Answered as an OpenAI-style error body with `status`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind
+        self.headers = dict(headers or {})
+
+
+def new_rid() -> str:
+    return "prism-" + uuid.uuid4().hex
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Turn `ApiError` into one JSON response; count every request once."""
+    request[STARTED] = time.monotonic()
+    request[LANE] = "none"
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except ApiError as exc:
+        status = exc.status
+        return web.json_response(
+            openai_error(exc.message, kind=exc.kind, param=exc.param, code=exc.status),
+            status=exc.status,
+            headers=exc.headers,
+        )
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        endpoint = request.get(ENDPOINT)
+        if endpoint is not None:
+            metrics = request.app[state.METRICS]
+            lane = request[LANE]
+            status = request.get(STATUS, status)
+            metrics.requests.labels(endpoint, lane, str(status)).inc()
+            if lane != "none":
+                metrics.e2e_latency.labels(lane).observe(time.monotonic() - request[STARTED])
+
+
+async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, Any]]:
+    """Parse and validate the JSON body: 413 over the limit, 400 naming the bad field."""
+    limit = request.app[state.CONFIG].max_body_bytes
+    too_large = ApiError(413, f"request body exceeds {limit} bytes", param="body")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        data = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise ApiError(400, f"body: invalid JSON: {exc}", param="body") from None
+    if not isinstance(raw, dict):
+        raise ApiError(400, "body: expected a JSON object", param="body")
+    try:
+        return model.model_validate(raw), raw
+    except ValidationError as exc:
+        param, message = describe_validation_error(exc)
+        raise ApiError(400, message, param=param) from None
+
+
+def _prompt_error(exc: PromptError) -> ApiError:
+    return ApiError(400, str(exc), param=exc.param)
+
+
+def _queued(rid: str, job: TokenJob | None = None) -> QueuedRequest:
+    if job is None:
+        return QueuedRequest(rid=rid, arrival=time.monotonic())
+    return QueuedRequest(
+        rid=rid,
+        arrival=time.monotonic(),
+        segments=job.segments,
+        reorder=job.reorder,
+        prefix_key=job.prefix_key,
+        head_tokens=job.head_tokens,
+        segment_tokens=job.segment_tokens,
+    )
+
+
+def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
+    if usage is None:
+        return
+    metrics = request.app[state.METRICS]
+    metrics.prompt_tokens.labels(lane).inc(usage.prompt_tokens)
+    metrics.cached_tokens.labels(lane).inc(usage.cached_tokens)
+
+
+@contextlib.asynccontextmanager
+async def _admitted(request: web.Request, queued: QueuedRequest, lane: str | None = None):
+    """QAS admission as a block: 429 when full, 503 when stopping; always frees the slot."""
+    app = request.app
+    try:
+        async with app[state.ADMISSION].slot(queued) as release:
+            chosen = lane or release.lane.value
+            request[LANE] = chosen
+            app[state.METRICS].admission_wait.labels(chosen).observe(release.wait_s)
+            yield release
+    except QueueFullError as exc:
+        retry = str(app[state.CONFIG].retry_after_s)
+        raise ApiError(
+            429, str(exc), kind="rate_limit_exceeded", headers={"Retry-After": retry}
+        ) from None
+    except ShuttingDownError as exc:
+        raise ApiError(503, str(exc), kind="service_unavailable") from None
+    except ValueError as exc:  # duplicate rid
+        raise ApiError(400, f"rid: {exc}", param="rid") from None
+    except BackendError as exc:
+        raise ApiError(exc.status, exc.message, kind="backend_error") from None
+
+
+# --- the token path -------------------------------------------------------------------
+async def token_path(
+    request: web.Request,
+    job: TokenJob,
+    *,
+    rid: str,
+    sampling_params: dict[str, Any],
+    stream: bool,
+    fmt: ResponseFormat,
+    extra_fields: dict[str, Any] | None = None,
+) -> web.StreamResponse:
+    backend = request.app[state.BACKEND]
+    async with _admitted(request, _queued(rid, job)) as release:
+        lane = release.lane.value
+        dispatch = job.build(release.skeleton)
+        payload: dict[str, Any] = {
+            **(extra_fields or {}),
+            **dispatch.prompt_fields,
+            "rid": rid,
+            "sampling_params": sampling_params,
+        }
+        if dispatch.anchors:
+            payload["kv_hints"] = {
+                "prism": {"anchors": dispatch.anchors, "priorities": release.priorities}
+            }
+        if stream:
+            return await _relay_stream(request, payload, fmt, lane, rid)
+        try:
+            result = await backend.generate(payload)
+        except asyncio.CancelledError:
+            backend.abort(rid)  # the client left while the backend was working
+            raise
+        _record_tokens(request, lane, TokenUsage.from_meta(result.get("meta_info", {})))
+        return web.json_response(fmt.complete(result))
+
+
+async def _relay_stream(
+    request: web.Request, payload: dict[str, Any], fmt: ResponseFormat, lane: str, rid: str
+) -> web.StreamResponse:
+    """Relay `/generate` chunks as they come; headers go out with the first chunk, so a
+    backend that fails before answering still gets a proper 502/503 status."""
+    backend = request.app[state.BACKEND]
+    metrics = request.app[state.METRICS]
+    chunks = backend.generate_stream(payload)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    meta_info: dict[str, Any] = {}
+    async with contextlib.aclosing(chunks):
+        try:
+            chunk: dict[str, Any] | None = await anext(chunks, None)
+            metrics.ttft.labels(lane).observe(time.monotonic() - request[STARTED])
+            await response.prepare(request)
+            for data in fmt.start():
+                await response.write(data)
+            while chunk is not None:
+                meta_info = chunk.get("meta_info") or meta_info
+                for data in fmt.chunk(chunk):
+                    await response.write(data)
+                chunk = await anext(chunks, None)
+            for data in fmt.end(meta_info):
+                await response.write(data)
+        except BackendError as exc:
+            if not response.prepared:
+                raise
+            request[STATUS] = exc.status
+            await response.write(sse(stream_error(exc.message, exc.status)) + SSE_DONE)
+        except asyncio.CancelledError:
+            backend.abort(rid)
+            raise
+        except ConnectionResetError:  # the client went away mid-stream
+            backend.abort(rid)
+            request[STATUS] = CLIENT_CLOSED
+            return response
+    _record_tokens(request, lane, TokenUsage.from_meta(meta_info) if meta_info else None)
+    await response.write_eof()
+    return response
+
+
+# --- passthrough ----------------------------------------------------------------------
+async def passthrough(
+    request: web.Request, path: str, raw: dict[str, Any], *, set_rid: bool
+) -> web.StreamResponse:
+    """Admit, then send the body unchanged (minus `prism`) to the backend's `path`."""
+    backend = request.app[state.BACKEND]
+    metrics = request.app[state.METRICS]
+    body = {key: value for key, value in raw.items() if key != "prism"}
+    rid = body.get("rid") if isinstance(body.get("rid"), str) else None
+    if rid is None and set_rid:
+        rid = body["rid"] = new_rid()
+    async with _admitted(request, _queued(rid or new_rid()), lane="passthrough"):
+        try:
+            async with backend.forward(path, body) as upstream:
+                if not upstream.content_type.startswith("text/event-stream"):
+                    data = await upstream.read()
+                    _record_tokens(request, "passthrough", _usage_of(data))
+                    return web.Response(
+                        body=data, status=upstream.status, content_type=upstream.content_type
+                    )
+                response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
+                await response.prepare(request)
+                first = True
+                usage: TokenUsage | None = None
+                async for line in upstream.content:
+                    if first:
+                        metrics.ttft.labels("passthrough").observe(
+                            time.monotonic() - request[STARTED]
+                        )
+                        first = False
+                    if b'"usage"' in line:
+                        usage = _usage_of(line.strip()[5:]) or usage
+                    await response.write(line)
+                _record_tokens(request, "passthrough", usage)
+                await response.write_eof()
+                return response
+        except (asyncio.CancelledError, ConnectionResetError) as exc:
+            if rid is not None:
+                backend.abort(rid)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            request[STATUS] = CLIENT_CLOSED
+            return web.StreamResponse()
+
+
+def _usage_of(data: bytes) -> TokenUsage | None:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return None
+    return TokenUsage.from_openai(body.get("usage")) if isinstance(body, dict) else None
+
+
+# --- endpoints ------------------------------------------------------------------------
+def _format(cls: type[ResponseFormat], rid: str, prefix: str, model: str, usage: bool):
+    return cls(
+        completion_id=f"{prefix}-{rid}", model=model, created=int(time.time()),
+        include_usage=usage,
+    )  # fmt: skip
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "chat"
+    body, raw = await read_body(request, ChatCompletionRequest)
+    if body.passthrough_reason() is not None:
+        return await passthrough(request, "/v1/chat/completions", raw, set_rid=(body.n or 1) == 1)
+    tokenizer = request.app[state.TOKENIZER]
+    try:
+        if body.prism is not None:
+            system, suffix = chat_defaults(body.messages)
+            prompt = hinted_prompt(body.prism, system=system, suffix=suffix)
+            chat = body.prism.chat is not False
+            job = segmented_job(request.app[state.SERIALIZER], prompt, chat=chat)
+        else:
+            messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
+            ids = tokenizer.encode(tokenizer.render_chat(messages))
+            job = private_job({"input_ids": ids}, len(ids))
+    except PromptError as exc:
+        raise _prompt_error(exc) from None
+    except ChatTemplateError:
+        # No usable chat template here: let the backend render the chat itself.
+        return await passthrough(request, "/v1/chat/completions", raw, set_rid=True)
+    rid = body.rid or new_rid()
+    return await token_path(
+        request,
+        job,
+        rid=rid,
+        sampling_params=body.sampling_params(body.max_new_tokens),
+        stream=body.stream,
+        fmt=_format(ChatFormat, rid, "chatcmpl", body.model, body.include_usage),
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "completions"
+    body, raw = await read_body(request, CompletionRequest)
+    if body.passthrough_reason() is not None:
+        return await passthrough(request, "/v1/completions", raw, set_rid=(body.n or 1) == 1)
+    prompt = body.single_prompt()
+    try:
+        if body.prism is not None:
+            text = prompt if isinstance(prompt, str) else None
+            segmented = hinted_prompt(body.prism, system=None, suffix=text)
+            job = segmented_job(
+                request.app[state.SERIALIZER], segmented, chat=bool(body.prism.chat)
+            )
+        elif isinstance(prompt, str):
+            job = private_job({"text": prompt}, None)
+        else:
+            job = private_job({"input_ids": list(prompt)}, len(prompt))
+    except PromptError as exc:
+        raise _prompt_error(exc) from None
+    rid = body.rid or new_rid()
+    return await token_path(
+        request,
+        job,
+        rid=rid,
+        sampling_params=body.sampling_params(body.max_tokens),
+        stream=body.stream,
+        fmt=_format(CompletionFormat, rid, "cmpl", body.model, body.include_usage),
+    )
+
+
+_GENERATE_OWN_FIELDS = {"text", "input_ids", "prism", "rid", "sampling_params", "stream"}
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "generate"
+    body, raw = await read_body(request, GenerateRequest)
+    if body.passthrough_reason() is not None:
+        return await passthrough(request, "/generate", raw, set_rid=False)
+    try:
+        if body.prism is not None:
+            text = body.text if isinstance(body.text, str) else None
+            segmented = hinted_prompt(body.prism, system=None, suffix=text)
+            job = segmented_job(
+                request.app[state.SERIALIZER], segmented, chat=bool(body.prism.chat)
+            )
+        elif body.input_ids is not None:
+            ids = [int(i) for i in body.input_ids]  # type: ignore[arg-type]
+            job = private_job({"input_ids": ids}, len(ids))
+        elif isinstance(body.text, str):
+            job = private_job({"text": body.text}, None)
+        else:
+            raise PromptError("text", "either text or input_ids is required")
+    except PromptError as exc:
+        raise _prompt_error(exc) from None
+    extra = {k: v for k, v in raw.items() if k not in _GENERATE_OWN_FIELDS}
+    rid = body.rid or new_rid()
+    return await token_path(
+        request,
+        job,
+        rid=rid,
+        sampling_params=dict(body.sampling_params or {}),
+        stream=body.stream,
+        fmt=_format(GenerateFormat, rid, "gen", "", False),
+        extra_fields=extra,
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    try:
+        return web.json_response(await request.app[state.BACKEND].get_json("/v1/models"))
+    except BackendError as exc:
+        raise ApiError(exc.status, exc.message, kind="backend_error") from None
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness of the proxy itself (200 while it serves); the body reports the rest."""
+    app = request.app
+    admission = app[state.ADMISSION]
+    return web.json_response(
+        {
+            "status": "ok",
+            "backend_up": app[state.BACKEND].up,
+            "queue_depth": admission.queue_depth,
+            "inflight": admission.inflight,
+            "policy": app[state.CONFIG].policy,
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[state.METRICS].render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)

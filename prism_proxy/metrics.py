@@ -1,0 +1,119 @@
+"""The proxy's Prometheus metrics, one registry per app (docs/proxy.md, "Metrics").
+
+Lanes: `hot`, `cold` (the QAS lane that released the request, SPEC §2) and
+`passthrough` (sent unchanged to the backend's OpenAI endpoint). Requests refused
+before admission carry lane `none`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LANES = ("hot", "cold", "passthrough")
+
+# 1 ms .. 60 s, roughly x1.5-2 per step: fine enough for 10 ms - 60 s latencies.
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+)  # fmt: skip
+WAVE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ROUND_BUCKETS_S = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyMetrics:
+    """All proxy metrics; build with `ProxyMetrics.create()` (fresh registry)."""
+
+    registry: CollectorRegistry
+    requests: Counter
+    ttft: Histogram
+    admission_wait: Histogram
+    e2e_latency: Histogram
+    queue_depth: Gauge
+    inflight: Gauge
+    wave_size: Histogram
+    prompt_tokens: Counter
+    cached_tokens: Counter
+    round_seconds: Histogram
+    control_pushes: Counter
+    control_failures: Counter
+    control_up: Gauge
+    backend_up: Gauge
+
+    @classmethod
+    def create(cls) -> ProxyMetrics:
+        r = CollectorRegistry(auto_describe=True)
+        lane = ["lane"]
+        return cls(
+            registry=r,
+            requests=Counter(
+                "prism:requests",
+                "Finished client requests by endpoint, lane and HTTP status",
+                ["endpoint", "lane", "status"],
+                registry=r,
+            ),
+            ttft=Histogram(
+                "prism:ttft_seconds",
+                "Time to first streamed token, as seen by the proxy",
+                lane,
+                buckets=LATENCY_BUCKETS_S,
+                registry=r,
+            ),
+            admission_wait=Histogram(
+                "prism:admission_wait_seconds",
+                "Time from arrival to release by QAS",
+                lane,
+                buckets=LATENCY_BUCKETS_S,
+                registry=r,
+            ),
+            e2e_latency=Histogram(
+                "prism:e2e_latency_seconds",
+                "Time from arrival to the end of the response",
+                lane,
+                buckets=LATENCY_BUCKETS_S,
+                registry=r,
+            ),
+            queue_depth=Gauge("prism:queue_depth", "Requests waiting in QAS", registry=r),
+            inflight=Gauge(
+                "prism:inflight_requests", "Requests released and not finished", registry=r
+            ),
+            wave_size=Histogram(
+                "prism:wave_size", "Requests released per round", buckets=WAVE_BUCKETS, registry=r
+            ),
+            prompt_tokens=Counter(
+                "prism:prompt_tokens", "Prompt tokens reported by the backend", lane, registry=r
+            ),
+            cached_tokens=Counter(
+                "prism:cached_tokens",
+                "Cached prompt tokens reported by the backend",
+                lane,
+                registry=r,
+            ),
+            round_seconds=Histogram(
+                "prism:qas_round_seconds",
+                "CPU time of one QAS round (plan_round)",
+                buckets=ROUND_BUCKETS_S,
+                registry=r,
+            ),
+            control_pushes=Counter(
+                "prism:control_rpc_pushes",
+                "Priority tables accepted by the control RPC",
+                registry=r,
+            ),
+            control_failures=Counter(
+                "prism:control_rpc_failures", "Failed control RPC pushes", registry=r
+            ),
+            control_up=Gauge(
+                "prism:control_rpc_up", "1 if the last control RPC push succeeded", registry=r
+            ),
+            backend_up=Gauge(
+                "prism:backend_up", "1 if the last backend exchange succeeded", registry=r
+            ),
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        """Prometheus text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,117 @@
+"""From a client request to what QAS queues and what the backend receives (SPEC §1, §4).
+
+A `TokenJob` is a request on the token path: the skeleton QAS schedules (segment ids,
+reorder flag, head and segment token lengths, prefix key) and `build(order)`, which
+serializes the prompt in the order QAS released it and returns the `/generate` prompt
+fields plus the anchors. Hinted requests go through the serializer; requests without
+hints are one private piece (cold lane, SPEC §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from prism_proxy.api_models import ChatMessage, PrismHint
+from prism_proxy.request_model import SegmentedPrompt, format_validation_error
+from prism_proxy.serializer import SerializedPrompt, Serializer
+
+
+class PromptError(ValueError):
+    """A request's prompt or hints are unusable; `param` names the field (400)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """`/generate` prompt fields (`input_ids` or `text`) and the anchors (SPEC §4)."""
+
+    prompt_fields: dict[str, Any]
+    anchors: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenJob:
+    segments: tuple[str, ...]
+    reorder: bool
+    prefix_key: str
+    head_tokens: int
+    segment_tokens: tuple[int, ...] | None
+    build: Callable[[Sequence[str]], Dispatch]
+
+
+def message_text(message: ChatMessage) -> str:
+    """A message's text (content parts of type `text` joined)."""
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(part.get("text", "")) for part in content)
+
+
+def _anchor_dicts(serialized: SerializedPrompt) -> list[dict[str, Any]]:
+    return [
+        {"kind": str(a.kind), "segment_id": a.segment_id, "offset": int(a.offset)}
+        for a in serialized.anchors
+    ]
+
+
+def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool) -> TokenJob:
+    """Serialize once in client order (token lengths for QAS), again at release."""
+    try:
+        first = serializer.serialize(prompt, chat=chat)
+    except ValueError as exc:  # e.g. a template without a system role
+        raise PromptError("prism", str(exc)) from exc
+    ids = tuple(segment.id for segment in prompt.segments)
+
+    def build(order: Sequence[str]) -> Dispatch:
+        serialized = first if tuple(order) == ids else serializer.serialize(prompt, order, chat)
+        return Dispatch({"input_ids": list(serialized.input_ids)}, _anchor_dicts(serialized))
+
+    return TokenJob(
+        segments=ids,
+        reorder=prompt.reorder,
+        prefix_key=first.prefix_key,
+        head_tokens=first.head_tokens,
+        segment_tokens=tuple(first.segment_tokens.get(i, 1) for i in ids),
+        build=build,
+    )
+
+
+def private_job(prompt_fields: dict[str, Any], num_tokens: int | None) -> TokenJob:
+    """A request without hints: its whole prompt is private (cold lane)."""
+    anchors = [{"kind": "private", "segment_id": None, "offset": num_tokens}] if num_tokens else []
+    dispatch = Dispatch(prompt_fields, anchors)
+    return TokenJob((), False, "", 0, None, lambda _order: dispatch)
+
+
+def hinted_prompt(hint: PrismHint, *, system: str | None, suffix: str | None) -> SegmentedPrompt:
+    """The `SegmentedPrompt` of a hint; `system`/`suffix` fill what the hint omits."""
+    suffix = hint.suffix if hint.suffix is not None else suffix
+    if suffix is None:
+        raise PromptError("prism.suffix", "missing, and the request has no prompt to use")
+    data = {
+        "system": hint.system if hint.system is not None else system,
+        "segments": [{"id": s.id, "text": s.text} for s in hint.segments],
+        "suffix": suffix,
+        "reorder": hint.reorder,
+    }
+    try:
+        return SegmentedPrompt.model_validate(data)
+    except ValidationError as exc:
+        path, _, message = format_validation_error(exc).partition(": ")
+        raise PromptError(f"prism.{path}", message) from None
+
+
+def chat_defaults(messages: Sequence[ChatMessage]) -> tuple[str | None, str | None]:
+    """(system, suffix): the first system/developer message and the last user message."""
+    system = next((message_text(m) for m in messages if m.role in ("system", "developer")), None)
+    suffix = next((message_text(m) for m in reversed(messages) if m.role == "user"), None)
+    return system, suffix

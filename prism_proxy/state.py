@@ -1,0 +1,21 @@
+"""Typed application keys: the long-lived resources the handlers use (aiohttp `AppKey`)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from prism_proxy.admission import AdmissionController
+from prism_proxy.backend_client import BackendClient
+from prism_proxy.config import ProxyConfig
+from prism_proxy.control_client import ControlClient
+from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.serializer import Serializer
+from prism_proxy.tokenizer import Tokenizer
+
+CONFIG = web.AppKey("config", ProxyConfig)
+METRICS = web.AppKey("metrics", ProxyMetrics)
+BACKEND = web.AppKey("backend", BackendClient)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+SERIALIZER = web.AppKey("serializer", Serializer)
+CONTROL = web.AppKey("control", ControlClient)
+ADMISSION = web.AppKey("admission", AdmissionController)

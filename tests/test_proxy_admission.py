@@ -1,0 +1,99 @@
+"""The QAS admission loop with the real policies (issue 4; SPEC §2 waves)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from prism_proxy.admission import AdmissionController, QueueFullError, ShuttingDownError
+from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.policies import make_policy
+from prism_proxy.qas.types import QueuedRequest
+
+
+def _controller(policy: str = "fifo", **kwargs) -> AdmissionController:
+    settings = {"max_inflight": 2, "window_s": 0.001, "max_queue": 100, **kwargs}
+    return AdmissionController(
+        make_policy(policy, QasParams()), metrics=ProxyMetrics.create(), **settings
+    )
+
+
+def _gauge(controller: AdmissionController, name: str) -> float:
+    value = controller.metrics.registry.get_sample_value(name)
+    assert value is not None
+    return value
+
+
+async def test_waves_respect_max_inflight_and_release_in_fifo_order() -> None:
+    controller = _controller("fifo", max_inflight=2)
+    futures = [
+        controller.submit(QueuedRequest(rid=f"r{i}", arrival=float(i))) for i in range(5)
+    ]
+    plan = controller.run_round()
+    assert plan is not None and [e.rid for e in plan.wave] == ["r0", "r1"]
+    assert [f.done() for f in futures] == [True, True, False, False, False]
+    assert controller.run_round() is None  # no free slot: no round
+    controller.finish("r0")
+    controller.run_round()
+    assert [f.done() for f in futures] == [True, True, True, False, False]
+    assert controller.inflight == 2 and controller.queue_depth == 2
+
+
+async def test_prism_releases_skeleton_and_dispatch_priorities() -> None:
+    controller = _controller("prism", max_inflight=8)
+    pushed: list[dict[str, float]] = []
+    controller.on_wave = pushed.append
+    a = controller.submit(QueuedRequest(rid="a", arrival=0.0, segments=("x", "hot")))
+    b = controller.submit(QueuedRequest(rid="b", arrival=1.0, segments=("hot", "y")))
+    controller.run_round()
+    release_a, release_b = a.result(), b.result()
+    # "hot" is queued twice (g=2) and lands first in both skeletons (front alignment).
+    assert release_a.skeleton[0] == "hot" and release_b.skeleton[0] == "hot"
+    assert set(release_a.skeleton) == {"x", "hot"}
+    assert release_a.priorities["hot"] > release_a.priorities["x"]
+    assert pushed and pushed[0]["hot"] == release_a.priorities["hot"]
+
+
+async def test_run_loop_cancel_and_gauges_return_to_zero() -> None:
+    controller = _controller("fifo", max_inflight=1)
+    task = asyncio.create_task(controller.run())
+    order: list[str] = []
+
+    async def client(rid: str, arrival: float) -> None:
+        async with controller.slot(QueuedRequest(rid=rid, arrival=arrival)):
+            order.append(rid)
+            await asyncio.sleep(0.005)
+
+    first = asyncio.create_task(client("a", 0.0))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(client("b", 1.0))
+    leaver = asyncio.create_task(client("c", 2.0))
+    await asyncio.sleep(0.001)
+    leaver.cancel()  # still queued behind "a": must leave the queue
+    await asyncio.gather(first, second)
+    with pytest.raises(asyncio.CancelledError):
+        await leaver
+    assert order == ["a", "b"]
+    assert _gauge(controller, "prism:queue_depth") == 0
+    assert _gauge(controller, "prism:inflight_requests") == 0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_queue_full_and_shutdown() -> None:
+    controller = _controller("fifo", max_inflight=1, max_queue=2)
+    first = controller.submit(QueuedRequest(rid="a", arrival=0.0))
+    with pytest.raises(ValueError, match="already in use"):
+        controller.submit(QueuedRequest(rid="a", arrival=0.5))
+    second = controller.submit(QueuedRequest(rid="b", arrival=1.0))
+    with pytest.raises(QueueFullError):
+        controller.submit(QueuedRequest(rid="c", arrival=2.0))
+    controller.close()
+    for waiting in (first, second):
+        with pytest.raises(ShuttingDownError):
+            await waiting
+    with pytest.raises(ShuttingDownError):
+        controller.submit(QueuedRequest(rid="d", arrival=4.0))

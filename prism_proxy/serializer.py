@@ -1,0 +1,235 @@
+"""Serializer: segmented prompt -> token ids + anchors, exactly as SPEC §1.
+
+Each piece is tokenized on its own and the pieces' ids are concatenated::
+
+    z = tok(head) ++ tok(r_1 + SEP) ++ ... ++ tok(r_m + SEP) ++ tok(tail)
+        |-- head --|                                            |- tail -|
+                   ^ system anchor   ^ segment anchors ...               ^ private anchor
+
+so two requests that serialize the same pieces in the same order share a token prefix
+exactly, whatever follows. ``SEP`` (``"\\n\\n"``) follows every segment's text whatever
+its position, so a segment's tokens never depend on where it lands (reordering keeps
+reuse).
+
+* Chat mode: the chat template is rendered once per system prompt with the system
+  message (if any) and a user message whose content is a sentinel; ``head`` is the text
+  before the sentinel and ``tail`` is the suffix followed by the text after it.
+* Non-chat mode (completions / generate): ``head`` is the system text (may be empty),
+  ``tail`` is the suffix.
+
+An anchor is the token offset where a piece ends. A piece with no tokens has no anchor
+(an empty head, an empty tail in non-chat mode, or a blank segment under a tokenizer that
+drops whitespace), so anchor offsets strictly increase and the last one, if any, is
+``len(input_ids)``.
+Segment ids are cached by (id, content hash) in a bounded LRU, heads per system prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prism_proxy.request_model import SegmentedPrompt
+from prism_proxy.tokenizer import Tokenizer
+
+SEGMENT_SEPARATOR = "\n\n"
+SENTINEL = "PRISMSEGMENTSENTINEL0x5f3759df"
+AnchorKind = Literal["system", "segment", "private"]
+
+
+class SerializationError(ValueError):
+    """The request cannot be serialized (bad ``order``, unusable chat template)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """The token offset where a piece ends (SPEC §1)."""
+
+    kind: AnchorKind
+    segment_id: str | None
+    offset: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "segment_id": self.segment_id, "offset": self.offset}
+
+
+@dataclass(frozen=True, slots=True)
+class SerializedPrompt:
+    """Token ids of a request plus where each piece ends.
+
+    ``segment_tokens`` maps each segment id to its token count, ``order`` is the segment
+    order serialized, ``prefix_key`` a stable hash of the head's token ids (requests with
+    equal keys share the head tokens)."""
+
+    input_ids: list[int]
+    anchors: list[Anchor]
+    segment_tokens: dict[str, int]
+    head_tokens: int
+    prefix_key: str
+    order: tuple[str, ...] = ()
+    tail_tokens: int = 0
+
+    def anchors_json(self) -> list[dict[str, Any]]:
+        """Anchors as sent in ``kv_hints["prism"]["anchors"]`` (SPEC §4)."""
+        return [a.to_json() for a in self.anchors]
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """A system prompt's rendering: head ids, the text that ends the tail, head hash."""
+
+    head_ids: tuple[int, ...]
+    tail_text: str
+    prefix_key: str
+
+
+def segment_piece(text: str) -> str:
+    """The text tokenized for a segment: position-independent wrapper (SPEC §1)."""
+    return text + SEGMENT_SEPARATOR
+
+
+def prefix_key_of(ids: Sequence[int]) -> str:
+    """Stable (cross-machine, cross-process) hash of a token id sequence."""
+    return hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=8).hexdigest()
+
+
+def _content_hash(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+@dataclass
+class _LRU:
+    """A small thread-safe LRU map with hit/miss counters."""
+
+    capacity: int
+    _items: OrderedDict[Any, Any] = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    hits: int = 0
+    misses: int = 0
+
+    def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return value
+            self.misses += 1
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Serializer:
+    """Serializes ``SegmentedPrompt`` for one tokenizer, with bounded token caches."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, segment_cache_size: int = 65_536, head_cache_size: int = 1024
+    ) -> None:
+        if segment_cache_size < 1 or head_cache_size < 1:
+            raise ValueError("cache sizes must be >= 1")
+        self.tokenizer = tokenizer
+        self._segments = _LRU(segment_cache_size)
+        self._frames = _LRU(head_cache_size)
+
+    def segment_ids(self, segment_id: str, text: str) -> tuple[int, ...]:
+        """Token ids of one segment, from the (id, content hash) cache. A changed text
+        under the same id is a different key, so it is never served stale."""
+        key = (segment_id, _content_hash(text))
+        return self._segments.get_or_make(
+            key, lambda: tuple(self.tokenizer.encode(segment_piece(text)))
+        )
+
+    def skeleton_lengths(self, prompt: SegmentedPrompt) -> dict[str, int]:
+        """Token count of each segment (request order), before choosing an order."""
+        return {s.id: len(self.segment_ids(s.id, s.text)) for s in prompt.segments}
+
+    def head_tokens(self, system: str | None, chat: bool = True) -> int:
+        return len(self._frame(system, chat).head_ids)
+
+    def _frame(self, system: str | None, chat: bool) -> _Frame:
+        return self._frames.get_or_make((system, chat), lambda: self._render(system, chat))
+
+    def _render(self, system: str | None, chat: bool) -> _Frame:
+        if not chat:
+            head, tail = system or "", ""
+        else:
+            messages = [] if system is None else [{"role": "system", "content": system}]
+            messages.append({"role": "user", "content": SENTINEL})
+            text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+            if text.count(SENTINEL) != 1:
+                raise SerializationError(
+                    f"chat template of {self.tokenizer.name!r} does not render the user "
+                    "message verbatim exactly once; cannot split head and tail"
+                )
+            head, tail = text.split(SENTINEL)
+        head_ids = tuple(self.tokenizer.encode(head)) if head else ()
+        return _Frame(head_ids=head_ids, tail_text=tail, prefix_key=prefix_key_of(head_ids))
+
+    def _check_order(self, prompt: SegmentedPrompt, order: Sequence[str]) -> tuple[str, ...]:
+        chosen = tuple(order)
+        ids = prompt.segment_ids
+        if len(chosen) != len(ids) or set(chosen) != set(ids) or len(set(chosen)) != len(ids):
+            raise SerializationError(
+                f"order: must be a permutation of the request's segment ids {ids}, got "
+                f"{list(chosen)}"
+            )
+        if not prompt.reorder and list(chosen) != ids:
+            raise SerializationError("order: the request does not allow reordering")
+        return chosen
+
+    def serialize(
+        self, prompt: SegmentedPrompt, order: Sequence[str] | None = None, chat: bool = True
+    ) -> SerializedPrompt:
+        """Serialize ``prompt`` with its segments in ``order`` (a permutation of the
+        request's segment ids chosen by the scheduler; default: request order)."""
+        chosen = tuple(prompt.segment_ids) if order is None else self._check_order(prompt, order)
+        frame = self._frame(prompt.system, chat)
+        by_id = {s.id: s for s in prompt.segments}
+        input_ids = list(frame.head_ids)
+        anchors: list[Anchor] = []
+        if input_ids:
+            anchors.append(Anchor("system", None, len(input_ids)))
+        segment_tokens: dict[str, int] = {}
+        for segment_id in chosen:
+            ids = self.segment_ids(segment_id, by_id[segment_id].text)
+            input_ids.extend(ids)
+            segment_tokens[segment_id] = len(ids)
+            if ids:
+                anchors.append(Anchor("segment", segment_id, len(input_ids)))
+        tail_text = prompt.suffix + frame.tail_text
+        tail_ids = self.tokenizer.encode(tail_text) if tail_text else []
+        input_ids.extend(tail_ids)
+        if tail_ids:
+            anchors.append(Anchor("private", None, len(input_ids)))
+        return SerializedPrompt(
+            input_ids=input_ids,
+            anchors=anchors,
+            segment_tokens=segment_tokens,
+            head_tokens=len(frame.head_ids),
+            prefix_key=frame.prefix_key,
+            order=chosen,
+            tail_tokens=len(tail_ids),
+        )
+
+    def cache_info(self) -> dict[str, int]:
+        """Sizes and hit/miss counts of the segment and head caches."""
+        return {
+            "segment_entries": len(self._segments),
+            "segment_hits": self._segments.hits,
+            "segment_misses": self._segments.misses,
+            "head_entries": len(self._frames),
+            "head_hits": self._frames.hits,
+            "head_misses": self._frames.misses,
+        }

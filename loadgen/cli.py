@@ -1,0 +1,175 @@
+"""``prism-loadgen``: traces, open-loop replay, sweeps, reports and the demo (issue 6).
+
+prism-loadgen trace rag   --out FILE [--qps 50 --seed 0 ...]   zipf_hotspot (SPEC §6)
+prism-loadgen trace agent --out FILE [--qps 40 ...]            agent_prefix (SPEC §6)
+prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out FILE
+prism-loadgen sweep  --out DIR [--policies ... --qps 40,50,60,70,80 --speed F]
+prism-loadgen report --results DIR
+prism-loadgen demo   [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from loadgen.agent_trace import AgentTraceParams, build_agent_trace
+from loadgen.apis import API_NAMES
+from loadgen.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.trace_format import read_trace, write_trace
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: Any, skip: tuple[str, ...]) -> None:
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=kind,
+            default=f.default,
+            help=f"(default: {f.default})",
+        )
+
+
+def _params_from_args(cls: Any, args: argparse.Namespace) -> Any:
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def _tokenizer(spec: str | None) -> tuple[Any, str]:
+    from prism_proxy.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(spec or "builtin")
+    return tokenizer, str(getattr(tokenizer, "name", spec or "builtin"))
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    tokenizer, name = _tokenizer(args.tokenizer)
+    if args.workload == "rag":
+        params = _params_from_args(RagTraceParams, args)
+        header, requests = build_rag_trace(params, args.seed, tokenizer, name)
+    else:
+        params = _params_from_args(AgentTraceParams, args)
+        header, requests = build_agent_trace(params, args.seed, tokenizer, name)
+    write_trace(Path(args.out), header, requests)
+    hot = sum(r.hot for r in requests)
+    print(
+        f"wrote {len(requests)} requests ({hot} hot) to {args.out}"
+        f" [{header.workload}, seed {header.seed}]"
+    )
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from loadgen.replay import ReplayConfig, replay, write_results
+
+    trace = read_trace(Path(args.trace))
+    config = ReplayConfig(
+        target=args.target.rstrip("/"),
+        api=args.api,
+        time_scale=args.time_scale,
+        model=args.model,
+        request_timeout_s=args.timeout,
+        progress=True if args.progress else None,
+    )
+    results = asyncio.run(replay(trace, config))
+    write_results(Path(args.out), results)
+    summary = results["summary"]
+    keys = ("completed", "failed", "request_throughput", "hit_rate", "mean_ttft_ms")
+    keys += ("median_ttft_ms", "p99_ttft_ms", "mean_e2e_latency_ms")
+    print(json.dumps({k: summary[k] for k in keys}, indent=1))
+    print(f"results: {args.out}")
+    return 0 if summary["completed"] else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from loadgen.sweep import run_sweep_from_args
+
+    return run_sweep_from_args(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from loadgen.report import write_report
+
+    paths = write_report(Path(args.results), title=args.title)
+    print(paths.table_text)
+    for path in paths.files:
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from loadgen.demo import run_demo
+
+    return run_demo(Path(args.out), speed=args.speed, num_requests=args.num_requests)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from loadgen.sweep import add_sweep_flags
+
+    parser = argparse.ArgumentParser(prog="prism-loadgen", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    trace = sub.add_parser("trace", help="generate a trace (JSONL)")
+    trace_sub = trace.add_subparsers(dest="workload", required=True)
+    rag = trace_sub.add_parser("rag", help="zipf_hotspot RAG trace (SPEC §6)")
+    _add_dataclass_flags(rag, RagTraceParams, skip=("corpus",))
+    rag.add_argument("--corpus", default=None, help="MultiHop-RAG corpus.json as passage pool")
+    agent = trace_sub.add_parser("agent", help="agent_prefix trace (SPEC §6)")
+    _add_dataclass_flags(agent, AgentTraceParams, skip=("tau2_dir",))
+    agent.add_argument("--tau2-dir", default=None, help="tau2 package dir (default: installed)")
+    for p in (rag, agent):
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--tokenizer", default="builtin", help="'builtin' or a model dir")
+        p.add_argument("--out", required=True, help="output JSONL path")
+        p.set_defaults(func=cmd_trace)
+
+    rep = sub.add_parser("replay", help="open-loop replay of a trace against a target")
+    rep.add_argument("--trace", required=True)
+    rep.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    rep.add_argument("--api", choices=API_NAMES, default="prism")
+    rep.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="backend clock speed F (prism-sim --speed F): send F× faster, report times ×F",
+    )
+    rep.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
+    rep.add_argument("--timeout", type=float, default=600.0, help="per-request read timeout (s)")
+    rep.add_argument("--progress", action="store_true", help="force the progress bar")
+    rep.add_argument("--out", required=True, help="results JSON path")
+    rep.set_defaults(func=cmd_replay)
+
+    sweep = sub.add_parser("sweep", help="policies × QPS on fresh sim + proxy; report")
+    add_sweep_flags(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
+    report = sub.add_parser("report", help="table and plots from a sweep's results dir")
+    report.add_argument("--results", required=True)
+    report.add_argument("--title", default="PRISM sweep")
+    report.set_defaults(func=cmd_report)
+
+    demo = sub.add_parser("demo", help="fifo vs klpm vs prism across the knee, in minutes")
+    demo.add_argument("--out", default="demo-results")
+    demo.add_argument("--speed", type=float, default=None)
+    demo.add_argument("--num-requests", type=int, default=None)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"prism-loadgen: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

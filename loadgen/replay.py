@@ -1,0 +1,189 @@
+"""Open-loop replay of a trace against a target URL (issue 6).
+
+Each request is sent at its arrival time, whatever happened to earlier ones (a single
+dispatcher sleeps until the next arrival and spawns a task; it never awaits answers).
+Every request streams; TTFT is the time to the first chunk with non-empty output text,
+end-to-end latency the time to the end of the stream.
+
+Time scale. When the backend's clock runs ``F`` times faster than the wall clock
+(``prism-sim --speed F``), replay with ``time_scale=F``: arrivals are sent at
+``arrival / F`` wall seconds and every measured time is multiplied by ``F``, so the
+results are in modeled seconds and comparable across speeds. ``send_lag_ms`` (how late
+each send left, modeled) shows whether the client kept up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from loadgen.apis import build_request, parse_event
+from loadgen.summary import RequestRecord, summarize
+from loadgen.trace_format import Trace, TraceRequest
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    target: str
+    api: str = "prism"
+    time_scale: float = 1.0
+    model: str | None = None
+    request_timeout_s: float = 600.0
+    progress: bool | None = None  # None: only on a terminal
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+
+
+async def discover_model(session: aiohttp.ClientSession, target: str) -> str:
+    """The first model the target lists on ``/v1/models`` (``default`` if none)."""
+    try:
+        async with session.get(target + "/v1/models") as response:
+            if response.status == 200:
+                models = (await response.json()).get("data") or []
+                if models:
+                    return str(models[0]["id"])
+    except (aiohttp.ClientError, ValueError, KeyError):
+        pass
+    return "default"
+
+
+@dataclass
+class _Tally:
+    has_content: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+
+
+async def _read_stream(response: aiohttp.ClientResponse, api: str, on_first: Any) -> _Tally:
+    tally = _Tally()
+    async for raw in response.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            tally.error = f"bad stream chunk: {payload[:80]!r}"
+            break
+        event = parse_event(api, chunk)
+        if event.error is not None:
+            tally.error = event.error
+            break
+        if event.has_content and not tally.has_content:
+            tally.has_content = True
+            on_first()
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+            value = getattr(event, name)
+            if value is not None:
+                setattr(tally, name, value)
+    return tally
+
+
+async def send_one(
+    session: aiohttp.ClientSession,
+    config: ReplayConfig,
+    model: str,
+    request: TraceRequest,
+    scheduled_at: float,
+) -> RequestRecord:
+    """Send one request, stream its answer, and measure it (modeled time)."""
+    loop = asyncio.get_running_loop()
+    scale = config.time_scale
+    path, body = build_request(config.api, request, model)
+    sent_at = loop.time()
+    first_at: list[float] = []
+    lane: str | None = None
+    status: int | None = None
+    tally = _Tally()
+    try:
+        async with session.post(config.target + path, json=body) as response:
+            status = response.status
+            lane = response.headers.get("x-prism-lane")
+            if status != 200:
+                text = (await response.text())[:200]
+                tally.error = f"HTTP {status}: {text}"
+            else:
+                tally = await _read_stream(
+                    response, config.api, lambda: first_at.append(loop.time())
+                )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        tally.error = f"{type(exc).__name__}: {exc}"[:200]
+    ended_at = loop.time()
+    if tally.error is None and not first_at:
+        tally.error = "stream ended without output"
+    success = tally.error is None
+    return RequestRecord(
+        rid=request.rid,
+        arrival_s=request.arrival,
+        send_lag_ms=(sent_at - scheduled_at) * scale * 1000.0,
+        success=success,
+        ttft_ms=(first_at[0] - sent_at) * scale * 1000.0 if first_at else None,
+        e2e_latency_ms=(ended_at - sent_at) * scale * 1000.0 if success else None,
+        prompt_tokens=tally.prompt_tokens,
+        completion_tokens=tally.completion_tokens,
+        cached_tokens=tally.cached_tokens,
+        hot=request.hot,
+        lane=lane,
+        status=status,
+        error=tally.error,
+    )
+
+
+def _progress_bar(total: int, enabled: bool | None) -> Any:
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="replay", file=sys.stderr)
+
+
+async def replay(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
+    """Replay ``trace`` open-loop; returns the results document."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=config.request_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0)
+    bar = _progress_bar(len(trace.requests), config.progress)
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        model = config.model or await discover_model(session, config.target)
+        tasks: list[asyncio.Task[RequestRecord]] = []
+        start = loop.time()
+        for request in trace.requests:
+            scheduled = start + request.arrival / config.time_scale
+            delay = scheduled - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send_one(session, config, model, request, scheduled))
+            if bar is not None:
+                task.add_done_callback(lambda _t: bar.update(1))
+            tasks.append(task)
+        records = list(await asyncio.gather(*tasks))
+        duration_s = (loop.time() - start) * config.time_scale
+    if bar is not None:
+        bar.close()
+    qps = trace.header.params.get("qps")
+    return {
+        "config": {**asdict(config), "model": model},
+        "trace": trace.header.to_json(),
+        "summary": summarize(records, duration_s, float(qps) if qps else None),
+        "requests": [r.to_json() for r in records],
+    }
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

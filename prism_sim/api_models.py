@@ -1,0 +1,67 @@
+"""HTTP request bodies of the simulated engine (SGLang 0.5.23 shapes, extras ignored)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class SamplingParamsIn(_Lenient):
+    max_new_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = None
+    ignore_eos: bool = False
+
+
+class GenerateIn(_Lenient):
+    """`GenerateReqInput`: exactly one of `text` / `input_ids` (single or batch)."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SamplingParamsIn | list[SamplingParamsIn] | None = None
+    stream: bool = False
+    rid: str | list[str] | None = None
+    kv_hints: dict[str, Any] | list[dict[str, Any] | None] | None = None
+    priority: int | None = None
+    return_logprob: bool = False
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class CompletionIn(_Lenient):
+    model: str | None = None
+    prompt: str | list[int] | list[str]
+    max_tokens: int | None = Field(default=16, ge=0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    rid: str | None = None
+    priority: int | None = None
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionIn(_Lenient):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    rid: str | None = None
+    priority: int | None = None
+
+
+class AbortIn(_Lenient):
+    rid: str = ""
+    abort_all: bool = False

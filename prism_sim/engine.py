@@ -1,0 +1,151 @@
+"""The simulated engine assembled: tokenizer, radix cache, scheduler, loop, metrics.
+
+`SimConfig` is what the CLI parses; `SimEngine.start(...)` queues one request and
+returns a `RequestHandle` the HTTP handlers follow token by token (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prism_proxy.tokenizer import Tokenizer, load_tokenizer
+from prism_sim.engine_loop import EngineLoop
+from prism_sim.metrics import EngineMetrics
+from prism_sim.radix_cache import RadixCache
+from prism_sim.request import SimRequest
+from prism_sim.scheduler import InsertHook, Scheduler, SchedulerConfig
+from prism_sim.time_model import DEFAULT_PROFILE, Profile, load_profile
+
+FILLER_TEXT = (
+    " The quick brown fox jumps over the lazy dog while the river runs past the old mill"
+    " and the children count the boats that sail toward the far north shore."
+)
+VERSION = "0.5.23"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything `python -m prism_sim` accepts (None: take the profile's value)."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tokenizer: str | None = None
+    profile: str = DEFAULT_PROFILE
+    kv_capacity_tokens: int | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    schedule_policy: str = "fcfs"
+    eviction: str = "lru"
+    speed: float = 1.0
+    seed: int = 0
+    served_model_name: str | None = None
+    incremental_streaming_output: bool = False
+    control_port: int | None = None
+    control_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.speed <= 0:
+            raise ValueError("speed must be positive")
+
+    def resolved_profile(self) -> Profile:
+        profile = load_profile(self.profile).with_overrides(
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            max_running_requests=self.max_running_requests,
+        )
+        if self.chunked_prefill_size is not None:
+            # A non-positive size disables chunked prefill, as -1 does in SGLang.
+            chunk = self.chunked_prefill_size if self.chunked_prefill_size > 0 else None
+            profile = replace(profile, chunked_prefill_size=chunk)
+        return profile
+
+
+class RequestHandle:
+    """Follows one request: `progress()` yields whenever tokens arrive or it finishes."""
+
+    def __init__(self, req: SimRequest, engine: SimEngine) -> None:
+        self.req = req
+        self.engine = engine
+        self._changed = asyncio.Event()
+        req.listener = self._on_change
+
+    def _on_change(self, _req: SimRequest) -> None:
+        self._changed.set()
+
+    async def progress(self) -> AsyncIterator[SimRequest]:
+        seen = 0
+        while True:
+            done = self.req.finished
+            if len(self.req.output_ids) != seen or done:
+                seen = len(self.req.output_ids)
+                yield self.req
+            if done:
+                return
+            await self._changed.wait()
+            self._changed.clear()
+
+    async def wait(self) -> SimRequest:
+        async for _ in self.progress():
+            pass
+        return self.req
+
+    def abort(self) -> None:
+        if not self.req.finished:
+            self.engine.loop.abort(self.req.rid)
+
+
+class SimEngine:
+    """One simulated SGLang server's state (no HTTP here)."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        tokenizer: Tokenizer | None = None,
+        insert_hook: InsertHook | None = None,
+    ) -> None:
+        self.config = config
+        self.profile = config.resolved_profile()
+        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer)
+        self.model_name = config.served_model_name or self.profile.model_name
+        self.model_path = config.tokenizer or self.profile.model_name
+        specials = {self.tokenizer.eos_token_id}
+        filler = [t for t in self.tokenizer.encode(FILLER_TEXT) if t not in specials]
+        shift = config.seed % len(filler)
+        self.cache = RadixCache(config.eviction)
+        self.scheduler = Scheduler(
+            SchedulerConfig.from_profile(self.profile, config.schedule_policy),
+            self.profile,
+            self.cache,
+            filler[shift:] + filler[:shift],
+            insert_hook=insert_hook,
+        )
+        self.loop = EngineLoop(self.scheduler, speed=config.speed)
+        self.metrics = EngineMetrics(self.scheduler, self.model_name, self.loop.now)
+        self.scheduler.on_finish = self.metrics.observe_finished
+
+    def start(
+        self,
+        input_ids: list[int],
+        max_new_tokens: int,
+        rid: str | None = None,
+        kv_hints: dict[str, Any] | None = None,
+        priority: int | None = None,
+    ) -> RequestHandle:
+        """Queue a request (ValueError when it can never fit or the rid is in use)."""
+        req = SimRequest(
+            rid=rid or uuid.uuid4().hex,
+            input_ids=list(input_ids),
+            max_new_tokens=max_new_tokens,
+            arrival_s=self.loop.now(),
+            kv_hints=kv_hints,
+            priority=priority,
+        )
+        handle = RequestHandle(req, self)
+        self.loop.submit(req)
+        return handle
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)

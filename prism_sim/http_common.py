@@ -1,0 +1,57 @@
+"""Helpers shared by the simulated engine's HTTP handlers: app keys, bodies, SSE."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from prism_sim.engine import SimEngine
+from prism_sim.request import SimRequest
+
+ENGINE_KEY = web.AppKey("prism_sim_engine", SimEngine)
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def error_response(message: str, status: int = 400) -> web.Response:
+    """SGLang's error body: `{"error": {"message": ..., "code": status}}`."""
+    body = {"error": {"message": message, "type": "BadRequestError", "code": status}}
+    return web.json_response(body, status=status)
+
+
+class BadRequest(Exception):
+    """Raised by `parse_body`; the handler answers 400 with the message."""
+
+
+async def parse_body(request: web.Request, model: type[ModelT]) -> ModelT:
+    try:
+        raw = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"invalid JSON body: {exc}") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+async def open_sse(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    return response
+
+
+async def send_sse(response: web.StreamResponse, payload: Any) -> None:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    await response.write(f"data: {data}\n\n".encode())
+
+
+def finish_reason_name(req: SimRequest) -> str | None:
+    """OpenAI's `finish_reason` string for a finished request."""
+    if req.finish_reason is None:
+        return None
+    kind = str(req.finish_reason.get("type"))
+    return {"length": "length", "stop": "stop", "abort": "abort"}.get(kind, kind)

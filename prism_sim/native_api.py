@@ -1,0 +1,237 @@
+"""SGLang's native endpoints: /generate, /abort_request, /flush_cache, info, health, metrics.
+
+Shapes follow SGLang 0.5.23 (`srt/entrypoints/http_server.py`, `managers/io_struct.py`).
+Streaming `/generate` sends cumulative `text`/`output_ids` per chunk (incremental with
+`--incremental-streaming-output`), then `data: [DONE]`. A client that goes away aborts
+its request. Latencies in `meta_info` are modeled seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from prism_sim.api_models import DEFAULT_MAX_NEW_TOKENS, AbortIn, GenerateIn, SamplingParamsIn
+from prism_sim.engine import VERSION, RequestHandle, SimEngine
+from prism_sim.http_common import (
+    ENGINE_KEY,
+    BadRequest,
+    error_response,
+    open_sse,
+    parse_body,
+    send_sse,
+)
+from prism_sim.request import SimRequest
+
+
+def meta_info(engine: SimEngine, req: SimRequest) -> dict[str, Any]:
+    end_s = req.finish_s if req.finish_s is not None else engine.loop.now()
+    return {
+        "id": req.rid,
+        "finish_reason": req.finish_reason,
+        "prompt_tokens": len(req.input_ids),
+        "weight_version": "default",
+        "total_retractions": 0,
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": req.cached_tokens,
+        "e2e_latency": end_s - req.arrival_s,
+    }
+
+
+def _nth(value: Any, index: int) -> Any:
+    return value[index] if isinstance(value, list) else value
+
+
+def _prompts(body: GenerateIn, engine: SimEngine) -> tuple[list[list[int]], bool]:
+    """Token ids of each prompt and whether the request was a batch."""
+    if (body.text is None) == (body.input_ids is None):
+        raise BadRequest("Either text or input_ids should be provided.")
+    if body.text is not None:
+        texts = body.text if isinstance(body.text, list) else [body.text]
+        return [engine.tokenizer.encode(t) for t in texts], isinstance(body.text, list)
+    ids = body.input_ids or []
+    if ids and isinstance(ids[0], list):
+        return [list(x) for x in ids], True  # type: ignore[arg-type]
+    return [list(ids)], False  # type: ignore[arg-type]
+
+
+def _start(engine: SimEngine, body: GenerateIn, ids: list[int], index: int) -> RequestHandle:
+    params = _nth(body.sampling_params, index) or SamplingParamsIn()
+    max_new = params.max_new_tokens
+    max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
+    if max_new < 1:
+        raise BadRequest("max_new_tokens must be at least 1 in the simulated engine")
+    rid = _nth(body.rid, index)
+    kv_hints = _nth(body.kv_hints, index) if isinstance(body.kv_hints, list) else body.kv_hints
+    try:
+        return engine.start(ids, max_new, rid=rid, kv_hints=kv_hints, priority=body.priority)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def _result(engine: SimEngine, req: SimRequest) -> dict[str, Any]:
+    return {
+        "text": engine.decode(req.output_ids),
+        "output_ids": list(req.output_ids),
+        "meta_info": meta_info(engine, req),
+    }
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    try:
+        body = await parse_body(request, GenerateIn)
+        prompts, is_batch = _prompts(body, engine)
+        if is_batch and body.stream:
+            raise BadRequest("streaming is not supported for batch requests")
+        handles: list[RequestHandle] = []
+        try:
+            for i, ids in enumerate(prompts):
+                handles.append(_start(engine, body, ids, i))
+        except BadRequest:
+            for handle in handles:
+                handle.abort()
+            raise
+    except BadRequest as exc:
+        return error_response(str(exc))
+    try:
+        if body.stream:
+            return await _stream(request, engine, handles[0])
+        results = await asyncio.gather(*(h.wait() for h in handles))
+        payload = [_result(engine, r) for r in results]
+        return web.json_response(payload if is_batch else payload[0])
+    finally:
+        for handle in handles:
+            handle.abort()  # no-op when finished; a dropped client aborts its request
+
+
+async def _stream(
+    request: web.Request, engine: SimEngine, handle: RequestHandle
+) -> web.StreamResponse:
+    response = await open_sse(request)
+    incremental = engine.config.incremental_streaming_output
+    sent_ids = 0
+    sent_text = ""
+    async for req in handle.progress():
+        text = engine.decode(req.output_ids)
+        chunk = {
+            "text": text[len(sent_text) :] if incremental else text,
+            "output_ids": req.output_ids[sent_ids:] if incremental else list(req.output_ids),
+            "meta_info": meta_info(engine, req),
+        }
+        sent_ids, sent_text = len(req.output_ids), text
+        await send_sse(response, chunk)
+    await send_sse(response, "[DONE]")
+    await response.write_eof()
+    return response
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    try:
+        body = await parse_body(request, AbortIn)
+    except BadRequest as exc:
+        return error_response(str(exc))
+    if body.abort_all:
+        for req in [*engine.scheduler.waiting, *engine.scheduler.running]:
+            engine.loop.abort(req.rid)
+        if engine.scheduler.chunked is not None:
+            engine.loop.abort(engine.scheduler.chunked.rid)
+    elif body.rid:
+        engine.loop.abort(body.rid)
+    return web.Response(status=200)
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    if engine.scheduler.flush_cache():
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)\n"
+        )
+    return web.Response(
+        status=400,
+        text="Cache not flushed: there are running or waiting requests.\n",
+    )
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """Run a one-token generation through the engine, like SGLang's health check."""
+    engine = request.app[ENGINE_KEY]
+    handle = engine.start([engine.scheduler.filler_ids[0]], 1, rid=f"HEALTH_CHECK_{id(request)}")
+    try:
+        req = await handle.wait()
+    finally:
+        handle.abort()
+    status = 200 if req.finish_reason and req.finish_reason.get("type") != "abort" else 503
+    return web.Response(status=status)
+
+
+def model_info_body(engine: SimEngine) -> dict[str, Any]:
+    return {
+        "model_path": engine.model_path,
+        "tokenizer_path": engine.config.tokenizer or engine.tokenizer.name,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+    }
+
+
+async def model_info(request: web.Request) -> web.Response:
+    return web.json_response(model_info_body(request.app[ENGINE_KEY]))
+
+
+async def server_info(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    cfg, profile, sched = engine.config, engine.profile, engine.scheduler
+    body = {
+        "version": VERSION,
+        "engine": "prism-sim",
+        "model_path": engine.model_path,
+        "served_model_name": engine.model_name,
+        "tokenizer_path": cfg.tokenizer,
+        "host": cfg.host,
+        "port": cfg.port,
+        "profile": profile.name,
+        "schedule_policy": sched.config.schedule_policy,
+        "radix_eviction_policy": cfg.eviction,
+        "max_running_requests": sched.config.max_running_requests,
+        "max_total_num_tokens": sched.config.kv_capacity_tokens,
+        "chunked_prefill_size": sched.config.chunked_prefill_size or -1,
+        "page_size": 1,
+        "speed": cfg.speed,
+        "random_seed": cfg.seed,
+        "incremental_streaming_output": cfg.incremental_streaming_output,
+        "enable_metrics": True,
+        "enable_cache_report": True,
+        "internal_states": [
+            {
+                "num_running_reqs": sched.num_running,
+                "num_queue_reqs": len(sched.waiting),
+                "num_used_tokens": sched.used_tokens,
+                "evictable_size": engine.cache.evictable_size(),
+                "protected_size": engine.cache.protected_size(),
+                "evicted_tokens_total": engine.cache.evicted_tokens_total,
+                "modeled_time_s": engine.loop.now(),
+                "loop_lag_s": engine.loop.lag_s,
+            }
+        ],
+    }
+    return web.json_response(body)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    data = generate_latest(engine.metrics.registry)
+    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})

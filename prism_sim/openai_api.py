@@ -1,0 +1,164 @@
+"""OpenAI-compatible endpoints of the simulated engine, as SGLang 0.5.23 serves them.
+
+`usage.prompt_tokens_details.cached_tokens` is always reported (SGLang does so with
+`--enable-cache-report`). Streams send deltas, an optional usage chunk
+(`stream_options.include_usage`), then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from prism_sim.api_models import DEFAULT_MAX_NEW_TOKENS, ChatCompletionIn, CompletionIn
+from prism_sim.engine import RequestHandle, SimEngine
+from prism_sim.http_common import (
+    ENGINE_KEY,
+    BadRequest,
+    error_response,
+    finish_reason_name,
+    open_sse,
+    parse_body,
+    send_sse,
+)
+from prism_sim.request import SimRequest
+
+
+def _usage(req: SimRequest) -> dict[str, Any]:
+    return {
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "total_tokens": len(req.input_ids) + len(req.output_ids),
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+    }
+
+
+def _start(engine: SimEngine, ids: list[int], max_tokens: int | None, rid: str | None,
+           priority: int | None) -> RequestHandle:  # fmt: skip
+    max_new = DEFAULT_MAX_NEW_TOKENS if max_tokens is None else max_tokens
+    if max_new < 1:
+        raise BadRequest("max_tokens must be at least 1 in the simulated engine")
+    try:
+        return engine.start(ids, max_new, rid=rid, priority=priority)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+async def _serve(
+    request: web.Request,
+    engine: SimEngine,
+    handle: RequestHandle,
+    *,
+    stream: bool,
+    include_usage: bool,
+    chat: bool,
+) -> web.StreamResponse:
+    created = int(time.time())
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    ident = prefix + handle.req.rid
+    base = {"id": ident, "created": created, "model": engine.model_name}
+    try:
+        if not stream:
+            req = await handle.wait()
+            text = engine.decode(req.output_ids)
+            if chat:
+                message = {"role": "assistant", "content": text, "reasoning_content": None,
+                           "tool_calls": None}  # fmt: skip
+                choice: dict[str, Any] = {"index": 0, "message": message}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None}
+            choice.update(finish_reason=finish_reason_name(req), matched_stop=None)
+            obj = "chat.completion" if chat else "text_completion"
+            return web.json_response(
+                {**base, "object": obj, "choices": [choice], "usage": _usage(handle.req)}
+            )
+        response = await open_sse(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        sent = ""
+        if chat:
+            first = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                     "logprobs": None, "finish_reason": None}  # fmt: skip
+            await send_sse(response, {**base, "object": obj, "choices": [first]})
+        async for req in handle.progress():
+            text = engine.decode(req.output_ids)
+            delta, sent = text[len(sent) :], text
+            reason = finish_reason_name(req)
+            if chat:
+                choice = {"index": 0, "delta": {"content": delta}, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta, "logprobs": None}
+            choice["finish_reason"] = reason
+            if reason is not None:
+                choice["matched_stop"] = None
+            await send_sse(response, {**base, "object": obj, "choices": [choice]})
+        if include_usage:
+            usage_chunk = {**base, "object": obj, "choices": [], "usage": _usage(handle.req)}
+            await send_sse(response, usage_chunk)
+        await send_sse(response, "[DONE]")
+        await response.write_eof()
+        return response
+    finally:
+        handle.abort()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    try:
+        body = await parse_body(request, CompletionIn)
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            ids = engine.tokenizer.encode(prompt)
+        elif prompt and all(isinstance(x, int) for x in prompt):
+            ids = [int(x) for x in prompt]
+        elif len(prompt) == 1 and isinstance(prompt[0], str):
+            ids = engine.tokenizer.encode(prompt[0])
+        else:
+            raise BadRequest("prompt must be a string, one string or a list of token ids")
+        handle = _start(engine, ids, body.max_tokens, body.rid, body.priority)
+    except BadRequest as exc:
+        return error_response(str(exc))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await _serve(
+        request, engine, handle, stream=body.stream, include_usage=include_usage, chat=False
+    )
+
+
+def _content_text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    try:
+        body = await parse_body(request, ChatCompletionIn)
+        messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
+        try:
+            text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
+        except ValueError as exc:
+            raise BadRequest(f"chat template failed: {exc}") from None
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        handle = _start(engine, engine.tokenizer.encode(text), max_tokens, body.rid,
+                        body.priority)  # fmt: skip
+    except BadRequest as exc:
+        return error_response(str(exc))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await _serve(
+        request, engine, handle, stream=body.stream, include_usage=include_usage, chat=True
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    card = {
+        "id": engine.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "sglang",
+        "root": engine.model_path,
+        "max_model_len": engine.profile.context_length,
+    }
+    return web.json_response({"object": "list", "data": [card]})

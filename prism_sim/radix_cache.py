@@ -1,0 +1,347 @@
+"""A pure-Python radix tree over token ids with SGLang 0.5.23 `RadixCache` semantics (SPEC §7).
+
+What is mirrored (page size 1): `match_prefix` walks from the root, refreshes
+`last_access_time` on the root and every node it enters and splits the last node when
+the key ends inside it; `insert` returns the length of the prefix that was already
+cached, splitting a node where the key diverges and adding one new leaf for the rest;
+`inc_lock_ref` / `dec_lock_ref` walk from a node to the root and move tokens between the
+*evictable* and *protected* tallies when a node's lock count leaves or reaches zero;
+`evict(num_tokens)` heapifies the evictable leaves by the strategy's `get_priority`,
+pops the smallest, deletes it and pushes its parent once that parent has no child left
+and is unlocked, until enough tokens went. The root is always locked.
+
+Where we differ, on purpose:
+* no KV slot values: a node's size is `len(node.key)`; the KV pool lives in
+  `prism_sim.kv_pool`;
+* time comes from an injectable `clock` (monotonic by default), read once per call;
+* `hit_count` counts the `match_prefix` calls that entered a node (SGLang's plain
+  RadixCache leaves it at zero, which makes its LFU order plain LRU);
+* heap ties are broken by node creation order (SGLang's fall back to set order);
+* nodes carry a free `meta` slot, and `split_at(key, offset)` forces a node boundary,
+  for DART's anchors (SPEC §3). A split keeps `meta` on the lower node, which still
+  ends at the same offset; the new upper node starts with `meta = None`.
+
+    root ── [1 2 3] ── [4 5]        insert [1 2 3 4 5]; insert [1 2 3 9] splits nothing:
+                  └── [9]           [1 2 3] already ends at the divergence point.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prism_sim.eviction import (
+    EvictionStrategy,
+    LFUStrategy,
+    LRUStrategy,
+    eviction_strategy_names,
+    make_eviction_strategy,
+    register_eviction_strategy,
+)
+
+__all__ = [
+    "EvictResult",
+    "EvictionStrategy",
+    "LFUStrategy",
+    "LRUStrategy",
+    "MatchResult",
+    "RadixCache",
+    "TreeNode",
+    "eviction_strategy_names",
+    "make_eviction_strategy",
+    "register_eviction_strategy",
+]
+
+Clock = Callable[[], float]
+_node_ids = itertools.count()
+
+
+class TreeNode:
+    """One radix node: the tokens `key` that follow its parent's path."""
+
+    __slots__ = (
+        "children",
+        "creation_time",
+        "evicted",
+        "hit_count",
+        "id",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "meta",
+        "parent",
+        "priority",
+    )
+
+    def __init__(self, key: list[int], parent: TreeNode | None, now: float) -> None:
+        self.children: dict[int, TreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.lock_ref = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = 0
+        self.meta: dict[str, Any] | None = None
+        self.evicted = False
+        self.id = next(_node_ids)
+
+    def __repr__(self) -> str:
+        head = self.key[:6]
+        return f"TreeNode(id={self.id}, len={len(self.key)}, key={head}, lock={self.lock_ref})"
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """`prefix_len` cached tokens; `last_node` ends exactly at that length."""
+
+    prefix_len: int
+    last_node: TreeNode
+
+
+@dataclass(frozen=True)
+class EvictResult:
+    """Tokens freed and the nodes removed, in eviction order (parents stay linked)."""
+
+    num_tokens_evicted: int
+    evicted_nodes: tuple[TreeNode, ...]
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class RadixCache:
+    """Radix KV-cache index with lock counts and pluggable leaf eviction.
+
+    Invariants: `evictable_size() + protected_size() == total_size()`; a node with
+    `lock_ref > 0` is never evicted, and neither is any of its ancestors (locks are
+    taken on the whole root path); `evict(0)` does nothing.
+    """
+
+    def __init__(
+        self,
+        strategy: EvictionStrategy | str = "lru",
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.strategy = make_eviction_strategy(strategy) if isinstance(strategy, str) else strategy
+        self.clock = clock
+        self.evicted_tokens_total = 0
+        self.evict_listeners: list[Callable[[TreeNode], None]] = []
+        self.reset()
+
+    # ----- public API -------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Drop every node (SGLang's `reset`; also what `/flush_cache` does)."""
+        self.root = TreeNode([], None, self.clock())
+        self.root.lock_ref = 1
+        self._evictable_size = 0
+        self._protected_size = 0
+        self._evictable_leaves: set[TreeNode] = set()
+
+    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        """Longest cached prefix of `key`; splits the last node if the match ends inside it."""
+        now = self.clock()
+        node = self.root
+        node.last_access_time = now
+        matched = 0
+        rest = list(key)
+        while rest and rest[0] in node.children:
+            child = node.children[rest[0]]
+            child.last_access_time = now
+            child.hit_count += 1
+            n = _common_prefix_len(child.key, rest)
+            matched += n
+            if n < len(child.key):
+                node = self._split_node(child, n, now)
+                break
+            node = child
+            rest = rest[n:]
+        return MatchResult(prefix_len=matched, last_node=node)
+
+    def insert(self, key: Sequence[int], priority: int = 0) -> int:
+        """Insert `key`; returns how many of its leading tokens were already cached."""
+        now = self.clock()
+        node = self.root
+        node.last_access_time = now
+        node.priority = max(node.priority, priority)
+        rest = list(key)
+        total_prefix = 0
+        while rest and rest[0] in node.children:
+            node = node.children[rest[0]]
+            node.last_access_time = now
+            n = _common_prefix_len(node.key, rest)
+            total_prefix += n
+            rest = rest[n:]
+            if n < len(node.key):
+                node = self._split_node(node, n, now)
+            node.priority = max(node.priority, priority)
+        if rest:
+            leaf = TreeNode(rest, node, now)
+            leaf.priority = priority
+            node.children[rest[0]] = leaf
+            self._evictable_size += len(rest)
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+        return total_prefix
+
+    def split_at(self, key: Sequence[int], offset: int) -> TreeNode:
+        """Force a node boundary after `key[:offset]` and return the node ending there.
+
+        `key[:offset]` must be resident (e.g. just inserted). Access times are left
+        alone: placing a boundary is not a use. `offset == 0` returns the root.
+        """
+        if offset < 0 or offset > len(key):
+            raise ValueError(f"offset {offset} outside key of length {len(key)}")
+        node = self.root
+        pos = 0
+        while pos < offset:
+            child = node.children.get(key[pos])
+            if child is None:
+                raise KeyError(f"key not resident up to offset {offset} (stops at {pos})")
+            n = _common_prefix_len(child.key, key[pos:offset])
+            if n < len(child.key):
+                if pos + n < offset:
+                    raise KeyError(f"key not resident up to offset {offset} (stops at {pos + n})")
+                return self._split_node(child, n, child.last_access_time)
+            node = child
+            pos += n
+        return node
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Lock `node` and its ancestors; returns the change of the evictable size."""
+        delta = 0
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._evictable_size -= len(node.key)
+                self._protected_size += len(node.key)
+                delta -= len(node.key)
+            node.lock_ref += 1
+            self._update_leaf_status(node)
+            assert node.parent is not None
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Undo one `inc_lock_ref(node)`; returns the change of the evictable size."""
+        delta = 0
+        while node is not self.root:
+            if node.lock_ref == 1:
+                self._evictable_size += len(node.key)
+                self._protected_size -= len(node.key)
+                delta += len(node.key)
+            if node.lock_ref <= 0:
+                raise RuntimeError(f"dec_lock_ref below zero on {node!r}")
+            node.lock_ref -= 1
+            self._update_leaf_status(node)
+            if node.parent is None:
+                raise RuntimeError("node does not belong to this tree")
+            node = node.parent
+        return delta
+
+    def evict(self, num_tokens: int) -> EvictResult:
+        """Evict unlocked leaves, smallest `strategy.get_priority` first, until
+        `num_tokens` tokens went or nothing evictable is left."""
+        if num_tokens <= 0:
+            return EvictResult(0, ())
+        get_priority = self.strategy.get_priority
+        heap = [(get_priority(leaf), leaf.id, leaf) for leaf in self._evictable_leaves]
+        heapq.heapify(heap)
+        evicted: list[TreeNode] = []
+        num_evicted = 0
+        while num_evicted < num_tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            for listener in self.evict_listeners:
+                listener(leaf)
+            num_evicted += len(leaf.key)
+            self._delete_leaf(leaf)
+            evicted.append(leaf)
+            parent = leaf.parent
+            assert parent is not None
+            if not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (get_priority(parent), parent.id, parent))
+        self.evicted_tokens_total += num_evicted
+        return EvictResult(num_evicted, tuple(evicted))
+
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    def total_size(self) -> int:
+        return sum(len(node.key) for node in self.nodes())
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every resident node except the root (depth first)."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def evictable_leaves(self) -> frozenset[TreeNode]:
+        return frozenset(self._evictable_leaves)
+
+    def node_path_tokens(self, node: TreeNode) -> list[int]:
+        """All tokens from the root to the end of `node` (works on evicted nodes too)."""
+        parts: list[list[int]] = []
+        current: TreeNode | None = node
+        while current is not None and current is not self.root:
+            parts.append(current.key)
+            current = current.parent
+        return [token for part in reversed(parts) for token in part]
+
+    def node_end_offset(self, node: TreeNode) -> int:
+        """Token offset, from the root, at which `node` ends."""
+        depth = 0
+        current: TreeNode | None = node
+        while current is not None and current is not self.root:
+            depth += len(current.key)
+            current = current.parent
+        return depth
+
+    # ----- internals --------------------------------------------------------------
+
+    def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
+        """Cut `child` after `split_len` tokens; return the new upper node.
+
+        parent ── child[0:n] ── child[n:]   (the upper node inherits locks and priority)
+        """
+        parent = child.parent
+        assert parent is not None
+        upper = TreeNode(child.key[:split_len], parent, now)
+        upper.lock_ref = child.lock_ref
+        upper.priority = child.priority
+        upper.hit_count = child.hit_count
+        child.key = child.key[split_len:]
+        child.parent = upper
+        upper.children[child.key[0]] = child
+        parent.children[upper.key[0]] = upper
+        return upper
+
+    def _delete_leaf(self, node: TreeNode) -> None:
+        parent = node.parent
+        assert parent is not None
+        removed = parent.children.pop(node.key[0], None)
+        assert removed is node, "parent does not hold this leaf"
+        node.evicted = True
+        self._evictable_size -= len(node.key)
+        self._evictable_leaves.discard(node)
+        self._update_leaf_status(parent)
+
+    def _update_leaf_status(self, node: TreeNode) -> None:
+        if node.evicted or node.lock_ref > 0 or node.children:
+            self._evictable_leaves.discard(node)
+        else:
+            self._evictable_leaves.add(node)

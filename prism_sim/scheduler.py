@@ -1,0 +1,400 @@
+"""The simulated engine's scheduler: SGLang-like continuous batching (SPEC §7).
+
+Pure and synchronous: the caller passes modeled time in, asks for the next batch with
+`next_batch(now)`, lets the batch's `duration_s` pass, then calls
+`complete_batch(batch, now)`. `prism_sim.engine_loop` does that on an asyncio task.
+
+One loop iteration, as SGLang's `get_next_batch_to_run`:
+* **Prefill first.** If requests wait (or a chunked prompt is unfinished) and the running
+  batch has room, build a prefill batch: the unfinished chunk first, then waiting
+  requests in policy order while the batch's token budget (`chunked_prefill_size`,
+  counted in uncached tokens), `max_running_requests` and KV memory allow. A request
+  longer than what is left of the budget is cut (chunked prefill) and continues in the
+  next prefill batch; the first request that does not fit in memory stops the batch.
+* **Otherwise decode** one token for every running request.
+
+KV accounting (`capacity = tree tokens + held tokens + free`):
+* admission matches `input_ids[:-1]` (SGLang keeps one token to compute logits), locks
+  the matched path and records `cached_tokens`; it must fit
+  `extend + remaining decode tokens` into `capacity − protected − held − reserved`,
+  where `reserved` is the decode tokens every admitted request may still need, so
+  decoding never runs out of memory (SGLang estimates this with a decaying ratio; we
+  reserve it all, which only matters under memory pressure);
+* allocating tokens evicts unlocked tree nodes when the free pool is short;
+* after each prefill chunk the computed prompt is inserted into the tree and the lock
+  moves to its end; on finish (or abort) the prompt plus the generated tokens whose KV
+  exists are inserted and the lock is released, so they stay cached but evictable.
+
+`insert_hook(req, cache, key)` runs after every insertion of a request's tokens (DART
+places its anchors there; `req.kv_hints` is the request's `kv_hints` unchanged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from prism_sim.radix_cache import RadixCache
+from prism_sim.request import SimRequest, Status
+from prism_sim.schedule_policy import order_waiting, validate_policy
+from prism_sim.time_model import PrefillItem, Profile, decode_time_s, prefill_time_s
+
+InsertHook = Callable[[SimRequest, RadixCache, list[int]], None]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Engine limits; `chunked_prefill_size=None` disables chunking (no token budget)."""
+
+    kv_capacity_tokens: int
+    max_running_requests: int
+    chunked_prefill_size: int | None
+    schedule_policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        validate_policy(self.schedule_policy)
+        if self.kv_capacity_tokens <= 0 or self.max_running_requests <= 0:
+            raise ValueError("kv_capacity_tokens and max_running_requests must be positive")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size <= 0:
+            raise ValueError("chunked_prefill_size must be positive or None")
+
+    @classmethod
+    def from_profile(cls, profile: Profile, schedule_policy: str = "fcfs") -> SchedulerConfig:
+        return cls(
+            kv_capacity_tokens=profile.kv_capacity_tokens,
+            max_running_requests=profile.max_running_requests,
+            chunked_prefill_size=profile.chunked_prefill_size,
+            schedule_policy=schedule_policy,
+        )
+
+
+@dataclass(frozen=True)
+class PrefillPart:
+    req: SimRequest
+    extend_tokens: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One forward pass: a prefill of `parts` or a decode step over `decode_reqs`."""
+
+    kind: Literal["prefill", "decode"]
+    started_s: float
+    duration_s: float
+    parts: tuple[PrefillPart, ...] = ()
+    decode_reqs: tuple[SimRequest, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.parts) if self.kind == "prefill" else len(self.decode_reqs)
+
+
+@dataclass
+class SchedulerStats:
+    """Cumulative counters (SGLang's metric names in `prism_sim.metrics`)."""
+
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_requests_total: int = 0
+    num_aborted_total: int = 0
+    processed_prefill_tokens: int = 0  # uncached tokens prefilled (HRRN's token clock)
+    kv_overcommit_tokens: int = 0  # allocations the pool could not cover (should stay 0)
+    last_prefill_hit_rate: float = 0.0
+    prefill_batches: int = 0
+    decode_steps: int = 0
+
+
+class Scheduler:
+    """Waiting queue, running batch and KV pool around one radix cache."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        profile: Profile,
+        cache: RadixCache,
+        filler_ids: Sequence[int],
+        insert_hook: InsertHook | None = None,
+    ) -> None:
+        if not filler_ids:
+            raise ValueError("filler_ids must not be empty")
+        self.config = config
+        self.profile = profile
+        self.cache = cache
+        self.filler_ids = list(filler_ids)
+        self.insert_hook = insert_hook
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.chunked: SimRequest | None = None
+        self.inflight: Batch | None = None
+        self.held_tokens_total = 0
+        self.stats = SchedulerStats()
+        self._by_rid: dict[str, SimRequest] = {}
+        self._just_finished: list[SimRequest] = []
+        # Called once per request when it finishes or is aborted (metrics).
+        self.on_finish: Callable[[SimRequest], None] | None = None
+
+    # ----- requests in and out ------------------------------------------------------
+
+    def add_request(self, req: SimRequest, now: float) -> None:
+        """Queue a request; too long for the KV pool or duplicate rid → `ValueError`."""
+        if not req.input_ids:
+            raise ValueError("input_ids must not be empty")
+        if req.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        need = len(req.input_ids) + req.max_new_tokens - 1
+        if need > self.config.kv_capacity_tokens:
+            raise ValueError(
+                f"request needs {need} KV tokens, capacity is {self.config.kv_capacity_tokens}"
+            )
+        if req.rid in self._by_rid:
+            raise ValueError(f"duplicate rid {req.rid!r}")
+        req.arrival_s = now
+        req.arrival_processed_tokens = self.stats.processed_prefill_tokens
+        self._by_rid[req.rid] = req
+        self.waiting.append(req)
+
+    def abort(self, rid: str, now: float) -> bool:
+        """Abort a waiting or running request; False when the rid is unknown/finished."""
+        req = self._by_rid.get(rid)
+        if req is None or req.finished:
+            return False
+        if req.status is Status.WAITING:
+            self.waiting.remove(req)
+            self._finish(req, now, {"type": "abort", "message": "Abort request."})
+            return True
+        req.abort_requested = True
+        if not self._in_inflight(req):
+            self._release(req, now, {"type": "abort", "message": "Abort request."})
+        return True
+
+    def get(self, rid: str) -> SimRequest | None:
+        return self._by_rid.get(rid)
+
+    def flush_cache(self) -> bool:
+        """Empty the tree; refused (False) while any request is waiting or running."""
+        if self.waiting or self.running or self.chunked is not None or self.inflight:
+            return False
+        self.cache.reset()
+        return True
+
+    # ----- accounting ----------------------------------------------------------------
+
+    @property
+    def used_tokens(self) -> int:
+        return self.cache.evictable_size() + self.cache.protected_size() + self.held_tokens_total
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + (1 if self.chunked is not None else 0)
+
+    def _reserved_decode_tokens(self, extra: Sequence[SimRequest] = ()) -> int:
+        reqs = [*self.running, *extra]
+        if self.chunked is not None and self.chunked not in extra:
+            reqs.append(self.chunked)
+        return sum(r.remaining_decode_tokens for r in reqs)
+
+    def _available_tokens(self, batch_reqs: Sequence[SimRequest]) -> int:
+        """Tokens a new admission may still take (evictable tokens count as free)."""
+        cap = self.config.kv_capacity_tokens
+        return (
+            cap
+            - self.cache.protected_size()
+            - self.held_tokens_total
+            - self._reserved_decode_tokens(batch_reqs)
+        )
+
+    def _alloc(self, req: SimRequest, num_tokens: int) -> None:
+        free = self.config.kv_capacity_tokens - self.used_tokens
+        if free < num_tokens:
+            self.cache.evict(num_tokens - free)
+            free = self.config.kv_capacity_tokens - self.used_tokens
+            if free < num_tokens:
+                self.stats.kv_overcommit_tokens += num_tokens - free
+        req.held_tokens += num_tokens
+        self.held_tokens_total += num_tokens
+
+    # ----- batches -------------------------------------------------------------------
+
+    def next_batch(self, now: float) -> Batch | None:
+        """Build the next batch (prefill has priority) or None when idle."""
+        if self.inflight is not None:
+            raise RuntimeError("complete_batch() the in-flight batch first")
+        batch = self._prefill_batch(now)
+        if batch is None and self.running:
+            reqs = tuple(self.running)
+            for req in reqs:
+                self._alloc(req, 1)
+            batch = Batch("decode", now, decode_time_s(self.profile, len(reqs)), decode_reqs=reqs)
+        self.inflight = batch
+        return batch
+
+    def _prefill_batch(self, now: float) -> Batch | None:
+        if not self.waiting and self.chunked is None:
+            return None
+        if self.chunked is None and len(self.running) >= self.config.max_running_requests:
+            return None
+        budget = self.config.chunked_prefill_size or 1 << 62
+        parts: list[PrefillPart] = []
+        if self.chunked is not None:
+            req = self.chunked
+            take = min(len(req.input_ids) - req.fill_len, budget)
+            self._alloc(req, take)
+            parts.append(PrefillPart(req, take))
+            budget -= take
+        new_chunked: SimRequest | None = None
+        hit_tokens = 0
+        new_prompt_tokens = 0
+        ordered = order_waiting(
+            self.config.schedule_policy,
+            self.waiting,
+            self.cache,
+            self.stats.processed_prefill_tokens,
+        )
+        for req in ordered:
+            if budget <= 0 or new_chunked is not None:
+                break
+            if len(self.running) + len(parts) >= self.config.max_running_requests:
+                break
+            match = self.cache.match_prefix(req.input_ids[:-1])
+            extend = len(req.input_ids) - match.prefix_len
+            self.cache.inc_lock_ref(match.last_node)
+            take = min(extend, budget)
+            batch_reqs = [p.req for p in parts]
+            need = take + req.remaining_decode_tokens
+            if need > self._available_tokens(batch_reqs):
+                self.cache.dec_lock_ref(match.last_node)
+                break
+            self.waiting.remove(req)
+            req.status = Status.PREFILLING
+            req.admitted_s = now
+            req.cached_tokens = match.prefix_len
+            req.fill_len = match.prefix_len
+            req.protected_len = match.prefix_len
+            req.last_node = match.last_node
+            self._alloc(req, take)
+            parts.append(PrefillPart(req, take))
+            budget -= take
+            hit_tokens += match.prefix_len
+            new_prompt_tokens += len(req.input_ids)
+            self.stats.prompt_tokens_total += len(req.input_ids)
+            self.stats.cached_tokens_total += match.prefix_len
+            if take < extend:
+                new_chunked = req
+        if not parts:
+            return None
+        if new_prompt_tokens:
+            self.stats.last_prefill_hit_rate = hit_tokens / new_prompt_tokens
+        if new_chunked is not None:
+            self.chunked = new_chunked
+        items = [PrefillItem(p.extend_tokens, p.req.fill_len + p.extend_tokens) for p in parts]
+        return Batch("prefill", now, prefill_time_s(self.profile, items), parts=tuple(parts))
+
+    def complete_batch(self, batch: Batch, now: float) -> list[SimRequest]:
+        """Apply a batch's results at modeled time `now`; returns the requests it finished."""
+        if batch is not self.inflight:
+            raise RuntimeError("not the in-flight batch")
+        self.inflight = None
+        self._just_finished = []
+        if batch.kind == "prefill":
+            self.stats.prefill_batches += 1
+            for part in batch.parts:
+                self._complete_prefill(part, now)
+        else:
+            self.stats.decode_steps += 1
+            for req in batch.decode_reqs:
+                if req.finished:
+                    continue
+                self._emit_token(req, now)
+        finished, self._just_finished = self._just_finished, []
+        return finished
+
+    def _complete_prefill(self, part: PrefillPart, now: float) -> None:
+        req = part.req
+        self.stats.processed_prefill_tokens += part.extend_tokens
+        req.fill_len += part.extend_tokens
+        self._cache_unfinished(req)
+        if req.abort_requested:
+            self._release(req, now, {"type": "abort", "message": "Abort request."})
+            return
+        if req.fill_len < len(req.input_ids):
+            return  # still chunked: continues in the next prefill batch
+        if self.chunked is req:
+            self.chunked = None
+        req.status = Status.RUNNING
+        self.running.append(req)
+        self._emit_token(req, now)
+
+    def _emit_token(self, req: SimRequest, now: float) -> None:
+        if req.abort_requested:
+            self._release(req, now, {"type": "abort", "message": "Abort request."})
+            return
+        req.output_ids.append(self.filler_ids[len(req.output_ids) % len(self.filler_ids)])
+        self.stats.generation_tokens_total += 1
+        if req.first_token_s is None:
+            req.first_token_s = now
+        if len(req.output_ids) >= req.max_new_tokens:
+            self._release(req, now, {"type": "length", "length": req.max_new_tokens})
+        else:
+            req.notify()
+
+    # ----- tree bookkeeping ------------------------------------------------------------
+
+    def _cache_unfinished(self, req: SimRequest) -> None:
+        """Insert the computed prompt, move the lock to its end (SGLang's
+        `cache_unfinished_req`)."""
+        key = req.input_ids[: req.fill_len]
+        self.cache.insert(key)
+        match = self.cache.match_prefix(key)
+        assert match.prefix_len == len(key)
+        self._drop_held(req, len(key) - req.protected_len)
+        self.cache.inc_lock_ref(match.last_node)
+        if req.last_node is not None:
+            self.cache.dec_lock_ref(req.last_node)
+        req.last_node = match.last_node
+        req.protected_len = len(key)
+        if self.insert_hook is not None:
+            self.insert_hook(req, self.cache, key)
+
+    def _drop_held(self, req: SimRequest, num_tokens: int) -> None:
+        num_tokens = min(num_tokens, req.held_tokens)
+        req.held_tokens -= num_tokens
+        self.held_tokens_total -= num_tokens
+
+    def _release(self, req: SimRequest, now: float, reason: dict[str, object]) -> None:
+        """Finish a request: cache its committed tokens, free its slots, unlock."""
+        key = req.kv_committed_tokens
+        if len(key) > req.protected_len:
+            self.cache.insert(key)
+            if self.insert_hook is not None:
+                self.insert_hook(req, self.cache, key)
+        self._drop_held(req, req.held_tokens)
+        if req.last_node is not None:
+            self.cache.dec_lock_ref(req.last_node)
+            req.last_node = None
+        if req in self.running:
+            self.running.remove(req)
+        if self.chunked is req:
+            self.chunked = None
+        self._finish(req, now, reason)
+
+    def _finish(self, req: SimRequest, now: float, reason: dict[str, object]) -> None:
+        req.status = Status.FINISHED
+        req.finish_s = now
+        req.finish_reason = dict(reason)
+        if reason.get("type") == "abort":
+            self.stats.num_aborted_total += 1
+        else:
+            self.stats.num_requests_total += 1
+        self._just_finished.append(req)
+        self._by_rid.pop(req.rid, None)
+        req.notify()
+
+    def _in_inflight(self, req: SimRequest) -> bool:
+        batch = self.inflight
+        if batch is None:
+            return False
+        if batch.kind == "prefill":
+            return any(p.req is req for p in batch.parts)
+        return req in batch.decode_reqs

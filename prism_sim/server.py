@@ -1,0 +1,50 @@
+"""The simulated engine's aiohttp app: SGLang 0.5.23's HTTP API over `SimEngine` (SPEC §7).
+
+`create_app(config)` only wires routes; the engine loop is a `cleanup_ctx` resource that
+starts with the app and is cancelled with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from prism_sim import native_api, openai_api
+from prism_sim.engine import SimConfig, SimEngine
+from prism_sim.http_common import ENGINE_KEY
+
+
+def create_app(config: SimConfig, engine: SimEngine | None = None) -> web.Application:
+    """Build the app; pass `engine` to reuse one built elsewhere (tests, DART)."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[ENGINE_KEY] = engine or SimEngine(config)
+
+    async def engine_loop(app: web.Application) -> AsyncIterator[None]:
+        async with app[ENGINE_KEY].loop:
+            yield
+
+    app.cleanup_ctx.append(engine_loop)
+    app.router.add_post("/generate", native_api.generate)
+    app.router.add_post("/abort_request", native_api.abort_request)
+    for method in ("GET", "POST"):
+        app.router.add_route(method, "/flush_cache", native_api.flush_cache)
+    app.router.add_get("/health", native_api.health)
+    app.router.add_get("/health_generate", native_api.health_generate)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, native_api.model_info)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, native_api.server_info)
+    app.router.add_get("/metrics", native_api.metrics)
+    app.router.add_post("/v1/completions", openai_api.completions)
+    app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
+    app.router.add_get("/v1/models", openai_api.models)
+    return app
+
+
+async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Start serving `app` (a dropped client cancels its handler, which aborts it)."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

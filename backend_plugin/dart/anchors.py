@@ -1,0 +1,168 @@
+"""Anchors: where each piece of a serialized prompt ends (SPEC §1, §3, §4).
+
+The proxy sends them with every request. SGLang 0.5.23 accepts `kv_hints` only as a
+versioned envelope (`managers/kv_hints.py: KvHintsEnvelope`, unknown top-level keys are
+dropped and a dict without `protocol_version`/`message_id` is rejected with 400), so the
+anchors ride in one action of that envelope::
+
+    {"protocol_version": "1", "message_id": <rid>,
+     "actions": [{"action_id": "prism", "action_type": "prism.dart.anchors",
+                  "action_version": "1",
+                  "payload": {"anchors": [{"kind", "segment_id", "offset"}, ...],
+                              "priorities": {segment_id: score}}}]}
+
+`make_kv_hints` builds it. `parse_kv_hints` also accepts the bare
+`{"prism": {"anchors": ..., "priorities": ...}}` form of the shared contract (the
+simulated engine is not bound by SGLang's envelope) and the typed `KvHintsEnvelope`
+struct SGLang hands to the scheduler (read by attribute, so sglang is not imported).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+ACTION_TYPE = "prism.dart.anchors"
+ACTION_VERSION = "1"
+PROTOCOL_VERSION = "1"
+
+
+class AnchorKind(StrEnum):
+    """What the piece ending at an anchor holds (SPEC §1)."""
+
+    SYSTEM = "system"
+    SEGMENT = "segment"
+    PRIVATE = "private"
+
+
+class AnchorError(ValueError):
+    """The anchors of a request are malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """The piece `[previous anchor offset, offset)` is of `kind` (segment id if any)."""
+
+    kind: AnchorKind
+    segment_id: str | None
+    offset: int
+
+    def __post_init__(self) -> None:
+        if self.offset <= 0:
+            raise AnchorError(f"anchor offset must be positive, got {self.offset}")
+        if self.kind is AnchorKind.SEGMENT and not self.segment_id:
+            raise AnchorError("a segment anchor needs a segment_id")
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorHints:
+    """A request's anchors (strictly increasing offsets) and optional P_t snapshot."""
+
+    anchors: tuple[Anchor, ...]
+    priorities: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        previous = 0
+        for anchor in self.anchors:
+            if anchor.offset <= previous:
+                raise AnchorError("anchor offsets must be strictly increasing")
+            previous = anchor.offset
+
+    @property
+    def segment_ids(self) -> frozenset[str]:
+        """The reusable segments of the request (not the system prompt)."""
+        return frozenset(
+            a.segment_id for a in self.anchors if a.kind is AnchorKind.SEGMENT and a.segment_id
+        )
+
+
+def _anchor_from(raw: Any) -> Anchor:
+    if not isinstance(raw, Mapping):
+        raise AnchorError(f"anchor must be an object, got {type(raw).__name__}")
+    try:
+        kind = AnchorKind(raw["kind"])
+    except (KeyError, ValueError) as exc:
+        raise AnchorError(f"bad anchor kind in {raw!r}") from exc
+    offset = raw.get("offset")
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise AnchorError(f"anchor offset must be an integer, got {offset!r}")
+    segment_id = raw.get("segment_id")
+    if segment_id is not None and not isinstance(segment_id, str):
+        raise AnchorError(f"segment_id must be a string, got {segment_id!r}")
+    return Anchor(kind=kind, segment_id=segment_id, offset=offset)
+
+
+def hints_from_payload(payload: Any) -> AnchorHints:
+    """Validate `{"anchors": [...], "priorities": {...}}`; raises `AnchorError`."""
+    if not isinstance(payload, Mapping):
+        raise AnchorError("prism hints must be an object")
+    raw_anchors = payload.get("anchors", [])
+    if not isinstance(raw_anchors, Sequence) or isinstance(raw_anchors, str | bytes):
+        raise AnchorError("anchors must be a list")
+    raw_priorities = payload.get("priorities") or {}
+    if not isinstance(raw_priorities, Mapping):
+        raise AnchorError("priorities must be an object")
+    priorities: dict[str, float] = {}
+    for key, value in raw_priorities.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise AnchorError(f"priority of {key!r} must be a number")
+        if not math.isfinite(value):
+            raise AnchorError(f"priority of {key!r} must be finite")
+        priorities[str(key)] = float(value)
+    return AnchorHints(tuple(_anchor_from(a) for a in raw_anchors), priorities)
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def parse_kv_hints(kv_hints: Any) -> AnchorHints | None:
+    """The PRISM anchors inside a request's `kv_hints`, or None when it carries none.
+
+    Accepts the SGLang envelope (dict or `KvHintsEnvelope`) and the bare
+    `{"prism": {...}}` form. Raises `AnchorError` when PRISM's payload is malformed.
+    """
+    if kv_hints is None:
+        return None
+    if isinstance(kv_hints, Mapping) and "prism" in kv_hints:
+        return hints_from_payload(kv_hints["prism"])
+    actions = _field(kv_hints, "actions")
+    if not actions:
+        return None
+    for action in actions:
+        if _field(action, "action_type") == ACTION_TYPE:
+            return hints_from_payload(_field(action, "payload"))
+    return None
+
+
+def make_kv_hints(
+    anchors: Sequence[Anchor] | Sequence[Mapping[str, Any]],
+    priorities: Mapping[str, float] | None = None,
+    *,
+    message_id: str,
+) -> dict[str, Any]:
+    """The `kv_hints` value that SGLang 0.5.23 accepts and the plugin reads."""
+    payload_anchors = [
+        dict(a)
+        if isinstance(a, Mapping)
+        else {"kind": str(a.kind), "segment_id": a.segment_id, "offset": a.offset}
+        for a in anchors
+    ]
+    payload: dict[str, Any] = {"anchors": payload_anchors}
+    if priorities:
+        payload["priorities"] = dict(priorities)
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "message_id": message_id,
+        "actions": [
+            {
+                "action_id": "prism",
+                "action_type": ACTION_TYPE,
+                "action_version": ACTION_VERSION,
+                "payload": payload,
+            }
+        ],
+    }

@@ -1,0 +1,117 @@
+"""Node metadata and the eviction keys of SPEC §3; smallest key is evicted first.
+
+Pure functions: the caller passes the node's metadata, its last access time and hit
+count, and the current priority state. Keys of one policy are mutually comparable.
+
+    dart        (0, 0,            last)   private suffix or unannotated node
+                (1, P̂_t(seg(u)), last)   reusable node, not protected
+                (2, P̂_t(seg(u)), last)   reusable node whose segment is in F_t
+                no table yet -> (0, 0, last) for every node, i.e. exactly LRU
+    lru         last
+    lru+active  (a_t(seg(u)), last)
+    lfu         (hit_count, last)
+
+The system prompt is a reusable segment (owner `SYSTEM_OWNER`) whose priority is
+always the highest (+inf). A segment missing from the table has P̂_t = 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from backend_plugin.dart.anchors import AnchorKind
+
+SYSTEM_OWNER = "\x00system"
+
+
+class EvictionPolicy(StrEnum):
+    DART = "dart"
+    LRU = "lru"
+    LRU_ACTIVE = "lru+active"
+    LFU = "lfu"
+
+
+class EvictionClass(StrEnum):
+    """Stats classes of evicted tokens (label `class` of the metrics)."""
+
+    PRIVATE = "private"
+    SEGMENT = "segment"
+    PROTECTED = "protected"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMeta:
+    """What a radix node holds: the piece kind, its owner `seg(u)`, and whether the node
+    ends exactly at the piece's anchor offset."""
+
+    kind: AnchorKind
+    segment_id: str | None
+    is_anchor: bool = False
+
+    @property
+    def owner(self) -> str | None:
+        """`seg(u)`: the segment id, `SYSTEM_OWNER` for the system head, None if private."""
+        if self.kind is AnchorKind.SYSTEM:
+            return SYSTEM_OWNER
+        if self.kind is AnchorKind.SEGMENT:
+            return self.segment_id
+        return None
+
+    def as_prefix(self) -> NodeMeta:
+        """Metadata of the upper half of a split: same owner, no longer at the anchor."""
+        return self if not self.is_anchor else NodeMeta(self.kind, self.segment_id, False)
+
+
+def priority_of(owner: str, table: Mapping[str, float]) -> float:
+    """P̂_t(owner); the system prompt always ranks highest."""
+    return math.inf if owner == SYSTEM_OWNER else table.get(owner, 0.0)
+
+
+def dart_key(
+    meta: NodeMeta | None,
+    last_access_time: float,
+    table: Mapping[str, float] | None,
+    protected: frozenset[str],
+) -> tuple[int, float, float]:
+    owner = meta.owner if meta is not None else None
+    if table is None or owner is None:
+        return (0, 0.0, last_access_time)
+    return (2 if owner in protected else 1, priority_of(owner, table), last_access_time)
+
+
+def lru_active_key(
+    meta: NodeMeta | None, last_access_time: float, active: Mapping[str, int]
+) -> tuple[int, float]:
+    owner = meta.owner if meta is not None else None
+    return (active.get(owner, 0) if owner is not None else 0, last_access_time)
+
+
+def eviction_key(
+    policy: EvictionPolicy,
+    meta: NodeMeta | None,
+    last_access_time: float,
+    hit_count: int,
+    *,
+    table: Mapping[str, float] | None,
+    protected: frozenset[str],
+    active: Mapping[str, int],
+) -> Any:
+    """The key of `policy` for one node (see the module docstring)."""
+    if policy is EvictionPolicy.DART:
+        return dart_key(meta, last_access_time, table, protected)
+    if policy is EvictionPolicy.LRU_ACTIVE:
+        return lru_active_key(meta, last_access_time, active)
+    if policy is EvictionPolicy.LFU:
+        return (hit_count, last_access_time)
+    return last_access_time
+
+
+def eviction_class(meta: NodeMeta | None, protected: frozenset[str]) -> EvictionClass:
+    owner = meta.owner if meta is not None else None
+    if owner is None:
+        return EvictionClass.PRIVATE
+    return EvictionClass.PROTECTED if owner in protected else EvictionClass.SEGMENT

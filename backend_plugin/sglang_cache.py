@@ -1,0 +1,151 @@
+"""`DartRadixCache`: SGLang 0.5.23's Python `RadixCache` with DART's eviction order.
+
+Only this module and `sglang_plugin` import sglang. The tree, its locks, matching and
+insertion stay SGLang's own; DART changes which evictable leaf goes first (SPEC §3):
+
+* `eviction_strategy` is a `DartStrategy`, so SGLang's own `evict()` heap orders
+  leaves by DART keys (O(log V) per evicted node, as for LRU);
+* `evict()` first applies queued priority updates and snapshots F_t, once per pass;
+* `checkpoint(req, up_to=…)` (SGLang's per-request insertion point, called from
+  `mem_cache/common.py`) inserts as usual, then reads `req.rid` / `req.kv_hints`,
+  splits nodes at the anchor offsets and annotates the path;
+* `_split_node` carries a node's owner to the new upper half; `_delete_leaf` counts
+  evicted tokens per class; `on_release` ends the request's share of a_t.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, InsertParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
+
+from backend_plugin.dart.anchors import AnchorError, AnchorHints, parse_kv_hints
+from backend_plugin.dart.core import DartCore
+from backend_plugin.dart.keys import NodeMeta
+from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
+
+logger = logging.getLogger(__name__)
+
+
+class SGLangTreeAdapter:
+    """`TreeAdapter` over a `RadixCache` for one key namespace (extra_key, cache_salt)."""
+
+    def __init__(
+        self, cache: RadixCache, extra_key: str | None = None, cache_salt: str | None = None
+    ) -> None:
+        self.cache = cache
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt
+
+    def walk(self, tokens: Sequence[int]) -> list[tuple[TreeNode, int, int]]:
+        page = self.cache.page_size
+        toks = list(tokens)
+        toks = toks[: len(toks) // page * page]
+        key = RadixKey(toks, self.extra_key, cache_salt=self.cache_salt)
+        node, pos, path = self.cache.root_node, 0, []
+        while pos < len(toks):
+            child = node.children.get(key.child_key_at(pos, page))
+            if child is None:
+                break
+            size = len(child.key)
+            if list(child.key.raw_token_ids()) != toks[pos : pos + size]:
+                break
+            path.append((child, pos, pos + size))
+            node, pos = child, pos + size
+        return path
+
+    def split(self, node: TreeNode, at: int) -> TreeNode:
+        parent = self.cache._split_node(node.key, node, at)
+        # A boundary is not an access: the upper half keeps the node's times.
+        parent.last_access_time = node.last_access_time
+        parent.creation_time = node.creation_time
+        return parent
+
+    def get_meta(self, node: TreeNode) -> NodeMeta | None:
+        return getattr(node, META_ATTR, None)
+
+    def set_meta(self, node: TreeNode, meta: NodeMeta | None) -> None:
+        setattr(node, META_ATTR, meta)
+
+
+class DartRadixCache(RadixCache):
+    """SGLang's `RadixCache` whose eviction follows DART (`self.dart` holds the state)."""
+
+    def __init__(self, params: CacheInitParams, core: DartCore) -> None:
+        self.dart = core  # before super().__init__, which calls reset()
+        self.control: Any = None  # the ControlThread, when this process serves the RPC
+        super().__init__(params)
+        self.eviction_strategy = DartStrategy(core)
+
+    # ---- SGLang hooks --------------------------------------------------------------
+    def reset(self) -> None:
+        super().reset()
+        core = getattr(self, "dart", None)
+        if core is not None:
+            core.clear_residency()
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        self.dart.begin_eviction()
+        return super().evict(params)
+
+    def _delete_leaf(self, node: TreeNode) -> None:
+        self.dart.on_evicted(getattr(node, META_ATTR, None), len(node.key))
+        super()._delete_leaf(node)
+
+    def _split_node(self, key: RadixKey, child: TreeNode, split_len: int) -> TreeNode:
+        new_node = super()._split_node(key, child, split_len)
+        meta: NodeMeta | None = getattr(child, META_ATTR, None)
+        if meta is not None:
+            setattr(new_node, META_ATTR, meta.as_prefix())
+        return new_node
+
+    def checkpoint(self, req: Any, *, up_to: int) -> None:
+        self.dart.apply_pending()
+        super().checkpoint(req, up_to=up_to)
+        if self.disable:
+            return
+        hints = self._hints_of(req)
+        if hints is not None:
+            self.dart.request_started(str(req.rid), hints)
+            self.place(req.full_untruncated_fill_ids[:up_to], hints, req.extra_key, req.cache_salt)
+
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        super().on_release(req, checkpointed=checkpointed)
+        self.dart.request_finished(str(req.rid))
+
+    # ---- DART ----------------------------------------------------------------------
+    @staticmethod
+    def _hints_of(req: Any) -> AnchorHints | None:
+        try:
+            return parse_kv_hints(getattr(req, "kv_hints", None))
+        except AnchorError as exc:
+            logger.warning("request %s: ignoring malformed PRISM anchors: %s", req.rid, exc)
+            return None
+
+    def place(
+        self,
+        token_ids: Sequence[int],
+        hints: AnchorHints,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Split and annotate the resident path of `token_ids` at the anchors of `hints`."""
+        adapter = SGLangTreeAdapter(self, extra_key, cache_salt)
+        return place_anchors(adapter, token_ids, hints, self.dart, page_size=self.page_size)
+
+    def insert_with_anchors(
+        self, key: RadixKey, hints: AnchorHints | None, *, rid: str | None = None, value=None
+    ) -> int:
+        """`insert` then place the anchors, as `checkpoint` does for a scheduled request
+        (for callers without a `Req`: tests, benchmarks). Returns the matched prefix."""
+        self.dart.apply_pending()
+        result = self.insert(InsertParams(key=key, value=value))
+        if hints is not None:
+            if rid is not None:
+                self.dart.request_started(rid, hints)
+            self.place(key.token_ids, hints, key.extra_key, key.cache_salt)
+        return result.prefix_len

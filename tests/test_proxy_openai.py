@@ -1,0 +1,178 @@
+"""The real `openai` client through the proxy to the simulated engine (issue 4).
+
+Chat and completions, streaming and not, with and without `prism` hints; usage with
+cached tokens; the backend receives the token ids in the order QAS chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from proxy_support import ProxyFactory, eventually, proxy_factory, sim  # noqa: F401
+
+from prism_proxy import state
+from prism_proxy.request_model import SegmentedPrompt
+from prism_proxy.serializer import Serializer
+from prism_proxy.tokenizer import load_tokenizer
+
+SYSTEM = "You answer questions about the documents."
+DOCS = {
+    "doc-apple": "Apples grow on trees in orchards and ripen in autumn across the valley.",
+    "doc-zebra": "Zebras live in herds on the savanna and have black and white stripes.",
+    "doc-quartz": "Quartz is a hard mineral made of silicon and oxygen atoms in a lattice.",
+}
+
+
+def _client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def _hint(*ids: str, suffix: str | None = None) -> dict:
+    hint: dict = {"segments": [{"id": i, "text": DOCS[i]} for i in ids]}
+    if suffix is not None:
+        hint["suffix"] = suffix
+    return {"prism": hint}
+
+
+MESSAGES = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": "What do the documents say?"},
+]
+
+
+@pytest.mark.parametrize("hinted", [False, True])
+async def test_chat_stream_equals_non_stream(proxy_factory: ProxyFactory, hinted: bool) -> None:
+    proxy = await proxy_factory()
+    extra = _hint("doc-apple", "doc-zebra") if hinted else None
+    async with _client(proxy.url) as client:
+        whole = await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=6, extra_body=extra
+        )
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=MESSAGES,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=extra,
+        )
+        pieces, finish, usage = [], None, None
+        async for chunk in stream:
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+            usage = chunk.usage or usage
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.content
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert whole.usage.completion_tokens == 6 and finish == whole.choices[0].finish_reason
+    assert usage is not None and usage.prompt_tokens == whole.usage.prompt_tokens
+    # The second identical prompt is served from the engine's prefix cache.
+    assert usage.prompt_tokens_details.cached_tokens > 0
+    lane = "hot" if hinted else "cold"
+    metrics = proxy.app[state.METRICS].registry
+    assert (
+        metrics.get_sample_value(
+            "prism:requests_total", {"endpoint": "chat", "lane": lane, "status": "200"}
+        )
+        == 2
+    )
+    assert metrics.get_sample_value("prism:cached_tokens_total", {"lane": lane}) > 0
+
+
+@pytest.mark.parametrize("hinted", [False, True])
+async def test_completions_stream_and_not(proxy_factory: ProxyFactory, hinted: bool) -> None:
+    proxy = await proxy_factory()
+    extra = _hint("doc-quartz", suffix="Summary:") if hinted else None
+    async with _client(proxy.url) as client:
+        whole = await client.completions.create(
+            model="m", prompt="Summary:", max_tokens=5, extra_body=extra
+        )
+        stream = await client.completions.create(
+            model="m", prompt="Summary:", max_tokens=5, stream=True, extra_body=extra
+        )
+        text = "".join([c.choices[0].text async for c in stream if c.choices])
+    assert whole.object == "text_completion"
+    assert whole.choices[0].text and text == whole.choices[0].text
+    assert whole.usage.completion_tokens == 5
+    if hinted:  # system-less head, one segment, suffix: more than the bare prompt
+        assert whole.usage.prompt_tokens > len(load_tokenizer().encode("Summary:"))
+
+
+async def test_passthrough_features_reach_backend_endpoint(proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory()
+    async with _client(proxy.url) as client:
+        whole = await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=3, n=2
+        )
+    # The backend's own OpenAI endpoint answered (its ids, not the proxy's token path).
+    assert whole.choices and not whole.id.startswith("chatcmpl-prism-")
+    metrics = proxy.app[state.METRICS].registry
+    assert (
+        metrics.get_sample_value(
+            "prism:requests_total", {"endpoint": "chat", "lane": "passthrough", "status": "200"}
+        )
+        == 1
+    )
+
+
+async def _cached_tokens_of_second(proxy_factory: ProxyFactory, policy: str, tag: str) -> int:
+    """Request 1 (segments A, B) streams and stays active; request 2 (C, A) is planned
+    while it runs. `prism` front-aligns A (a_t(A) = 1) so request 2 reuses head + A."""
+    proxy = await proxy_factory(policy=policy)
+    a, b, c = (f"{tag}-{name}" for name in ("a", "b", "c"))
+    texts = {a: DOCS["doc-apple"], b: DOCS["doc-zebra"], c: DOCS["doc-quartz"]}
+
+    def hint(*ids: str) -> dict:
+        return {"prism": {"segments": [{"id": i, "text": texts[i]} for i in ids]}}
+
+    async with _client(proxy.url) as client:
+        first = await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=20000, stream=True, extra_body=hint(a, b)
+        )
+        await anext(aiter(first))  # prefilled and active
+        second = await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=2, extra_body=hint(c, a)
+        )
+        await first.close()
+    await eventually(lambda: proxy.app[state.ADMISSION].inflight == 0)
+    return second.usage.prompt_tokens_details.cached_tokens
+
+
+async def test_backend_receives_reordered_token_ids(proxy_factory: ProxyFactory, sim) -> None:
+    async with httpx.AsyncClient() as http:  # start from an empty prefix cache
+        assert (await http.post(sim.url + "/flush_cache")).status_code == 200
+    serializer = Serializer(load_tokenizer())
+    docs = list(DOCS.values())
+
+    def ids(order: list[int]) -> list[int]:
+        prompt = SegmentedPrompt(
+            system=SYSTEM,
+            segments=[{"id": str(i), "text": docs[i]} for i in order],
+            suffix=MESSAGES[1]["content"],
+        )
+        return serializer.serialize(prompt).input_ids
+
+    def common_prefix(x: list[int], y: list[int]) -> int:
+        n = 0
+        while n < min(len(x), len(y)) and x[n] == y[n]:
+            n += 1
+        return n
+
+    first = ids([0, 1])  # apple, zebra
+    as_sent = common_prefix(first, ids([2, 0]))  # quartz, apple: only the head is shared
+    reordered = common_prefix(first, ids([0, 2]))  # apple first: head + apple shared
+    assert reordered > as_sent
+    assert await _cached_tokens_of_second(proxy_factory, "fifo", "fifo") == as_sent
+    assert await _cached_tokens_of_second(proxy_factory, "prism", "prism") == reordered
+
+
+async def test_models_and_health(proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory()
+    async with _client(proxy.url) as client:
+        models = await client.models.list()
+    assert models.data and models.data[0].id
+    await asyncio.sleep(0)

@@ -17,8 +17,8 @@ from prism_proxy.config import ProxyConfig
 SIM_ARGS = ["--speed", "50", "--log-level", "warning"]
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Fixture body: `sim = pytest.fixture(scope="module")(sim_server)` in a test module."""
     with run_server("prism_sim", SIM_ARGS, log_dir=tmp_path_factory.mktemp("sim")) as server:
         yield server
 
@@ -26,8 +26,8 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 ProxyFactory = Callable[..., Awaitable[RunningProxy]]
 
 
-@pytest.fixture
-async def proxy_factory(sim: ServerProcess) -> AsyncIterator[ProxyFactory]:
+async def proxy_factory_fixture(sim: ServerProcess) -> AsyncIterator[ProxyFactory]:
+    """Fixture body: `proxy_factory = pytest.fixture(proxy_factory_fixture)`."""
     started: list[RunningProxy] = []
 
     async def start(**overrides: object) -> RunningProxy:

@@ -11,12 +11,15 @@ import asyncio
 import httpx
 import openai
 import pytest
-from proxy_support import ProxyFactory, eventually, proxy_factory, sim  # noqa: F401
+from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_server
 
 from prism_proxy import state
 from prism_proxy.request_model import SegmentedPrompt
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import load_tokenizer
+
+sim = pytest.fixture(scope="module")(sim_server)
+proxy_factory = pytest.fixture(proxy_factory_fixture)
 
 SYSTEM = "You answer questions about the documents."
 DOCS = {

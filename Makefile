@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SGL_VENV := .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 
-.PHONY: demo test lint format venv sglang-venv test-core test-sglang bench clean
+.PHONY: demo test lint format venv sglang-venv test-core test-sglang bench clean tools
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -35,7 +35,26 @@ format: venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test-core: venv
+# Debian packages the deployment tests need (docs/deploy.md): `prometheus` (the server
+# and promtool) and `docker-compose` v1 (`docker-compose config`). Installed only when
+# missing, as root or through sudo; without either it says so and the tests skip.
+tools:
+	@missing=""; \
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing=" prometheus"; \
+	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	  else echo "tools: cannot install$$missing (not root, no sudo); deploy tests will skip"; exit 0; fi; \
+	  echo "tools: installing$$missing"; \
+	  log=$$(mktemp); \
+	  { $$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends $$missing; } >"$$log" 2>&1 || { cat "$$log"; exit 1; }; \
+	  rm -f "$$log"; \
+	fi
+
+test-core: venv tools
 	$(PY) -m pytest -q -m "not sglang" -p no:cacheprovider
 
 test-sglang: sglang-venv

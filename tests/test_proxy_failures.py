@@ -1,0 +1,198 @@
+"""Failure behaviour of the proxy (issue 4): 400 naming the field, 413, 429 with
+Retry-After, 502 for a dead backend, client disconnects (queued → withdrawn; sent →
+`/abort_request`), and the queue/in-flight gauges returning to 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+from proxy_support import (
+    ProxyFactory,
+    eventually,
+    proxy_factory_fixture,
+    sim_metric,
+    sim_server,
+)
+
+from loadgen.processes import free_port
+from prism_proxy import state
+from prism_proxy.app import start_proxy
+from prism_proxy.config import ProxyConfig
+
+sim = pytest.fixture(scope="module")(sim_server)
+proxy_factory = pytest.fixture(proxy_factory_fixture)
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 3}
+LONG_STREAM = {**CHAT, "max_tokens": 20000, "stream": True}
+
+
+def _gauges_zero(proxy) -> bool:
+    registry = proxy.app[state.METRICS].registry
+    return (
+        registry.get_sample_value("prism:queue_depth") == 0
+        and registry.get_sample_value("prism:inflight_requests") == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", b"{not json", "body"),
+        ("/v1/chat/completions", b"[1, 2]", "body"),
+        ("/v1/chat/completions", json.dumps({**CHAT, "messages": "hi"}).encode(), "messages"),
+        ("/v1/chat/completions", json.dumps({**CHAT, "max_tokens": "x"}).encode(), "max_tokens"),
+        (
+            "/v1/chat/completions",
+            json.dumps(
+                {
+                    **CHAT,
+                    "prism": {"segments": [{"id": "d", "text": "a"}, {"id": "d", "text": "b"}]},
+                }
+            ).encode(),
+            "prism.segments",
+        ),
+        ("/v1/completions", json.dumps({"model": "m"}).encode(), "prompt"),
+        ("/generate", json.dumps({"sampling_params": {}}).encode(), "text"),
+        ("/generate", json.dumps({"text": "x", "prism": {"bogus": 1}}).encode(), "prism.bogus"),
+    ],
+)
+async def test_400_names_the_field(proxy_factory: ProxyFactory, path, body, param) -> None:
+    proxy = await proxy_factory()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.url + path, data=body) as response,
+    ):
+        error = (await response.json())["error"]
+    assert response.status == 400
+    assert error["param"] == param and param in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+async def test_400_through_the_openai_client(proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory()
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    async with client:
+        with pytest.raises(openai.BadRequestError, match="temperature"):
+            await client.chat.completions.create(
+                model="m", messages=CHAT["messages"], temperature=-1.0
+            )
+
+
+async def test_413_over_max_body_bytes(proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory(max_body_bytes=4096)
+    body = {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(proxy.url + "/v1/chat/completions", json=body) as response:
+            error = await response.json()
+        assert response.status == 413 and "4096" in error["error"]["message"]
+        async with session.post(proxy.url + "/v1/chat/completions", json=CHAT) as response:
+            assert response.status == 200  # small bodies still pass
+
+
+async def test_429_when_queue_full_then_recovers(proxy_factory: ProxyFactory, sim) -> None:
+    proxy = await proxy_factory(max_inflight=1, max_queue=1, retry_after_s=3)
+    admission = proxy.app[state.ADMISSION]
+    url = proxy.url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as session:
+        holder = await session.post(url, json=LONG_STREAM)  # takes the only slot
+        await holder.content.readline()
+        queued = asyncio.create_task(session.post(url, json=CHAT))
+        await eventually(lambda: admission.queue_depth == 1)
+        async with session.post(url, json=CHAT) as rejected:
+            error = await rejected.json()
+        assert rejected.status == 429 and rejected.headers["Retry-After"] == "3"
+        assert error["error"]["type"] == "rate_limit_exceeded"
+        holder.close()  # the client leaves: its slot goes to the queued request
+        async with await queued as response:
+            assert response.status == 200
+            assert (await response.json())["choices"][0]["message"]["content"]
+    await eventually(lambda: _gauges_zero(proxy))
+
+
+async def test_502_when_backend_is_down() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    proxy = await start_proxy(ProxyConfig(backend=dead, port=0, health_interval_s=0))
+    try:
+        async with aiohttp.ClientSession() as session:
+            for path, body in [
+                ("/v1/chat/completions", CHAT),
+                ("/v1/chat/completions", {**CHAT, "stream": True}),
+                ("/generate", {"text": "hi", "stream": True}),
+                ("/v1/completions", {"model": "m", "prompt": "hi", "n": 2}),  # passthrough
+            ]:
+                async with session.post(proxy.url + path, json=body) as response:
+                    error = await response.json()
+                assert response.status == 502, path
+                assert "unreachable" in error["error"]["message"]
+            async with session.get(proxy.url + "/v1/models") as response:
+                assert response.status == 502
+            async with session.get(proxy.url + "/health") as response:
+                assert (await response.json())["backend_up"] is False
+        registry = proxy.app[state.METRICS].registry
+        assert registry.get_sample_value("prism:backend_up") == 0
+        assert _gauges_zero(proxy)
+    finally:
+        await proxy.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/generate"])
+async def test_disconnect_mid_stream_aborts_at_backend(
+    proxy_factory: ProxyFactory, sim, path: str
+) -> None:
+    proxy = await proxy_factory()
+    backend = proxy.app[state.BACKEND]
+    aborted_before = sim_metric(sim, "sglang:num_aborted_requests_total")
+    body = (
+        LONG_STREAM
+        if path != "/generate"
+        else {"text": "Tell me", "stream": True, "sampling_params": {"max_new_tokens": 20000}}
+    )
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(proxy.url + path, json=body)
+        assert response.status == 200
+        await response.content.readline()  # the stream is flowing
+        response.close()  # the client goes away mid-stream
+    await eventually(lambda: backend.aborts_sent == 1)
+    await eventually(lambda: _gauges_zero(proxy))
+    await eventually(
+        lambda: sim_metric(sim, "sglang:num_aborted_requests_total") == aborted_before + 1
+    )
+    registry = proxy.app[state.METRICS].registry
+    lane = "cold"
+    assert (
+        registry.get_sample_value(
+            "prism:requests_total",
+            {
+                "endpoint": "chat" if path != "/generate" else "generate",
+                "lane": lane,
+                "status": "499",
+            },
+        )
+        == 1
+    )
+
+
+async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFactory, sim) -> None:
+    proxy = await proxy_factory(max_inflight=1)
+    admission = proxy.app[state.ADMISSION]
+    url = proxy.url + "/v1/chat/completions"
+    finished_before = sim_metric(sim, "sglang:num_requests_total")
+    async with aiohttp.ClientSession() as session:
+        holder = await session.post(url, json=LONG_STREAM)
+        await holder.content.readline()
+        leaver = asyncio.create_task(session.post(url, json=CHAT))
+        await eventually(lambda: admission.queue_depth == 1)
+        leaver.cancel()  # closes its connection while queued
+        with pytest.raises(asyncio.CancelledError):
+            await leaver
+        await eventually(lambda: admission.queue_depth == 0)
+        assert admission.inflight == 1  # only the holder was ever sent
+        holder.close()
+    await eventually(lambda: _gauges_zero(proxy))
+    assert proxy.app[state.BACKEND].aborts_sent == 1  # the holder's, not the leaver's
+    # The withdrawn request never reached the engine: nothing finished there normally.
+    assert sim_metric(sim, "sglang:num_requests_total") == finished_before

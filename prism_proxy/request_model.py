@@ -213,7 +213,7 @@ class SamplingParams(BaseModel):
         ``max_completion_tokens`` map to ``max_new_tokens``, ``min_tokens`` to
         ``min_new_tokens``; SGLang's extra fields (``top_k``, ``min_p``, …) pass as is."""
         fields: dict[str, Any] = {}
-        for key in ("max_completion_tokens", "max_tokens"):
+        for key in ("max_tokens", "max_completion_tokens"):  # the newer name wins
             if body.get(key) is not None:
                 fields["max_new_tokens"] = body[key]
         if body.get("min_tokens") is not None:

@@ -1,0 +1,92 @@
+"""After each wave the proxy pushes P̂_t to the DART control RPC (SPEC §3, §4).
+
+The receiving side here is a minimal loopback server speaking the control RPC contract
+(`POST /prism/priorities {epoch, table, protect}`, bearer token, 409 on stale epochs);
+a dead control endpoint must be counted and never stop serving."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from aiohttp import web
+from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_server
+
+from loadgen.processes import free_port
+from prism_proxy import state
+
+sim = pytest.fixture(scope="module")(sim_server)
+proxy_factory = pytest.fixture(proxy_factory_fixture)
+
+TOKEN = "s3cret"
+
+
+async def _control_server(received: list[dict]) -> tuple[web.AppRunner, str]:
+    last_epoch = [-1]
+
+    async def priorities(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return web.Response(status=401)
+        body = await request.json()
+        if body["epoch"] <= last_epoch[0]:
+            return web.Response(status=409)
+        last_epoch[0] = body["epoch"]
+        received.append(body)
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/prism/priorities", priorities)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+def _chat(segments: list[str]) -> dict:
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "q"}],
+        "max_tokens": 2,
+        "prism": {"segments": [{"id": s, "text": f"text of {s}"} for s in segments]},
+    }
+
+
+async def test_waves_push_dispatch_priorities(proxy_factory: ProxyFactory) -> None:
+    received: list[dict] = []
+    runner, url = await _control_server(received)
+    try:
+        proxy = await proxy_factory(control_url=url, control_token=TOKEN, protect=5)
+        async with aiohttp.ClientSession() as session:
+            for segments in (["alpha", "beta"], ["beta", "gamma"]):
+                async with session.post(
+                    proxy.url + "/v1/chat/completions", json=_chat(segments)
+                ) as response:
+                    assert response.status == 200
+        await eventually(lambda: len(received) >= 2)
+        assert [set(body["table"]) for body in received[:2]] == [
+            {"alpha", "beta"},
+            {"beta", "gamma"},
+        ]
+        assert all(body["protect"] == 5 for body in received)
+        epochs = [body["epoch"] for body in received]
+        assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs)
+        # One request in the wave: P̂ = w_n·1 + w_g·1 for each of its segments (SPEC §3).
+        assert received[0]["table"]["alpha"] == 1e5 + 1
+        registry = proxy.app[state.METRICS].registry
+        assert registry.get_sample_value("prism:control_rpc_pushes_total") == len(received)
+        assert registry.get_sample_value("prism:control_rpc_up") == 1
+    finally:
+        await runner.cleanup()
+
+
+async def test_dead_control_endpoint_is_counted_not_fatal(proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory(control_url=f"http://127.0.0.1:{free_port()}")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(proxy.url + "/v1/chat/completions", json=_chat(["alpha"])) as response,
+    ):
+        assert response.status == 200
+    registry = proxy.app[state.METRICS].registry
+    await eventually(lambda: registry.get_sample_value("prism:control_rpc_failures_total") == 1)
+    assert registry.get_sample_value("prism:control_rpc_up") == 0

@@ -14,6 +14,7 @@ from typing import Any
 
 from prism_proxy.tokenizer import Tokenizer, load_tokenizer
 from prism_sim.engine_loop import EngineLoop
+from prism_sim.extensions import load_extension
 from prism_sim.metrics import EngineMetrics
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest
@@ -70,10 +71,12 @@ class RequestHandle:
         self.req = req
         self.engine = engine
         self._changed = asyncio.Event()
+        self._every_token = True
         req.listener = self._on_change
 
-    def _on_change(self, _req: SimRequest) -> None:
-        self._changed.set()
+    def _on_change(self, req: SimRequest) -> None:
+        if self._every_token or req.finished:
+            self._changed.set()
 
     async def progress(self) -> AsyncIterator[SimRequest]:
         seen = 0
@@ -88,6 +91,8 @@ class RequestHandle:
             self._changed.clear()
 
     async def wait(self) -> SimRequest:
+        """Wait for the finish only (no wake-up per token)."""
+        self._every_token = False
         async for _ in self.progress():
             pass
         return self.req
@@ -114,13 +119,22 @@ class SimEngine:
         specials = {self.tokenizer.eos_token_id}
         filler = [t for t in self.tokenizer.encode(FILLER_TEXT) if t not in specials]
         shift = config.seed % len(filler)
-        self.cache = RadixCache(config.eviction)
+        self.extension = load_extension(config.eviction, config)
+        hooks = [h for h in (insert_hook, self.extension and self.extension.on_insert) if h]
+        self.cache = RadixCache(self.extension.strategy if self.extension else config.eviction)
+        if self.extension is not None:
+            self.cache.evict_listeners.append(self.extension.on_evict)
+
+        def on_insert(req: SimRequest, cache: RadixCache, key: list[int]) -> None:
+            for hook in hooks:
+                hook(req, cache, key)
+
         self.scheduler = Scheduler(
             SchedulerConfig.from_profile(self.profile, config.schedule_policy),
             self.profile,
             self.cache,
             filler[shift:] + filler[:shift],
-            insert_hook=insert_hook,
+            insert_hook=on_insert if hooks else None,
         )
         self.loop = EngineLoop(self.scheduler, speed=config.speed)
         self.metrics = EngineMetrics(self.scheduler, self.model_name, self.loop.now)

@@ -1,16 +1,21 @@
 """Drives the pure `Scheduler` on an asyncio task in (scaled) real time (SPEC §7).
 
-Modeled time is wall time since start multiplied by `speed`: a batch of modeled
-duration `d` occupies `d / speed` wall seconds. Python overhead therefore shows up in
-modeled latencies too (scaled by `speed`), which is why a very high speed on a busy
-machine inflates them; `lag_s` (modeled seconds the loop fell behind its schedule)
-measures that.
+Two clocks, both in modeled seconds: `now()` = wall time since start × `speed` (used to
+stamp arrivals and aborts), and the engine's own clock, which advances by exactly each
+batch's modeled duration while busy and jumps to `now()` when idle. After a batch the
+loop sleeps until wall time reaches the engine clock; if Python overhead (or a coarse
+timer) made it late, it skips sleeping until it has caught up, so overhead does not
+accumulate into modeled latencies. A request is only admitted once the engine clock has
+reached its arrival, so modeled times stay causal. `lag_s`/`max_lag_s` report how far
+the engine clock trails wall time (it should stay near zero; if it grows, lower
+`speed`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -18,6 +23,7 @@ from prism_sim.request import SimRequest
 from prism_sim.scheduler import Batch, Scheduler
 
 WallClock = Callable[[], float]
+log = logging.getLogger(__name__)
 
 
 class EngineLoop:
@@ -36,7 +42,8 @@ class EngineLoop:
         self.wall_clock = wall_clock
         self._t0 = wall_clock()
         self._wakeup = asyncio.Event()
-        self.lag_s = 0.0
+        self.lag_s = 0.0  # how far (modeled s) the engine clock trails wall time now
+        self.max_lag_s = 0.0
         self.current_batch: Batch | None = None
 
     def now(self) -> float:
@@ -55,22 +62,36 @@ class EngineLoop:
 
     async def run(self) -> None:
         """Run batches forever (cancel the task to stop)."""
+        try:
+            await self._run()
+        except Exception:
+            log.exception("engine loop crashed")
+            raise
+
+    async def _run(self) -> None:
+        virtual = self.now()
         while True:
-            batch = self.scheduler.next_batch(self.now())
+            batch = self.scheduler.next_batch(virtual)
             if batch is None:
+                upcoming = self.scheduler.next_arrival_after(virtual)
+                if upcoming is not None:
+                    virtual = upcoming  # arrived in wall time while we were catching up
+                    continue
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                virtual = max(virtual, self.now())
                 continue
             self.current_batch = batch
-            deadline = self._t0 + (batch.started_s + batch.duration_s) / self.speed
-            delay = deadline - self.wall_clock()
+            virtual += batch.duration_s
+            delay = self._t0 + virtual / self.speed - self.wall_clock()
             if delay > 0:
                 await asyncio.sleep(delay)
             else:
-                self.lag_s += -delay * self.speed
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # let handlers run even when behind
             self.current_batch = None
-            self.scheduler.complete_batch(batch, self.now())
+            self.scheduler.complete_batch(batch, virtual)
+            self.lag_s = max(0.0, self.now() - virtual)
+            self.max_lag_s = max(self.max_lag_s, self.lag_s)
 
     async def __aenter__(self) -> EngineLoop:
         self._task = asyncio.create_task(self.run(), name="prism-sim-engine")

@@ -63,7 +63,9 @@ _node_ids = itertools.count()
 class TreeNode:
     """One radix node: the tokens `key` that follow its parent's path."""
 
+    # `__dict__` keeps nodes open to extra attributes (plugins may tag nodes).
     __slots__ = (
+        "__dict__",
         "children",
         "creation_time",
         "evicted",
@@ -137,6 +139,10 @@ class RadixCache:
         self.clock = clock
         self.evicted_tokens_total = 0
         self.evict_listeners: list[Callable[[TreeNode], None]] = []
+        # DART (backend_plugin.sim_extension): called once at the start of each eviction
+        # pass, and with (upper, lower) after every split so node metadata follows.
+        self.evict_begin_listeners: list[Callable[[], None]] = []
+        self.split_listeners: list[Callable[[TreeNode, TreeNode], None]] = []
         self.reset()
 
     # ----- public API -------------------------------------------------------------
@@ -218,6 +224,35 @@ class RadixCache:
             pos += n
         return node
 
+    def split_node(self, node: TreeNode, split_len: int) -> TreeNode:
+        """Make the first `split_len` tokens of `node` a new parent and return it.
+
+        The parent keeps the node's access time, lock count and hit count; `meta` stays
+        on `node` (it still ends where it did). Requires `0 < split_len < len(node.key)`.
+        """
+        if not 0 < split_len < len(node.key):
+            raise ValueError(f"split_len {split_len} outside (0, {len(node.key)})")
+        return self._split_node(node, split_len, node.last_access_time)
+
+    def walk(self, key: Sequence[int]) -> list[tuple[TreeNode, int, int]]:
+        """Resident nodes along `key` as `(node, start, end)` token ranges, root excluded.
+
+        Stops where the resident path ends; the last node may extend past `len(key)`
+        (its `end` is then the node's end). Does not touch access times.
+        """
+        out: list[tuple[TreeNode, int, int]] = []
+        node, pos = self.root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            n = _common_prefix_len(child.key, key[pos:])
+            out.append((child, pos, pos + len(child.key)))
+            if n < len(child.key):
+                break
+            node, pos = child, pos + n
+        return out
+
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock `node` and its ancestors; returns the change of the evictable size."""
         delta = 0
@@ -254,6 +289,8 @@ class RadixCache:
         `num_tokens` tokens went or nothing evictable is left."""
         if num_tokens <= 0:
             return EvictResult(0, ())
+        for begin in self.evict_begin_listeners:
+            begin()
         get_priority = self.strategy.get_priority
         heap = [(get_priority(leaf), leaf.id, leaf) for leaf in self._evictable_leaves]
         heapq.heapify(heap)
@@ -328,6 +365,8 @@ class RadixCache:
         child.parent = upper
         upper.children[child.key[0]] = child
         parent.children[upper.key[0]] = upper
+        for listener in self.split_listeners:
+            listener(upper, child)
         return upper
 
     def _delete_leaf(self, node: TreeNode) -> None:

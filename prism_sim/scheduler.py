@@ -5,12 +5,13 @@ Pure and synchronous: the caller passes modeled time in, asks for the next batch
 `complete_batch(batch, now)`. `prism_sim.engine_loop` does that on an asyncio task.
 
 One loop iteration, as SGLang's `get_next_batch_to_run`:
-* **Prefill first.** If requests wait (or a chunked prompt is unfinished) and the running
-  batch has room, build a prefill batch: the unfinished chunk first, then waiting
-  requests in policy order while the batch's token budget (`chunked_prefill_size`,
-  counted in uncached tokens), `max_running_requests` and KV memory allow. A request
-  longer than what is left of the budget is cut (chunked prefill) and continues in the
-  next prefill batch; the first request that does not fit in memory stops the batch.
+* **Prefill first.** If requests wait (those with `arrival_s <= now`) or a chunked
+  prompt is unfinished, and the running batch has room, build a prefill batch: the
+  unfinished chunk first, then waiting requests in policy order while the batch's
+  token budget (`chunked_prefill_size`, counted in uncached tokens),
+  `max_running_requests` and KV memory allow. A request longer than what is left of
+  the budget is cut (chunked prefill) and continues in the next prefill batch; the first
+  request that does not fit in memory stops the batch.
 * **Otherwise decode** one token for every running request.
 
 KV accounting (`capacity = tree tokens + held tokens + free`):
@@ -169,6 +170,11 @@ class Scheduler:
             self._release(req, now, {"type": "abort", "message": "Abort request."})
         return True
 
+    def next_arrival_after(self, now: float) -> float | None:
+        """Earliest arrival time of a waiting request that has not arrived by `now`."""
+        future = [r.arrival_s for r in self.waiting if r.arrival_s > now]
+        return min(future) if future else None
+
     def get(self, rid: str) -> SimRequest | None:
         return self._by_rid.get(rid)
 
@@ -246,9 +252,10 @@ class Scheduler:
         new_chunked: SimRequest | None = None
         hit_tokens = 0
         new_prompt_tokens = 0
+        arrived = [r for r in self.waiting if r.arrival_s <= now]
         ordered = order_waiting(
             self.config.schedule_policy,
-            self.waiting,
+            arrived,
             self.cache,
             self.stats.processed_prefill_tokens,
         )

@@ -6,6 +6,7 @@ starts with the app and is cancelled with it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -21,7 +22,11 @@ def create_app(config: SimConfig, engine: SimEngine | None = None) -> web.Applic
     app[ENGINE_KEY] = engine or SimEngine(config)
 
     async def engine_loop(app: web.Application) -> AsyncIterator[None]:
-        async with app[ENGINE_KEY].loop:
+        engine = app[ENGINE_KEY]
+        async with contextlib.AsyncExitStack() as stack:
+            if engine.extension is not None:
+                await stack.enter_async_context(engine.extension.lifecycle(engine))
+            await stack.enter_async_context(engine.loop)
             yield
 
     app.cleanup_ctx.append(engine_loop)

@@ -1,0 +1,90 @@
+"""`prism-proxy serve` as a real subprocess (`python -m prism_proxy serve`): settings
+from PRISM_* variables and a config file, and a graceful shutdown that lets an
+in-flight stream finish (issue 4)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import pytest
+from proxy_support import sim_server
+
+from loadgen.processes import run_server
+
+sim = pytest.fixture(scope="module")(sim_server)
+
+
+def test_serve_reads_env_and_config_file(sim, tmp_path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text('policy = "klpm"\nmax_inflight = 3\n[qas]\nk = 3\n')
+    env = {"PRISM_CONFIG": str(config), "PRISM_POLICY": "fifo", "PRISM_HEALTH_INTERVAL_S": "0"}
+    args = ["serve", "--backend", sim.url]
+    with run_server("prism_proxy", args, env=env, log_dir=tmp_path) as proxy:
+        health = httpx.get(proxy.url + "/health").json()
+        assert health["policy"] == "fifo"  # env beats the file
+        response = httpx.post(
+            proxy.url + "/v1/completions",
+            json={"model": "m", "prompt": "hi", "max_tokens": 2},
+            timeout=30,
+        )
+        assert response.status_code == 200 and response.json()["choices"][0]["text"]
+        metrics = httpx.get(proxy.url + "/metrics").text
+        assert (
+            'prism:requests_total{endpoint="completions",lane="cold",status="200"} 1.0' in metrics
+        )
+
+
+def test_bad_setting_exits_with_message(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "prism_proxy", "serve", "--policy", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "policy" in result.stderr
+
+
+def _wait_refused(url: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url + "/health", timeout=1.0)
+        except httpx.ConnectError:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the proxy kept accepting connections after SIGTERM")
+
+
+def test_sigterm_drains_an_in_flight_stream(sim, tmp_path) -> None:
+    args = ["serve", "--backend", sim.url, "--health-interval-s", "0"]
+    with run_server("prism_proxy", args, log_dir=tmp_path) as proxy:
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "long answer please"}],
+            "max_tokens": 4000,
+            "stream": True,
+        }
+        events: list[str] = []
+        with httpx.stream(
+            "POST", proxy.url + "/v1/chat/completions", json=body, timeout=60
+        ) as response:
+            lines = response.iter_lines()
+            events.append(next(lines))
+            # Stop the proxy while the answer is still streaming; wait until it no
+            # longer accepts connections, then read the rest of the answer.
+            proxy.process.send_signal(signal.SIGTERM)
+            _wait_refused(proxy.url)
+            before = len(events)
+            events.extend(lines)
+            assert len(events) > before  # the stream went on after listening stopped
+        data = [e[6:] for e in events if e.startswith("data: ")]
+        assert data[-1] == "[DONE]"
+        finish = [json.loads(d)["choices"][0]["finish_reason"] for d in data[:-1]]
+        assert finish[-1] == "length"  # the whole answer arrived
+        assert proxy.process.wait(timeout=30) == 0

@@ -36,6 +36,7 @@ from backend_plugin.dart.keys import EvictionClass
 from backend_plugin.dart.priority import DEFAULT_PROTECT, PriorityUpdate, StaleEpochError
 
 CORE_KEY = web.AppKey("prism_dart_core", DartCore)
+INLINE_KEY = web.AppKey("prism_apply_inline", bool)
 TOKEN_KEY = web.AppKey("prism_control_token", str)
 REGISTRY_KEY = web.AppKey("prism_metrics_registry", CollectorRegistry)
 
@@ -79,11 +80,15 @@ async def _priorities(request: web.Request) -> web.Response:
         core.inbox.submit(PriorityUpdate(body.epoch, body.table, body.protect))
     except StaleEpochError as exc:
         return _error(409, "stale epoch", epoch=exc.epoch, current_epoch=exc.current)
+    if request.app[INLINE_KEY]:
+        core.apply_pending()
     return web.json_response({"accepted": True, "epoch": body.epoch})
 
 
 async def _reset(request: web.Request) -> web.Response:
     request.app[CORE_KEY].inbox.submit_reset()
+    if request.app[INLINE_KEY]:
+        request.app[CORE_KEY].apply_pending()
     return web.json_response({"reset": True})
 
 
@@ -132,10 +137,17 @@ class DartCollector(Collector):
         )
 
 
-def create_control_app(core: DartCore, token: str | None) -> web.Application:
-    """Wire the routes; `token=None` means open (the caller checked it may be)."""
+def create_control_app(
+    core: DartCore, token: str | None, *, apply_inline: bool = False
+) -> web.Application:
+    """Wire the routes; `token=None` means open (the caller checked it may be).
+
+    `apply_inline`: apply accepted updates at once. Only for a tree driven from the
+    same event loop between its (synchronous) steps, as in the simulator.
+    """
     app = web.Application(middlewares=[_auth], client_max_size=4 * 1024 * 1024)
     app[CORE_KEY] = core
+    app[INLINE_KEY] = apply_inline
     app[TOKEN_KEY] = token or ""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(DartCollector(core))
@@ -149,11 +161,12 @@ def create_control_app(core: DartCore, token: str | None) -> web.Application:
 
 
 async def start_control_site(
-    core: DartCore, config: ControlConfig, *, port: int | None = None
+    core: DartCore, config: ControlConfig, *, port: int | None = None, apply_inline: bool = False
 ) -> tuple[web.AppRunner, int]:
     """Serve the RPC on the running loop; returns the runner (clean it up) and the port."""
     config.check_auth()
-    runner = web.AppRunner(create_control_app(core, config.token), access_log=None)
+    app = create_control_app(core, config.token, apply_inline=apply_inline)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port if port is None else port)
     await site.start()

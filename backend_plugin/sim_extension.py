@@ -1,0 +1,134 @@
+"""DART inside the simulated engine: `prism-sim --eviction dart|lru+active` (SPEC §3, §7).
+
+`prism_sim.extensions` imports this module for those names and calls
+`create_extension(config)`. The extension runs the same `backend_plugin.dart` core as
+the SGLang plugin: anchors from each request's `kv_hints` placed after every insertion
+of its tokens, DART keys as the cache's eviction strategy, the same control RPC
+(`--control-port`, `--control-token` or `PRISM_CONTROL_TOKEN`, bound to 127.0.0.1
+unless `PRISM_CONTROL_HOST` says otherwise) served on the simulator's own event loop.
+The simulator's scheduler steps run synchronously on that loop, so accepted updates are
+applied at once, which is always between two steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from backend_plugin.config import load_config
+from backend_plugin.dart.anchors import AnchorError, parse_kv_hints
+from backend_plugin.dart.core import DartCore
+from backend_plugin.dart.keys import NodeMeta
+from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
+
+logger = logging.getLogger(__name__)
+
+
+class SimTreeAdapter:
+    """`TreeAdapter` over `prism_sim.radix_cache.RadixCache`."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def walk(self, tokens: Sequence[int]) -> list[tuple[Any, int, int]]:
+        path = self.cache.walk(tokens)
+        if path:  # drop a last node that diverges from `tokens` (not just longer)
+            node, start, end = path[-1]
+            upto = min(end, len(tokens)) - start
+            if list(node.key[:upto]) != list(tokens[start : start + upto]):
+                path.pop()
+        return path
+
+    def split(self, node: Any, at: int) -> Any:
+        return self.cache.split_node(node, at)  # split listeners copy the metadata
+
+    def get_meta(self, node: Any) -> NodeMeta | None:
+        return getattr(node, META_ATTR, None)
+
+    def set_meta(self, node: Any, meta: NodeMeta | None) -> None:
+        setattr(node, META_ATTR, meta)
+
+
+class DartSimExtension:
+    """`prism_sim.extensions.EngineExtension` running DART."""
+
+    def __init__(self, core: DartCore, config: Any = None) -> None:
+        self.core = core
+        self.strategy = DartStrategy(core)
+        self.config = config
+        self.control_port: int | None = None
+        self._hooked: set[int] = set()
+
+    # ---- tree hooks ----------------------------------------------------------------
+    def _hook(self, cache: Any) -> None:
+        """Follow the cache's splits and eviction passes (once per cache)."""
+        if id(cache) in self._hooked:
+            return
+        self._hooked.add(id(cache))
+        cache.split_listeners.append(self.on_split)
+        cache.evict_begin_listeners.append(self.core.begin_eviction)
+
+    def on_split(self, upper: Any, lower: Any) -> None:
+        meta: NodeMeta | None = getattr(lower, META_ATTR, None)
+        if meta is not None:
+            setattr(upper, META_ATTR, meta.as_prefix())
+
+    def on_insert(self, req: Any, cache: Any, key: list[int]) -> None:
+        self._hook(cache)
+        self.core.apply_pending()
+        try:
+            hints = parse_kv_hints(req.kv_hints)
+        except AnchorError as exc:
+            logger.warning("request %s: ignoring malformed PRISM anchors: %s", req.rid, exc)
+            return
+        if hints is None:
+            return
+        self.core.request_started(req.rid, hints)
+        place_anchors(SimTreeAdapter(cache), key, hints, self.core)
+
+    def on_evict(self, node: Any) -> None:
+        self.core.on_evicted(getattr(node, META_ATTR, None), len(node.key))
+
+    def on_finish(self, req: Any) -> None:
+        self.core.request_finished(req.rid)
+
+    # ---- server lifetime ------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def lifecycle(self, engine: Any) -> AsyncIterator[None]:
+        """Follow request completions (a_t) and serve the control RPC if configured."""
+        self._hook(engine.cache)
+        previous = engine.scheduler.on_finish
+
+        def on_finish(req: Any) -> None:
+            self.on_finish(req)
+            if previous is not None:
+                previous(req)
+
+        engine.scheduler.on_finish = on_finish
+        runner = None
+        port = getattr(self.config, "control_port", None)
+        if port is not None:
+            from backend_plugin.control_rpc import start_control_site
+
+            control = load_config().control
+            token = getattr(self.config, "control_token", None) or control.token
+            control = replace(control, port=port, token=token)
+            runner, self.control_port = await start_control_site(
+                self.core, control, apply_inline=True
+            )
+            logger.info("PRISM control RPC on %s:%d", control.host, self.control_port)
+        try:
+            yield
+        finally:
+            engine.scheduler.on_finish = previous
+            if runner is not None:
+                await runner.cleanup()
+
+
+def create_extension(config: Any) -> DartSimExtension:
+    """Factory named in `prism_sim.extensions.EXTENSION_MODULES` (config: `SimConfig`)."""
+    settings = load_config()
+    return DartSimExtension(DartCore(config.eviction, settings.protect), config)

@@ -1,0 +1,352 @@
+"""DART core on the simulator's radix tree (SPEC §3), no sglang involved.
+
+The scripted scenario: a system prompt S, segments A-D, one private suffix per request,
+each request = S + one segment + its suffix, inserted in the order A, B, C, D (so plain
+LRU would evict pA, A, pB, B, ...). Table P̂ = {A: 40, B: 10, C: 30, D: 20} with
+protect = 2, so F_t = {S (always highest), A}. Expected DART order: the private
+suffixes by age (pA, pB, pC, pD), then the unprotected segments by ascending priority
+(B 10, D 20, C 30), then the protected ones (A 40, then S).
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from backend_plugin.dart import (
+    SYSTEM_OWNER,
+    AnchorError,
+    AnchorKind,
+    DartCore,
+    EvictionPolicy,
+    NodeMeta,
+    PriorityUpdate,
+    StaleEpochError,
+    eviction_key,
+    make_kv_hints,
+    parse_kv_hints,
+)
+from backend_plugin.sim_extension import DartSimExtension
+from prism_sim.radix_cache import RadixCache
+
+SYSTEM = list(range(1000, 1008))
+SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
+PRIVATE = {name: list(range(3000 + 10 * i, 3004 + 10 * i)) for i, name in enumerate("ABCD")}
+TABLE = {"A": 40.0, "B": 10.0, "C": 30.0, "D": 20.0}
+
+
+def anchors_for(segment_ids: list[str], private_len: int, system_len: int = 8) -> list[dict]:
+    out = [{"kind": "system", "segment_id": None, "offset": system_len}]
+    offset = system_len
+    for seg in segment_ids:
+        offset += len(SEGMENTS[seg])
+        out.append({"kind": "segment", "segment_id": seg, "offset": offset})
+    out.append({"kind": "private", "segment_id": None, "offset": offset + private_len})
+    return out
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def dart_sim_cache(policy: str = "dart", protect: int = 2) -> tuple[RadixCache, Clock, Any]:
+    clock = Clock()
+    ext = DartSimExtension(DartCore(policy, protect=protect))
+    cache = RadixCache(ext.strategy, clock=clock)
+    cache.evict_listeners.append(ext.on_evict)
+    return cache, clock, ext
+
+
+def insert_request(cache, ext, rid: str, tokens: list[int], kv_hints) -> None:
+    cache.insert(tokens)
+    ext.on_insert(SimpleNamespace(rid=rid, kv_hints=kv_hints), cache, tokens)
+
+
+def build_scenario(policy: str = "dart"):
+    cache, clock, ext = dart_sim_cache(policy)
+    for name in "ABCD":
+        clock.now += 1
+        tokens = SYSTEM + SEGMENTS[name] + PRIVATE[name]
+        hints = make_kv_hints(anchors_for([name], 4), message_id=name)
+        insert_request(cache, ext, f"r{name}", tokens, hints)
+    return cache, clock, ext
+
+
+def evict_one_by_one(cache) -> list[list[int]]:
+    order = []
+    while cache.evictable_size():
+        order += [list(node.key) for node in cache.evict(1).evicted_nodes]
+    return order
+
+
+# ---- anchors ------------------------------------------------------------------------
+
+
+def test_kv_hints_envelope_bare_and_struct_forms_parse_alike():
+    anchors = anchors_for(["A"], 4)
+    envelope = make_kv_hints(anchors, {"A": 3.0}, message_id="r1")
+    bare = {"prism": {"anchors": anchors, "priorities": {"A": 3.0}}}
+    action = envelope["actions"][0]
+    struct = SimpleNamespace(actions=[SimpleNamespace(**action)])  # KvHintsEnvelope shape
+    parsed = [parse_kv_hints(v) for v in (envelope, bare, struct)]
+    assert parsed[0] == parsed[1] == parsed[2]
+    assert [a.offset for a in parsed[0].anchors] == [8, 14, 18]
+    assert parsed[0].anchors[1].kind is AnchorKind.SEGMENT
+    assert parsed[0].priorities == {"A": 3.0}
+    assert parse_kv_hints(None) is None
+    assert parse_kv_hints({"protocol_version": "1", "message_id": "x", "actions": []}) is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"anchors": "nope"},
+        {"anchors": [{"kind": "bogus", "offset": 3}]},
+        {"anchors": [{"kind": "segment", "segment_id": None, "offset": 3}]},
+        {"anchors": [{"kind": "private", "offset": 0}]},
+        {"anchors": [{"kind": "private", "offset": "7"}]},
+        {"anchors": [{"kind": "system", "offset": 8}, {"kind": "private", "offset": 8}]},
+        {"anchors": [], "priorities": {"A": "high"}},
+    ],
+)
+def test_malformed_anchors_are_rejected(payload):
+    with pytest.raises(AnchorError):
+        parse_kv_hints({"prism": payload})
+
+
+# ---- keys ---------------------------------------------------------------------------
+
+PRIV = NodeMeta(AnchorKind.PRIVATE, None)
+SEG_A = NodeMeta(AnchorKind.SEGMENT, "A")
+SEG_Z = NodeMeta(AnchorKind.SEGMENT, "Z")
+SYS = NodeMeta(AnchorKind.SYSTEM, None, True)
+
+
+@pytest.mark.parametrize(
+    ("policy", "meta", "table", "protected", "expected"),
+    [
+        # dart: (class, P̂, last); no table: every node (0, 0, last) = LRU
+        (EvictionPolicy.DART, SEG_A, None, frozenset(), (0, 0.0, 5.0)),
+        (EvictionPolicy.DART, PRIV, {"A": 7.0}, frozenset(), (0, 0.0, 5.0)),
+        (EvictionPolicy.DART, None, {"A": 7.0}, frozenset(), (0, 0.0, 5.0)),
+        (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset(), (1, 7.0, 5.0)),
+        (EvictionPolicy.DART, SEG_Z, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),  # not in table
+        (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset({"A"}), (2, 7.0, 5.0)),
+        (EvictionPolicy.DART, SYS, {"A": 7.0}, frozenset({SYSTEM_OWNER}), (2, float("inf"), 5.0)),
+        # lru+active: (a_t(seg), last) with a_t(A) = 3
+        (EvictionPolicy.LRU_ACTIVE, SEG_A, None, frozenset(), (3, 5.0)),
+        (EvictionPolicy.LRU_ACTIVE, PRIV, None, frozenset(), (0, 5.0)),
+        # lfu: (hits, last) with 2 hits; lru: last
+        (EvictionPolicy.LFU, SEG_A, {"A": 7.0}, frozenset({"A"}), (2, 5.0)),
+        (EvictionPolicy.LRU, SEG_A, {"A": 7.0}, frozenset({"A"}), 5.0),
+    ],
+)
+def test_eviction_keys(policy, meta, table, protected, expected):
+    key = eviction_key(policy, meta, 5.0, 2, table=table, protected=protected, active={"A": 3})
+    assert key == expected
+
+
+# ---- priority table and protection set ------------------------------------------------
+
+
+def test_stale_epochs_are_rejected_and_reset_restarts_them():
+    core = DartCore()
+    core.inbox.submit(PriorityUpdate(5, {"A": 1.0}))
+    for stale in (5, 4):
+        with pytest.raises(StaleEpochError):
+            core.inbox.submit(PriorityUpdate(stale, {"A": 2.0}))
+    assert core.table is None  # queued, not applied before the owner drains
+    core.apply_pending()
+    assert core.table == {"A": 1.0} and core.stats().epoch == 5
+    core.inbox.submit_reset()
+    core.apply_pending()
+    assert core.table is None and core.stats().epoch is None
+    core.inbox.submit(PriorityUpdate(1, {"B": 1.0}))
+    core.apply_pending()
+    assert core.stats().epoch == 1
+
+
+def test_protection_set_is_top_f_resident_with_system_first():
+    core = DartCore(protect=3)
+    for owner_meta, tokens in ((SYS, 8), (SEG_A, 6), (NodeMeta(AnchorKind.SEGMENT, "B"), 6)):
+        core.on_assign(None, owner_meta, tokens)
+    # C is in the table with the highest score but not resident; Z is resident, no score
+    core.on_assign(None, SEG_Z, 6)
+    core.inbox.submit(PriorityUpdate(1, {"A": 5.0, "B": 1.0, "C": 99.0}, protect=2))
+    core.apply_pending()
+    assert core.protected == frozenset({SYSTEM_OWNER, "A"})
+    core.on_evicted(SEG_A, 6)  # A leaves the tree: the snapshot changes at the next pass
+    assert core.protected == frozenset({SYSTEM_OWNER, "A"})
+    core.begin_eviction()
+    assert core.protected == frozenset({SYSTEM_OWNER, "B"})
+    core.inbox.submit(PriorityUpdate(2, {"A": 5.0, "B": 1.0}, protect=0))
+    core.apply_pending()
+    assert core.protected == frozenset()
+
+
+# ---- scenario on the simulator's tree ---------------------------------------------------
+
+
+def test_scenario_evicts_private_then_segments_by_priority_then_protected():
+    cache, _, ext = build_scenario()
+    ext.core.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
+    order = evict_one_by_one(cache)
+    expected = [PRIVATE[n] for n in "ABCD"] + [SEGMENTS[n] for n in "BDCA"] + [SYSTEM]
+    assert order == expected
+    stats = ext.core.stats()
+    # 4 suffixes x 4 tokens; B, D, C x 6; A (6) and S (8) protected
+    assert dict(stats.evicted_tokens) == {"private": 16, "segment": 18, "protected": 14}
+    assert stats.anchors_resident == 0 and stats.annotated_tokens_resident == 0
+
+
+def test_scenario_never_evicts_a_locked_path():
+    cache, _, ext = build_scenario()
+    locked = cache.match_prefix(SYSTEM + SEGMENTS["D"] + PRIVATE["D"]).last_node
+    cache.inc_lock_ref(locked)
+    ext.core.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
+    order = evict_one_by_one(cache)
+    assert order == [PRIVATE[n] for n in "ABC"] + [SEGMENTS[n] for n in "BCA"]
+    assert cache.protected_size() == 8 + 6 + 4
+    assert [n.key for n, _, _ in cache.walk(SYSTEM + SEGMENTS["D"] + PRIVATE["D"])] == [
+        SYSTEM,
+        SEGMENTS["D"],
+        PRIVATE["D"],
+    ]
+
+
+def test_scenario_with_no_table_is_lru():
+    cache, _, _ = build_scenario()
+    # LRU: request A (oldest) leaves first, leaf before parent; S goes last
+    expected = []
+    for n in "ABCD":
+        expected += [PRIVATE[n], SEGMENTS[n]]
+    assert evict_one_by_one(cache) == [*expected, SYSTEM]
+
+
+def test_lru_active_keeps_segments_of_running_requests():
+    cache, _, ext = build_scenario("lru+active")
+    for rid in ("rA", "rC", "rD"):  # only rB is still running
+        ext.on_finish(SimpleNamespace(rid=rid))
+    order = evict_one_by_one(cache)
+    # a_t: B = 1, S = 1 (rB has a system anchor), everything else 0 -> LRU among those
+    assert order[:6] == [
+        PRIVATE["A"],
+        SEGMENTS["A"],
+        PRIVATE["B"],
+        PRIVATE["C"],
+        SEGMENTS["C"],
+        PRIVATE["D"],
+    ]
+    assert order[6:] == [SEGMENTS["D"], SEGMENTS["B"], SYSTEM]
+
+
+def test_anchors_split_nodes_at_exact_offsets_and_own_the_whole_span():
+    cache, clock, ext = dart_sim_cache()
+    tokens = SYSTEM + SEGMENTS["A"] + SEGMENTS["B"] + PRIVATE["A"]
+    cache.insert(tokens)  # one node of 24 tokens, no anchors yet
+    clock.now += 1
+    cache.match_prefix(SYSTEM + SEGMENTS["A"][:3])  # SGLang-style split inside segment A
+    hints = make_kv_hints(anchors_for(["A", "B"], 4), message_id="r")
+    ext.on_insert(SimpleNamespace(rid="r", kv_hints=hints), cache, tokens)
+    spans = [(start, end, getattr(n, "prism_meta", None)) for n, start, end in cache.walk(tokens)]
+    assert [(s, e) for s, e, _ in spans] == [(0, 8), (8, 11), (11, 14), (14, 20), (20, 24)]
+    owners = [m.owner for _, _, m in spans]
+    assert owners == [SYSTEM_OWNER, "A", "A", "B", None]
+    assert [m.is_anchor for _, _, m in spans] == [True, False, True, True, True]
+    # a later split inside B (a match ending there) keeps B as the owner of both halves
+    cache.match_prefix(SYSTEM + SEGMENTS["A"] + SEGMENTS["B"][:2])
+    spans = [(s, e, n.prism_meta) for n, s, e in cache.walk(tokens)]
+    assert [(s, e) for s, e, _ in spans][3:5] == [(14, 16), (16, 20)]
+    assert [(m.owner, m.is_anchor) for _, _, m in spans[3:5]] == [("B", False), ("B", True)]
+    stats = ext.core.stats()
+    assert stats.anchors_resident == 4 and stats.annotated_tokens_resident == 20
+
+
+# ---- differential: DART with no table == plain LRU ---------------------------------------
+#
+# Anchors add node boundaries, and a boundary changes what plain LRU itself does (a match
+# that ends inside a node refreshes the whole node, SGLang's semantics). So "orders exactly
+# like LRU" is checked on the same tree shape: either no anchors at all (and a table
+# pushed, which must not matter then), or the LRU tree gets the same boundaries.
+
+
+def _evicted_ids(cache, result) -> set[tuple[int, ...]]:
+    """Each evicted token, named by the token path that ends at it."""
+    out: set[tuple[int, ...]] = set()
+    for node in result.evicted_nodes:
+        path = cache.node_path_tokens(node)
+        out.update(tuple(path[:i]) for i in range(len(path) - len(node.key) + 1, len(path) + 1))
+    return out
+
+
+def random_requests(rng: random.Random, count: int):
+    systems = [list(range(100, 108)), list(range(110, 116))]
+    for i in range(count):
+        system = rng.choice(systems)
+        segs = rng.sample(sorted(SEGMENTS), rng.randint(1, 3))
+        private = [rng.randint(500, 504) for _ in range(rng.randint(2, 6))]
+        tokens = system + [t for s in segs for t in SEGMENTS[s]] + private
+        yield f"q{i}", tokens, anchors_for(segs, len(private), len(system))
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_dart_without_table_evicts_exactly_like_lru(seed, anchored):
+    rng = random.Random(seed)
+    dart, clock, ext = dart_sim_cache()
+    lru = RadixCache("lru", clock=clock)
+    if not anchored:
+        ext.core.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
+    requests = list(random_requests(rng, 120))
+    locks: list[tuple] = []
+    evicted_tokens = 0
+    for step in range(400):
+        clock.now = float(step)
+        op = rng.random()
+        rid, tokens, anchors = rng.choice(requests)
+        if op < 0.55:
+            assert dart.insert(tokens) == lru.insert(tokens)
+            hints = make_kv_hints(anchors, message_id=rid) if anchored else None
+            ext.on_insert(SimpleNamespace(rid=rid, kv_hints=hints), dart, tokens)
+            if anchored:
+                for anchor in anchors:
+                    lru.split_at(tokens, anchor["offset"])
+        elif op < 0.7:
+            cut = tokens[: rng.randint(1, len(tokens))]
+            a, b = dart.match_prefix(cut), lru.match_prefix(cut)
+            assert a.prefix_len == b.prefix_len
+            if op < 0.62 and a.prefix_len:
+                dart.inc_lock_ref(a.last_node)
+                lru.inc_lock_ref(b.last_node)
+                locks.append((a.last_node, b.last_node))
+        elif op < 0.8 and locks:
+            a_node, b_node = locks.pop(rng.randrange(len(locks)))
+            dart.dec_lock_ref(a_node)
+            lru.dec_lock_ref(b_node)
+        else:
+            n = rng.randint(1, 40)
+            a, b = dart.evict(n), lru.evict(n)
+            assert _evicted_ids(dart, a) == _evicted_ids(lru, b), f"step {step}"
+            evicted_tokens += a.num_tokens_evicted
+        assert dart.evictable_size() == lru.evictable_size()
+        assert dart.protected_size() == lru.protected_size()
+    assert evicted_tokens > 100  # the comparison did exercise eviction
+
+
+def test_dart_module_does_not_import_sglang():
+    code = (
+        "import sys, backend_plugin.dart, backend_plugin.control_rpc, "
+        "backend_plugin.sim_extension, backend_plugin.config, backend_plugin.launch\n"
+        "bad = sorted(m for m in sys.modules if m == 'sglang' or m.startswith('sglang.'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -22,6 +22,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from loadgen.processes import free_port, run_server
 
@@ -145,6 +148,35 @@ def proxy_command(
     return [*args, *config.proxy_args]
 
 
+def engine_state(url: str) -> dict[str, Any]:
+    """The engine's own view after a run (``/server_info``): loop lag, evictions, …"""
+    try:
+        info = httpx.get(url + "/server_info", timeout=10.0).json()
+        states = info.get("internal_states") or [{}]
+        return {**states[0], "radix_eviction_policy": info.get("radix_eviction_policy")}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def proxy_counters(url: str) -> dict[str, float]:
+    """Unlabelled totals of the proxy's ``prism:`` counters and gauges after a run."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=10.0).text
+    except httpx.HTTPError:
+        return {}
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type not in ("counter", "gauge"):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
+
+
 def run_point(config: SweepConfig, variant: Variant, qps: float) -> Path:
     """One fresh engine + proxy, one replay; returns the results path."""
     from loadgen.replay import ReplayConfig, replay, write_results
@@ -164,6 +196,8 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> Path:
                 target=proxy.url, api="prism", time_scale=config.speed, progress=False
             )
             results = asyncio.run(replay(trace, replay_config))
+            results["engine_state"] = engine_state(sim.url)
+            results["proxy_metrics"] = proxy_counters(proxy.url)
     results["variant"] = {
         "label": variant.label,
         "policy": variant.policy,

@@ -1,0 +1,178 @@
+"""Open-loop replay over real HTTP: against the simulated engine directly (``sglang``,
+``openai`` APIs) and through the proxy (``prism`` API); results schema and summary."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from loadgen.cli import main
+from loadgen.processes import free_port, run_server
+from loadgen.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.replay import ReplayConfig, replay
+from loadgen.summary import RequestRecord, summarize
+from loadgen.trace_format import Trace, read_trace, write_trace
+from prism_proxy.tokenizer import load_tokenizer
+
+SPEED = 4.0
+SUMMARY_KEYS = {
+    "completed",
+    "failed",
+    "duration",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_input_tokens",
+    "total_output_tokens",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "std_ttft_ms",
+    "p90_ttft_ms",
+    "p95_ttft_ms",
+    "p99_ttft_ms",
+    "mean_e2e_latency_ms",
+    "median_e2e_latency_ms",
+    "p99_e2e_latency_ms",
+    "hit_rate",
+    "errors",
+    "lanes",
+}
+RECORD_KEYS = {
+    "rid",
+    "arrival_s",
+    "send_lag_ms",
+    "success",
+    "ttft_ms",
+    "e2e_latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "hot",
+    "lane",
+    "status",
+    "error",
+}
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    params = RagTraceParams(passages=40, hot_set=5, num_requests=40, qps=40.0, max_tokens=8)
+    header, requests = build_rag_trace(params, 11, load_tokenizer("builtin"))
+    path = tmp_path_factory.mktemp("trace") / "rag.jsonl"
+    write_trace(path, header, requests)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory):
+    logs = tmp_path_factory.mktemp("logs")
+    with run_server("prism_sim", ["--speed", f"{SPEED:g}"], log_dir=logs) as server:
+        yield server
+
+
+def _check_results(results: dict, trace: Trace) -> dict:
+    summary = results["summary"]
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["completed"] == len(trace.requests) and summary["failed"] == 0
+    records = results["requests"]
+    assert [r["rid"] for r in records] == [r.rid for r in trace.requests]
+    for record in records:
+        assert set(record) == RECORD_KEYS
+        assert record["success"] and record["status"] == 200
+        # Measured on the stream: the first token comes before the other 7 do.
+        assert 0 < record["ttft_ms"] < record["e2e_latency_ms"]
+        assert record["completion_tokens"] == 8
+        assert record["prompt_tokens"] > 600
+        assert 0 <= record["cached_tokens"] < record["prompt_tokens"]
+    prompt = sum(r["prompt_tokens"] for r in records)
+    cached = sum(r["cached_tokens"] for r in records)
+    assert summary["hit_rate"] == pytest.approx(cached / prompt)
+    # The shared system prompt alone is a cached prefix for every request but the first.
+    assert sum(1 for r in records if r["cached_tokens"] >= 40) >= len(records) - 1
+    assert results["trace"]["workload"] == "zipf_hotspot"
+    return summary
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai"])
+def test_replay_direct_to_sim(api: str, sim, trace_file: Path) -> None:
+    trace = read_trace(trace_file)
+    config = ReplayConfig(target=sim.url, api=api, time_scale=SPEED, progress=False)
+    results = asyncio.run(replay(trace, config))
+    summary = _check_results(results, trace)
+    assert summary["lanes"] == {}  # the engine reports no lanes
+    assert results["config"]["time_scale"] == SPEED
+
+
+def test_replay_through_proxy_cli(sim, trace_file: Path, tmp_path: Path) -> None:
+    """`prism-loadgen replay --api prism` through a real proxy in front of the engine."""
+    args = ["serve", "--backend", sim.url, "--policy", "prism", "--log-level", "warning"]
+    with run_server("prism_proxy", args, log_dir=tmp_path) as proxy:
+        out = tmp_path / "results.json"
+        argv = ["replay", "--trace", str(trace_file), "--target", proxy.url, "--api", "prism"]
+        assert main([*argv, "--time-scale", f"{SPEED:g}", "--out", str(out)]) == 0
+        metrics = asyncio.run(_get(proxy.url + "/metrics"))
+    results = json.loads(out.read_text())
+    summary = _check_results(results, read_trace(trace_file))
+    # The proxy saw (and counted) the same prompt tokens the replay recorded.
+    assert summary["total_input_tokens"] > 0
+    assert "prism:prompt_tokens_total" in metrics
+
+
+async def _get(url: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return await response.text()
+
+
+def test_replay_unreachable_target(trace_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    target = f"http://127.0.0.1:{free_port()}"
+    argv = ["replay", "--trace", str(trace_file), "--target", target, "--api", "sglang"]
+    assert main([*argv, "--time-scale", "100", "--out", str(out)]) == 1
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["completed"] == 0 and summary["failed"] == 40
+    assert sum(summary["errors"].values()) == 40
+    assert summary["hit_rate"] is None and summary["p99_ttft_ms"] is None
+
+
+def _record(rid: str, ttft: float, prompt: int, cached: int, lane: str | None, hot: bool):
+    return RequestRecord(
+        rid=rid,
+        arrival_s=0.0,
+        send_lag_ms=0.0,
+        success=True,
+        ttft_ms=ttft,
+        e2e_latency_ms=ttft + 100.0,
+        prompt_tokens=prompt,
+        completion_tokens=4,
+        cached_tokens=cached,
+        hot=hot,
+        lane=lane,
+        status=200,
+    )
+
+
+def test_summary_by_hand() -> None:
+    records = [
+        _record("a", 100.0, 100, 50, "hot", True),
+        _record("b", 200.0, 100, 0, "cold", False),
+        _record("c", 300.0, 200, 150, "hot", True),
+        RequestRecord("d", 0.0, 0.0, False, None, None, None, None, None, False, None, 502, "x"),
+    ]
+    s = summarize(records, duration_s=2.0, request_rate=5.0)
+    assert s["completed"] == 3 and s["failed"] == 1 and s["errors"] == {"x": 1}
+    assert s["request_throughput"] == 1.5  # 3 completed / 2 s
+    assert s["hit_rate"] == pytest.approx(200 / 400)  # (50+0+150) / (100+100+200)
+    assert s["mean_ttft_ms"] == pytest.approx(200.0) and s["median_ttft_ms"] == 200.0
+    # numpy's linear percentile over [100, 200, 300]: 100 + 0.99·200 = 298.
+    assert s["p99_ttft_ms"] == pytest.approx(298.0)
+    assert s["lanes"]["hot"]["completed"] == 2
+    assert s["lanes"]["hot"]["hit_rate"] == pytest.approx(200 / 300)
+    assert s["lanes"]["cold"]["hit_rate"] == 0.0
+    assert s["hot"]["completed"] == 2 and s["cold"]["completed"] == 1
+    assert s["output_throughput"] == 6.0  # 12 tokens / 2 s
+    assert s["concurrency"] == pytest.approx((200 + 300 + 400) / 1000 / 2.0)

@@ -1,0 +1,91 @@
+"""The sweep (fresh engine + proxy per point, real subprocesses) and its report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loadgen.cli import main
+from loadgen.report import comparison_table, load_results, write_report
+from loadgen.sweep import make_variants
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_variants() -> None:
+    variants = make_variants(["fifo", "prism"], ["lru", "lru+active", "dart"], [0, 4])
+    assert [(v.label, v.policy, v.eviction, v.q_cold) for v in variants] == [
+        ("fifo", "fifo", "lru", None),
+        ("prism", "prism", "dart", None),
+        ("prism[lru]", "prism", "lru", None),
+        ("prism[lru+active]", "prism", "lru+active", None),
+        ("prism[q_cold=0]", "prism", "dart", 0),
+        ("prism[q_cold=4]", "prism", "dart", 4),
+    ]
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_variants(["lifo"], [], [])
+
+
+def _summary(p99_s: float, hit: float) -> dict:
+    return {
+        "completed": 10,
+        "failed": 0,
+        "request_throughput": 9.5,
+        "mean_ttft_ms": p99_s * 400,
+        "median_ttft_ms": p99_s * 300,
+        "p90_ttft_ms": p99_s * 800,
+        "p95_ttft_ms": p99_s * 900,
+        "p99_ttft_ms": p99_s * 1000,
+        "hit_rate": hit,
+        "hot": {"hit_rate": hit + 0.1},
+        "cold": {"hit_rate": hit - 0.1},
+    }
+
+
+def test_report_from_results(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    table = {"fifo": (4.0, 0.2), "klpm": (2.0, 0.3), "prism": (1.5, 0.5)}
+    for label, (p99, hit) in table.items():
+        for qps, factor in ((40.0, 1.0), (80.0, 2.0)):
+            doc = {"variant": {"label": label, "qps": qps}, "summary": _summary(p99 * factor, hit)}
+            (results / f"{label}_{qps:g}.json").write_text(json.dumps(doc))
+    loaded = load_results(results)
+    assert sorted(loaded) == ["fifo", "klpm", "prism"] and sorted(loaded["prism"]) == [40, 80]
+    text = comparison_table(loaded)
+    # prism's mean P99 is (1.5+3)/2 = 2.25 s; klpm's (2+4)/2 = 3 s: −25 %; fifo's 6 s: −62.5 %.
+    assert "| prism | 1.50 | 3.00 | 2.25 | -25.0% | -62.5% |" in text
+    assert "Strongest baseline (lowest mean P99 TTFT): klpm." in text
+    assert "| prism | 50.0% | 50.0% | 50.0% |" in text
+    paths = write_report(results, out_dir=tmp_path)
+    names = sorted(p.name for p in paths.files)
+    assert names == sorted(
+        ["report.md", "p99_ttft_vs_qps.png", "hit_rate_vs_qps.png", "throughput_vs_qps.png"]
+    )
+    for path in paths.files:
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == PNG_MAGIC
+    assert "![p99_ttft_vs_qps](p99_ttft_vs_qps.png)" in (tmp_path / "report.md").read_text()
+
+
+def test_small_sweep_end_to_end(tmp_path: Path) -> None:
+    """Two policies × one QPS on fresh engines and proxies, then the report."""
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--out", str(out), "--policies", "fifo,prism", "--qps", "40"]
+    assert main([*argv, "--num-requests", "24", "--speed", "4", "--seed", "3"]) == 0
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert manifest["command"].startswith("prism-loadgen ") and manifest["speed"] == 4.0
+    docs = {p.name: json.loads(p.read_text()) for p in (out / "results").glob("*.json")}
+    assert sorted(docs) == ["fifo_qps40.json", "prism_qps40.json"]
+    for name, doc in docs.items():
+        assert doc["summary"]["completed"] == 24, name
+        assert doc["config"]["api"] == "prism" and doc["config"]["time_scale"] == 4.0
+    assert docs["prism_qps40.json"]["variant"]["eviction"] == "dart"
+    assert docs["fifo_qps40.json"]["variant"]["eviction"] == "lru"
+    assert "--control-url" in docs["prism_qps40.json"]["variant"]["proxy_args"]
+    assert docs["prism_qps40.json"]["engine_state"]["radix_eviction_policy"] == "dart"
+    # One trace per QPS, shared by both policies.
+    assert len(list((out / "traces").glob("*.jsonl"))) == 1
+    assert (out / "report.md").exists() and (out / "p99_ttft_vs_qps.png").exists()

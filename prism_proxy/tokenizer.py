@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -173,8 +174,14 @@ def default_cache_dir() -> Path:
 
 def load_tokenizer(spec: str | None = None, cache_dir: Path | None = None) -> Tokenizer:
     """``None``/``"builtin"``: the deterministic builtin tokenizer (built on first use,
-    cached under ``cache_dir``); anything else: a model directory path."""
+    cached under ``cache_dir``, default ``default_cache_dir()`` or, if that cannot be
+    written, the temp directory); anything else: a model directory path."""
     if spec is None or spec == BUILTIN:
-        directory = ensure_builtin(cache_dir if cache_dir is not None else default_cache_dir())
+        if cache_dir is not None:
+            return load_model_dir(ensure_builtin(cache_dir), name=BUILTIN)
+        try:
+            directory = ensure_builtin(default_cache_dir())
+        except OSError:  # e.g. a read-only home: fall back to the temp directory
+            directory = ensure_builtin(Path(tempfile.gettempdir()) / f"prism-{os.getuid()}")
         return load_model_dir(directory, name=BUILTIN)
     return load_model_dir(spec)

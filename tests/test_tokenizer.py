@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +102,20 @@ def test_cached_builtin_is_loaded_not_rebuilt(
     # A cache root without the tokenizer would need a build: proves the patch bites.
     with pytest.raises(Rebuilt):
         load_tokenizer("builtin", cache_dir=fresh_builds.alone / "elsewhere")
+
+
+def test_unwritable_default_cache_falls_back_to_temp_dir(
+    fresh_builds: FreshBuilds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    fallback = tmp_path / "tmp" / f"prism-{os.getuid()}"
+    shutil.copytree(fresh_builds.alone, fallback)
+    assert load_tokenizer().encode(FIXED_TEXT) == fresh_builds.ids[2]
+    with pytest.raises(OSError):  # an explicit cache_dir is never replaced
+        load_tokenizer("builtin", cache_dir=blocker)
 
 
 def test_builtin_shape(builtin: Tokenizer) -> None:

@@ -1,0 +1,180 @@
+"""The compose files validate with `docker-compose config` and wire the stack as
+docs/deploy.md says (issue 7); the Dockerfiles ship every package of the project."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE_FILES = {"gpu": "docker-compose.yml", "sim": "docker-compose.sim.yml"}
+ENGINE = {"gpu": "sglang", "sim": "prism-sim"}
+TOKEN = "test-token-0123456789abcdef"
+
+needs_compose = pytest.mark.skipif(
+    shutil.which("docker-compose") is None,
+    reason="docker-compose (Debian package docker-compose, v1) is not installed; `make tools`",
+)
+
+
+def compose_config(
+    compose_file: str, tmp_path: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` with only `env` on top of a clean environment (no .env)."""
+    empty_env_file = tmp_path / "empty.env"
+    empty_env_file.write_text("")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PRISM_", "COMPOSE_"))}
+    return subprocess.run(
+        ["docker-compose", "--env-file", str(empty_env_file), "-f", compose_file, "config"],
+        cwd=REPO,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def resolved(kind: str, tmp_path: Path, **env: str) -> dict[str, Any]:
+    result = compose_config(COMPOSE_FILES[kind], tmp_path, {"PRISM_CONTROL_TOKEN": TOKEN, **env})
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def command_value(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
+
+
+@needs_compose
+@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
+def test_compose_file_validates_and_wires_the_stack(kind: str, tmp_path: Path) -> None:
+    config = resolved(kind, tmp_path)
+    services = config["services"]
+    engine = ENGINE[kind]
+    assert set(services) == {engine, "proxy", "prometheus", "grafana"}
+
+    # The proxy waits for a healthy engine, and the engine's healthcheck probes /health.
+    assert services["proxy"]["depends_on"] == {engine: {"condition": "service_healthy"}}
+    assert "/health" in " ".join(services[engine]["healthcheck"]["test"])
+
+    # One control token, shared by the engine, the proxy and Prometheus's DART scrape.
+    for name in (engine, "proxy", "prometheus"):
+        assert services[name]["environment"]["PRISM_CONTROL_TOKEN"] == TOKEN
+    # The proxy pushes to the engine's control port on the internal network.
+    control_url = services["proxy"]["environment"]["PRISM_CONTROL_URL"]
+    host, port = re.fullmatch(r"http://([\w.-]+):(\d+)", control_url).groups()
+    engine_env = services[engine]["environment"]
+    control_port = engine_env.get("PRISM_CONTROL_PORT") or command_value(
+        services[engine]["command"], "--control-port"
+    )
+    assert port == control_port
+    engine_names = {engine}
+    for network in services[engine]["networks"].values():
+        engine_names |= set((network or {}).get("aliases") or [])
+    assert host in engine_names
+
+    # The engine publishes no port; the internal network has no route out.
+    assert "ports" not in services[engine]
+    assert config["networks"]["internal"]["internal"] is True
+    assert "internal" in services[engine]["networks"]
+    assert "internal" in services["proxy"]["networks"]
+    assert "internal" not in services["grafana"]["networks"]
+
+    # Grafana gets the provisioning and the dashboard; Prometheus its config.
+    grafana_mounts = " ".join(services["grafana"]["volumes"])
+    assert "/etc/grafana/provisioning" in grafana_mounts
+    assert any(p.split("/")[0].endswith(":3000") for p in services["grafana"]["ports"])
+    prometheus_mounts = services["prometheus"]["volumes"]
+    config_mount = next(v for v in prometheus_mounts if "/etc/prometheus/prometheus.yml" in v)
+    assert (REPO / "deploy" / "prometheus").as_posix() in config_mount
+    # Published ports bind to loopback unless told otherwise.
+    for name in ("proxy", "prometheus", "grafana"):
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])
+
+
+@needs_compose
+def test_gpu_stack_reserves_a_gpu_and_enables_the_plugin(tmp_path: Path) -> None:
+    services = resolved("gpu", tmp_path, MODEL_PATH="/models/m", SGLANG_GPU_COUNT="2")["services"]
+    sglang = services["sglang"]
+    devices = sglang["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia"
+    assert int(devices[0]["count"]) == 2
+    assert "gpu" in devices[0]["capabilities"]
+    assert sglang["shm_size"]
+    command = sglang["command"]
+    assert command_value(command, "--radix-cache-backend") == "prism_dart"
+    assert command_value(command, "--model-path") == "/models/m"
+    assert "--enable-metrics" in command
+    assert "--enable-cache-report" in command
+    assert sglang["build"]["dockerfile"] == "deploy/sglang.Dockerfile"
+    # The proxy sees the model directory at the same path (for --tokenizer auto).
+    assert services["proxy"]["environment"]["PRISM_TOKENIZER"] == "auto"
+    model_mount = next(v for v in services["proxy"]["volumes"] if ":/models" in v)
+    assert model_mount in sglang["volumes"]
+
+
+@needs_compose
+def test_sim_stack_runs_dart_with_the_control_rpc(tmp_path: Path) -> None:
+    services = resolved("sim", tmp_path)["services"]
+    command = services["prism-sim"]["command"]
+    assert command_value(command, "--eviction") == "dart"
+    assert command_value(command, "--control-port")
+    assert services["proxy"]["environment"]["PRISM_BACKEND"] == "http://prism-sim:30000"
+    assert "deploy" not in services["prism-sim"]  # no GPU reservation
+
+
+@needs_compose
+@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
+def test_compose_refuses_to_start_without_a_control_token(kind: str, tmp_path: Path) -> None:
+    result = compose_config(COMPOSE_FILES[kind], tmp_path, {})
+    assert result.returncode != 0
+    assert "PRISM_CONTROL_TOKEN" in result.stderr
+
+
+def _dockerfile(name: str) -> str:
+    return (REPO / "deploy" / name).read_text()
+
+
+def _packages() -> set[str]:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    return {p.rstrip("*") for p in patterns}
+
+
+@pytest.mark.parametrize("name", ["proxy.Dockerfile", "sim.Dockerfile", "sglang.Dockerfile"])
+def test_dockerfiles_copy_every_package(name: str) -> None:
+    copied = set(re.findall(r"^COPY (\w+) ", _dockerfile(name), flags=re.MULTILINE))
+    assert _packages() <= copied
+    for package in _packages():
+        assert (REPO / package / "__init__.py").exists()
+
+
+def test_proxy_image_is_slim_non_root_with_a_healthcheck() -> None:
+    text = _dockerfile("proxy.Dockerfile")
+    assert re.search(r"^FROM python:3\.11-slim\b", text, flags=re.MULTILINE)
+    assert re.search(r"^RUN pip install \.", text, flags=re.MULTILINE)
+    user = re.findall(r"^USER (\S+)", text, flags=re.MULTILINE)
+    assert user and user[-1] not in ("root", "0")
+    assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, flags=re.MULTILINE)
+    assert 'ENTRYPOINT ["prism-proxy", "serve"]' in text
+
+
+def test_sglang_image_adds_the_plugin_to_the_pinned_official_image() -> None:
+    text = _dockerfile("sglang.Dockerfile")
+    base = re.search(r"^ARG SGLANG_IMAGE=(\S+)", text, flags=re.MULTILINE).group(1)
+    assert base.startswith("lmsysorg/sglang:v0.5.23")
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["sglang"] == ["sglang==0.5.23"]
+    assert "pip install --no-deps ." in text
+    entry_points = pyproject["project"]["entry-points"]["sglang.srt.plugins"]
+    assert "prism_dart" in entry_points
+    assert "'prism_dart' in names" in text  # the build fails without the entry point
+    assert "--radix-cache-backend" in text

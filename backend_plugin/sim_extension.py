@@ -61,6 +61,7 @@ class DartSimExtension:
         self.config = config
         self.control_port: int | None = None
         self._hooked: set[int] = set()
+        self._live: dict[str, Any] = {}  # rid -> request counted in a_t
 
     # ---- tree hooks ----------------------------------------------------------------
     def _hook(self, cache: Any) -> None:
@@ -69,7 +70,14 @@ class DartSimExtension:
             return
         self._hooked.add(id(cache))
         cache.split_listeners.append(self.on_split)
-        cache.evict_begin_listeners.append(self.core.begin_eviction)
+        cache.evict_begin_listeners.append(self.begin_eviction)
+
+    def begin_eviction(self) -> None:
+        """Start of an eviction pass: drop finished requests from a_t, snapshot F_t."""
+        for rid in [rid for rid, req in self._live.items() if req.finished]:
+            del self._live[rid]
+            self.core.request_finished(rid)
+        self.core.begin_eviction()
 
     def on_split(self, upper: Any, lower: Any) -> None:
         meta: NodeMeta | None = getattr(lower, META_ATTR, None)
@@ -87,27 +95,21 @@ class DartSimExtension:
         if hints is None:
             return
         self.core.request_started(req.rid, hints)
+        self._live[req.rid] = req
         place_anchors(SimTreeAdapter(cache), key, hints, self.core)
 
     def on_evict(self, node: Any) -> None:
         self.core.on_evicted(getattr(node, META_ATTR, None), len(node.key))
 
     def on_finish(self, req: Any) -> None:
+        self._live.pop(req.rid, None)
         self.core.request_finished(req.rid)
 
     # ---- server lifetime ------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def lifecycle(self, engine: Any) -> AsyncIterator[None]:
-        """Follow request completions (a_t) and serve the control RPC if configured."""
+        """Serve the control RPC for the server's lifetime, if configured."""
         self._hook(engine.cache)
-        previous = engine.scheduler.on_finish
-
-        def on_finish(req: Any) -> None:
-            self.on_finish(req)
-            if previous is not None:
-                previous(req)
-
-        engine.scheduler.on_finish = on_finish
         runner = None
         port = getattr(self.config, "control_port", None)
         if port is not None:
@@ -123,7 +125,6 @@ class DartSimExtension:
         try:
             yield
         finally:
-            engine.scheduler.on_finish = previous
             if runner is not None:
                 await runner.cleanup()
 

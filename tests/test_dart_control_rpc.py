@@ -1,0 +1,169 @@
+"""DART's control RPC over real HTTP on loopback (SPEC §4): auth, epochs, malformed
+bodies, stats and Prometheus metrics; in-process aiohttp on port 0 and the background
+thread the SGLang scheduler process uses."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from backend_plugin.config import ControlConfig, ControlConfigError, load_config
+from backend_plugin.control_rpc import ControlThread, start_control_site
+from backend_plugin.dart import AnchorKind, DartCore, NodeMeta
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def rpc():
+    core = DartCore(protect=8)
+    runner, port = await start_control_site(core, ControlConfig(port=0, token=TOKEN))
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        yield core, client
+    await runner.cleanup()
+
+
+async def test_requires_the_bearer_token_except_for_health(rpc):
+    _, client = rpc
+    body = {"epoch": 1, "table": {"A": 1.0}, "protect": 2}
+    assert (await client.post("/prism/priorities", json=body)).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert (await client.post("/prism/priorities", json=body, headers=wrong)).status_code == 401
+    basic = {"Authorization": f"Basic {TOKEN}"}
+    assert (await client.get("/prism/stats", headers=basic)).status_code == 401
+    for path in ("/prism/stats", "/prism/metrics"):
+        assert (await client.get(path)).status_code == 401
+    assert (await client.post("/prism/reset")).status_code == 401
+    health = await client.get("/prism/health")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+
+
+async def test_epochs_must_increase_and_updates_apply_at_the_owners_drain(rpc):
+    core, client = rpc
+    ok = await client.post(
+        "/prism/priorities", json={"epoch": 3, "table": {"A": 5, "B": 1.5}}, headers=AUTH
+    )
+    assert ok.status_code == 200 and ok.json() == {"accepted": True, "epoch": 3}
+    for stale in (3, 2):
+        r = await client.post(
+            "/prism/priorities", json={"epoch": stale, "table": {}, "protect": 1}, headers=AUTH
+        )
+        assert r.status_code == 409
+        assert r.json()["current_epoch"] == 3
+    stats = (await client.get("/prism/stats", headers=AUTH)).json()
+    assert stats["accepted_epoch"] == 3 and stats["epoch"] is None  # queued, not applied yet
+    core.apply_pending()  # what the scheduler thread does between tree operations
+    stats = (await client.get("/prism/stats", headers=AUTH)).json()
+    assert stats["epoch"] == 3 and stats["table_size"] == 2 and stats["protect"] == 8
+    assert core.table == {"A": 5.0, "B": 1.5}
+    r = await client.post("/prism/reset", headers=AUTH)
+    assert r.status_code == 200
+    core.apply_pending()
+    assert core.table is None
+    r = await client.post("/prism/priorities", json={"epoch": 1, "table": {}}, headers=AUTH)
+    assert r.status_code == 200  # a reset restarts the epochs
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"table": {"A": 1}}',
+        b'{"epoch": 1}',
+        b'{"epoch": "1", "table": {}}',
+        b'{"epoch": -1, "table": {}}',
+        b'{"epoch": 1, "table": {"A": "high"}}',
+        b'{"epoch": 1, "table": {"A": NaN}}',
+        b'{"epoch": 1, "table": {}, "protect": -2}',
+        b'{"epoch": 1, "table": {}, "extra": true}',
+    ],
+)
+async def test_malformed_updates_get_400_and_change_nothing(rpc, body):
+    core, client = rpc
+    r = await client.post("/prism/priorities", content=body, headers=AUTH)
+    assert r.status_code == 400
+    assert core.inbox.accepted_epoch is None and core.inbox.drain() == []
+
+
+async def test_stats_and_metrics_report_evictions_by_class(rpc):
+    core, client = rpc
+    seg = NodeMeta(AnchorKind.SEGMENT, "A", True)
+    core.on_assign(None, seg, 6)
+    core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
+    core.on_assign(None, NodeMeta(AnchorKind.PRIVATE, None, True), 4)
+    r = await client.post(
+        "/prism/priorities",
+        json={"epoch": 7, "table": {"A": 2, "B": 1}, "protect": 1},
+        headers=AUTH,
+    )
+    assert r.status_code == 200
+    core.apply_pending()
+    core.on_evicted(NodeMeta(AnchorKind.PRIVATE, None, True), 4)
+    core.on_evicted(None, 3)
+    core.on_evicted(NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
+    stats = (await client.get("/prism/stats", headers=AUTH)).json()
+    assert stats["evicted_tokens"] == {"private": 7, "segment": 5, "protected": 0}
+    assert stats["protected_segments"] == ["A"] and stats["protected_tokens"] == 6
+    assert stats["anchors_resident"] == 1
+    r = await client.get("/prism/metrics", headers=AUTH)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, s.labels.get("class")): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+    assert samples[("prism:dart_evicted_tokens_total", "private")] == 7
+    assert samples[("prism:dart_evicted_tokens_total", "segment")] == 5
+    assert samples[("prism:dart_evicted_tokens_total", "protected")] == 0
+    assert samples[("prism:dart_protected_tokens", None)] == 6
+    assert samples[("prism:dart_anchors_resident", None)] == 1
+    assert samples[("prism:dart_priority_epoch", None)] == 7
+
+
+async def test_refuses_to_start_without_a_token_unless_explicitly_open():
+    core = DartCore()
+    with pytest.raises(ControlConfigError):
+        await start_control_site(core, ControlConfig(port=0))
+    runner, port = await start_control_site(core, ControlConfig(port=0, allow_open=True))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            r = await client.post("/prism/priorities", json={"epoch": 1, "table": {"A": 1}})
+            assert r.status_code == 200
+    finally:
+        await runner.cleanup()
+
+
+def test_config_from_environment_binds_loopback_by_default():
+    config = load_config({"PRISM_CONTROL_PORT": "4100", "PRISM_CONTROL_TOKEN": "t"})
+    assert config.control == ControlConfig(port=4100, host="127.0.0.1", token="t")
+    assert config.policy == "dart" and config.protect == 8
+    opened = load_config({"PRISM_CONTROL_OPEN": "1", "PRISM_DART_POLICY": "lru+active"})
+    assert opened.control.allow_open and opened.control.port is None
+    assert opened.policy == "lru+active"
+    with pytest.raises(ValueError):
+        load_config({"PRISM_DART_POLICY": "random"})
+
+
+def test_background_thread_serves_with_its_own_loop():
+    core = DartCore()
+    with pytest.raises(ControlConfigError):
+        ControlThread(core, ControlConfig())
+    thread = ControlThread(core, ControlConfig(token=TOKEN))
+    port = thread.start(0)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        r = httpx.post(
+            url + "/prism/priorities", json={"epoch": 2, "table": {"X": 1}}, headers=AUTH
+        )
+        assert r.status_code == 200
+        r = httpx.post(url + "/prism/priorities", json={"epoch": 2, "table": {}}, headers=AUTH)
+        assert r.status_code == 409
+        core.apply_pending()
+        assert httpx.get(url + "/prism/stats", headers=AUTH).json()["epoch"] == 2
+    finally:
+        thread.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/prism/health", timeout=2)

@@ -190,7 +190,9 @@ def test_cache_hits_are_identical_and_edits_are_not_stale(
         assert serializer.serialize(edited, chat=chat) == Serializer(tok).serialize(
             edited, chat=chat
         )
+        misses = serializer.cache_info()["segment_misses"]
         lengths = serializer.skeleton_lengths(edited)
+        assert serializer.cache_info()["segment_misses"] == misses  # served from the cache
         assert lengths == Serializer(tok).serialize(edited, chat=chat).segment_tokens
 
 

@@ -396,6 +396,8 @@ class Scheduler:
             self.stats.num_requests_total += 1
         self._just_finished.append(req)
         self._by_rid.pop(req.rid, None)
+        if self.on_finish is not None:
+            self.on_finish(req)
         req.notify()
 
     def _in_inflight(self, req: SimRequest) -> bool:

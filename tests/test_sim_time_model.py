@@ -1,0 +1,84 @@
+"""Time model and profiles of the simulated engine (SPEC §7), on hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prism_sim.time_model import (
+    PrefillItem,
+    Profile,
+    decode_time_s,
+    load_profile,
+    prefill_time_s,
+)
+
+
+def profile(**overrides: object) -> Profile:
+    base = dict(
+        name="t",
+        model_name="m",
+        prefill_overhead_s=0.01,
+        prefill_tokens_per_s=1000.0,
+        decode_overhead_s=0.005,
+        decode_per_request_s=0.001,
+        kv_capacity_tokens=10_000,
+        max_running_requests=8,
+        chunked_prefill_size=512,
+    )
+    base.update(overrides)
+    return Profile(**base)  # type: ignore[arg-type]
+
+
+def test_prefill_is_overhead_plus_uncached_over_rate() -> None:
+    # 0.01 + (300 + 200) / 1000 = 0.51 s; cached tokens cost nothing without q.
+    items = [PrefillItem(300, 1000), PrefillItem(200, 200)]
+    assert prefill_time_s(profile(), items) == pytest.approx(0.51)
+
+
+def test_prefill_quadratic_term() -> None:
+    # q · Σ extend·seq = 1e-6 · (300·1000 + 200·200) = 0.34 s on top of 0.51 s.
+    p = profile(prefill_attention_s_per_token2=1e-6)
+    items = [PrefillItem(300, 1000), PrefillItem(200, 200)]
+    assert prefill_time_s(p, items) == pytest.approx(0.85)
+
+
+def test_decode_is_overhead_plus_per_request() -> None:
+    # 0.005 + 0.001 · 40 = 0.045 s
+    assert decode_time_s(profile(), 40) == pytest.approx(0.045)
+    assert decode_time_s(profile(), 0) == pytest.approx(0.005)
+
+
+def test_default_profile_matches_qwen3_4b_on_a800() -> None:
+    p = load_profile()
+    assert p.name == "a800-qwen3-4b"
+    # 2 (K,V) · 36 layers · 8 KV heads · 128 head_dim · 2 bytes (bf16)
+    assert p.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2 == 147_456
+    # (80 GiB · 0.88 − 4.02e9 params · 2 B) / 147,456 B per token, rounded down to 1000
+    kv_bytes = 80 * 2**30 * 0.88 - 4.022e9 * 2
+    assert p.kv_capacity_tokens == int(kv_bytes / p.kv_bytes_per_token) // 1000 * 1000
+
+
+def test_profile_from_path_and_overrides(tmp_path: Path) -> None:
+    data = json.loads(
+        (Path(__file__).parents[1] / "prism_sim/profiles/a800-qwen3-4b.json").read_text()
+    )
+    data["name"] = "custom"
+    path = tmp_path / "custom.json"
+    path.write_text(json.dumps(data))
+    p = load_profile(str(path)).with_overrides(kv_capacity_tokens=1234, max_running_requests=None)
+    assert (p.name, p.kv_capacity_tokens) == ("custom", 1234)
+    assert p.max_running_requests == data["max_running_requests"]
+
+
+def test_bad_profiles_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_profile("no-such-profile")
+    with pytest.raises(ValueError):
+        profile(prefill_tokens_per_s=0)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "typo_field": 1}))
+    with pytest.raises(ValueError):
+        load_profile(str(bad))

@@ -33,6 +33,7 @@ from backend_plugin.dart import (
 )
 from backend_plugin.sim_extension import DartSimExtension
 from prism_sim.radix_cache import RadixCache
+from prism_sim.request import SimRequest, Status
 
 SYSTEM = list(range(1000, 1008))
 SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
@@ -66,19 +67,26 @@ def dart_sim_cache(policy: str = "dart", protect: int = 2) -> tuple[RadixCache, 
     return cache, clock, ext
 
 
-def insert_request(cache, ext, rid: str, tokens: list[int], kv_hints) -> None:
+def sim_request(rid: str, tokens: list[int], kv_hints) -> SimRequest:
+    return SimRequest(rid=rid, input_ids=tokens, max_new_tokens=1, arrival_s=0.0, kv_hints=kv_hints)
+
+
+def insert_request(cache, ext, rid: str, tokens: list[int], kv_hints) -> SimRequest:
+    req = sim_request(rid, tokens, kv_hints)
     cache.insert(tokens)
-    ext.on_insert(SimpleNamespace(rid=rid, kv_hints=kv_hints), cache, tokens)
+    ext.on_insert(req, cache, tokens)
+    return req
 
 
 def build_scenario(policy: str = "dart"):
     cache, clock, ext = dart_sim_cache(policy)
+    requests = {}
     for name in "ABCD":
         clock.now += 1
         tokens = SYSTEM + SEGMENTS[name] + PRIVATE[name]
         hints = make_kv_hints(anchors_for([name], 4), message_id=name)
-        insert_request(cache, ext, f"r{name}", tokens, hints)
-    return cache, clock, ext
+        requests[name] = insert_request(cache, ext, f"r{name}", tokens, hints)
+    return cache, clock, ext, requests
 
 
 def evict_one_by_one(cache) -> list[list[int]]:
@@ -197,7 +205,7 @@ def test_protection_set_is_top_f_resident_with_system_first():
 
 
 def test_scenario_evicts_private_then_segments_by_priority_then_protected():
-    cache, _, ext = build_scenario()
+    cache, _, ext, _ = build_scenario()
     ext.core.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
     order = evict_one_by_one(cache)
     expected = [PRIVATE[n] for n in "ABCD"] + [SEGMENTS[n] for n in "BDCA"] + [SYSTEM]
@@ -209,7 +217,7 @@ def test_scenario_evicts_private_then_segments_by_priority_then_protected():
 
 
 def test_scenario_never_evicts_a_locked_path():
-    cache, _, ext = build_scenario()
+    cache, _, ext, _ = build_scenario()
     locked = cache.match_prefix(SYSTEM + SEGMENTS["D"] + PRIVATE["D"]).last_node
     cache.inc_lock_ref(locked)
     ext.core.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
@@ -224,7 +232,7 @@ def test_scenario_never_evicts_a_locked_path():
 
 
 def test_scenario_with_no_table_is_lru():
-    cache, _, _ = build_scenario()
+    cache, _, _, _ = build_scenario()
     # LRU: request A (oldest) leaves first, leaf before parent; S goes last
     expected = []
     for n in "ABCD":
@@ -233,9 +241,9 @@ def test_scenario_with_no_table_is_lru():
 
 
 def test_lru_active_keeps_segments_of_running_requests():
-    cache, _, ext = build_scenario("lru+active")
-    for rid in ("rA", "rC", "rD"):  # only rB is still running
-        ext.on_finish(SimpleNamespace(rid=rid))
+    cache, _, ext, requests = build_scenario("lru+active")
+    for name in "ACD":  # only rB is still running; the others leave a_t at the next pass
+        requests[name].status = Status.FINISHED
     order = evict_one_by_one(cache)
     # a_t: B = 1, S = 1 (rB has a system anchor), everything else 0 -> LRU among those
     assert order[:6] == [
@@ -247,6 +255,7 @@ def test_lru_active_keeps_segments_of_running_requests():
         PRIVATE["D"],
     ]
     assert order[6:] == [SEGMENTS["D"], SEGMENTS["B"], SYSTEM]
+    assert ext.core.stats().active_requests == 1
 
 
 def test_anchors_split_nodes_at_exact_offsets_and_own_the_whole_span():
@@ -256,7 +265,7 @@ def test_anchors_split_nodes_at_exact_offsets_and_own_the_whole_span():
     clock.now += 1
     cache.match_prefix(SYSTEM + SEGMENTS["A"][:3])  # SGLang-style split inside segment A
     hints = make_kv_hints(anchors_for(["A", "B"], 4), message_id="r")
-    ext.on_insert(SimpleNamespace(rid="r", kv_hints=hints), cache, tokens)
+    ext.on_insert(sim_request("r", tokens, hints), cache, tokens)
     spans = [(start, end, getattr(n, "prism_meta", None)) for n, start, end in cache.walk(tokens)]
     assert [(s, e) for s, e, _ in spans] == [(0, 8), (8, 11), (11, 14), (14, 20), (20, 24)]
     owners = [m.owner for _, _, m in spans]
@@ -316,7 +325,7 @@ def test_dart_without_table_evicts_exactly_like_lru(seed, anchored):
         if op < 0.55:
             assert dart.insert(tokens) == lru.insert(tokens)
             hints = make_kv_hints(anchors, message_id=rid) if anchored else None
-            ext.on_insert(SimpleNamespace(rid=rid, kv_hints=hints), dart, tokens)
+            ext.on_insert(sim_request(rid, tokens, hints), dart, tokens)
             if anchored:
                 for anchor in anchors:
                     lru.split_at(tokens, anchor["offset"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,6 +315,46 @@ def build_dashboard() -> dict[str, Any]:
 def expressions(dashboard: dict[str, Any]) -> list[str]:
     """Every PromQL expression of the dashboard's panels."""
     return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+_PROMQL_WORDS = frozenset(
+    [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "offset",
+        "and",
+        "or",
+        "unless",
+        "inf",
+        "nan",
+    ]
+)
+_IDENTIFIER = re.compile(r"(?<![\w.:$])[A-Za-z_:][\w:]*")
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (e.g. `prism:ttft_seconds_bucket`).
+
+    Drops string literals, label matchers `{…}`, range/subquery brackets `[…]`, grouping
+    label lists (`by (…)`, `on (…)`, …), Grafana variables (`$__range`), function names
+    (an identifier followed by `(`), keywords and numbers.
+    """
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', "", expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in _IDENTIFIER.finditer(text):
+        rest = text[match.end() :].lstrip()
+        if rest.startswith("(") or match.group() in _PROMQL_WORDS:
+            continue
+        names.add(match.group())
+    return names
 
 
 def render(dashboard: dict[str, Any]) -> str:

@@ -28,9 +28,7 @@ def _gauge(controller: AdmissionController, name: str) -> float:
 
 async def test_waves_respect_max_inflight_and_release_in_fifo_order() -> None:
     controller = _controller("fifo", max_inflight=2)
-    futures = [
-        controller.submit(QueuedRequest(rid=f"r{i}", arrival=float(i))) for i in range(5)
-    ]
+    futures = [controller.submit(QueuedRequest(rid=f"r{i}", arrival=float(i))) for i in range(5)]
     plan = controller.run_round()
     assert plan is not None and [e.rid for e in plan.wave] == ["r0", "r1"]
     assert [f.done() for f in futures] == [True, True, False, False, False]

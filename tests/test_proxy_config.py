@@ -22,7 +22,9 @@ def test_defaults_without_any_source() -> None:
 
 def test_precedence_flag_over_env_over_file(tmp_path) -> None:
     path = tmp_path / "proxy.toml"
-    path.write_text('max_inflight = 7\nwindow_ms = 3.5\npolicy = "klpm"\n[qas]\nk = 4\nq_cold = 1\n')
+    path.write_text(
+        'max_inflight = 7\nwindow_ms = 3.5\npolicy = "klpm"\n[qas]\nk = 4\nq_cold = 1\n'
+    )
     env = {"PRISM_CONFIG": str(path), "PRISM_WINDOW_MS": "2.5", "PRISM_Q_COLD": "3"}
     config = parse_serve_args(["--policy", "fifo"], environ=env)
     assert config.policy == "fifo"  # flag beats file

@@ -88,3 +88,40 @@ def test_sigterm_drains_an_in_flight_stream(sim, tmp_path) -> None:
         finish = [json.loads(d)["choices"][0]["finish_reason"] for d in data[:-1]]
         assert finish[-1] == "length"  # the whole answer arrived
         assert proxy.process.wait(timeout=30) == 0
+
+
+def test_tokenizer_auto_needs_a_local_model_path(sim) -> None:
+    import subprocess
+    import sys
+
+    # The default sim reports a hub name ("Qwen/..."), not a local directory.
+    result = subprocess.run(
+        [sys.executable, "-m", "prism_proxy", "serve", "--backend", sim.url,
+         "--tokenizer", "auto", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "--tokenizer auto" in result.stderr and "not a local directory" in result.stderr
+
+
+def test_tokenizer_auto_uses_the_backends_model_directory(tmp_path) -> None:
+    from prism_proxy.builtin_tokenizer import ensure_builtin
+    from prism_proxy.tokenizer import default_cache_dir
+
+    model_dir = str(ensure_builtin(default_cache_dir()))
+    with (
+        run_server("prism_sim", ["--tokenizer", model_dir], log_dir=tmp_path) as backend,
+        run_server(
+            "prism_proxy", ["serve", "--backend", backend.url, "--tokenizer", "auto"],
+            log_dir=tmp_path,
+        ) as proxy,
+    ):  # fmt: skip
+        response = httpx.post(
+            proxy.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            timeout=30,
+        )
+        assert response.status_code == 200
+        assert f"tokenizer {model_dir}" in proxy.log_text()

@@ -82,6 +82,7 @@ class Option:
     name: str
     parse: Callable[[str], Any]
     help: str
+    default: Any = None
     qas: bool = False
 
     @property
@@ -152,11 +153,13 @@ def options() -> list[Option]:
             continue
         optional = "None" in str(f.type)
         parse = _parser_for(getattr(base, f.name), optional)
-        result.append(Option(f.name, parse, _HELP.get(f.name, f.name)))
+        default = getattr(base, f.name)
+        result.append(Option(f.name, parse, _HELP.get(f.name, f.name), default))
     qas_defaults = QasParams()
     for name in QasParams.field_names():
         parse = _parser_for(getattr(qas_defaults, name), False)
-        result.append(Option(name, parse, _QAS_HELP.get(name, f"QAS parameter {name}"), qas=True))
+        help_text = _QAS_HELP.get(name, f"QAS parameter {name}")
+        result.append(Option(name, parse, help_text, getattr(qas_defaults, name), qas=True))
     return result
 
 
@@ -169,7 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=option.name,
             type=option.parse,
             default=argparse.SUPPRESS,
-            help=f"{option.help} (env {option.env})",
+            help=f"{option.help} (default {option.default}; env {option.env})",
         )
 
 

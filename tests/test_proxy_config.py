@@ -70,3 +70,16 @@ def test_every_setting_has_flag_and_env_names() -> None:
     flags = [option.flag for option in options()]
     assert len(flags) == len(set(flags))
     assert all(option.env.startswith("PRISM_") for option in options())
+
+
+def test_docs_list_every_setting_with_its_default() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "proxy.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line for line in doc.splitlines() if "| `--" in line}
+    for option in options():
+        row = rows.get(option.flag)
+        assert row is not None, f"docs/proxy.md lacks {option.flag}"
+        assert f"`{option.env}`" in row and f"`{option.name}`" in row
+        shown = "unset" if option.default is None else f"`{option.default}`"
+        assert shown in row, f"{option.flag}: default {shown} not in docs"

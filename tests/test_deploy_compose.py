@@ -178,3 +178,40 @@ def test_sglang_image_adds_the_plugin_to_the_pinned_official_image() -> None:
     assert "prism_dart" in entry_points
     assert "'prism_dart' in names" in text  # the build fails without the entry point
     assert "--radix-cache-backend" in text
+
+
+def _image_env(dockerfile: str) -> dict[str, str]:
+    """`ENV NAME=value` pairs of a Dockerfile (continuation lines joined)."""
+    text = _dockerfile(dockerfile).replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in re.findall(r"^ENV (.+)$", text, flags=re.MULTILINE):
+        env.update(pair.split("=", 1) for pair in line.split())
+    return env
+
+
+@needs_compose
+@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
+def test_the_real_clis_accept_the_compose_settings(kind: str, tmp_path: Path) -> None:
+    """The proxy's environment (image + compose) and the engine's command line parse with
+    the project's own configuration code into the intended settings."""
+    from prism_proxy.config import build_config
+
+    services = resolved(kind, tmp_path)["services"]
+    proxy_env = {**_image_env("proxy.Dockerfile"), **services["proxy"]["environment"]}
+    config = build_config({}, {k: str(v) for k, v in proxy_env.items()})
+    engine = ENGINE[kind]
+    assert config.host == "0.0.0.0"
+    assert config.port == 8000
+    assert config.backend == f"http://{engine}:30000"
+    assert config.control_token == TOKEN
+    assert config.control_url == services["proxy"]["environment"]["PRISM_CONTROL_URL"]
+    assert config.policy == "prism"
+    assert config.tokenizer == ("auto" if kind == "gpu" else "builtin")
+    if kind == "sim":
+        from prism_sim.cli import build_parser, config_from_args
+
+        sim = config_from_args(build_parser().parse_args(services[engine]["command"]))
+        assert sim.eviction == "dart"
+        assert sim.control_port == 30001
+        assert sim.host == "0.0.0.0"
+        assert sim.port == 30000

@@ -207,6 +207,15 @@ def test_the_real_clis_accept_the_compose_settings(kind: str, tmp_path: Path) ->
     assert config.control_url == services["proxy"]["environment"]["PRISM_CONTROL_URL"]
     assert config.policy == "prism"
     assert config.tokenizer == ("auto" if kind == "gpu" else "builtin")
+    if kind == "gpu":
+        from backend_plugin.config import load_config
+
+        plugin = load_config({k: str(v) for k, v in services[engine]["environment"].items()})
+        plugin.control.check_auth()  # a token is configured: the RPC will start
+        assert plugin.policy.value == "dart"
+        assert plugin.control.token == TOKEN
+        assert plugin.control.host == "sglang-control"
+        assert config.control_url == f"http://{plugin.control.host}:{plugin.control.port}"
     if kind == "sim":
         from prism_sim.cli import build_parser, config_from_args
 

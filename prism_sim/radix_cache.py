@@ -3,7 +3,11 @@
 What is mirrored (page size 1): `match_prefix` walks from the root, refreshes
 `last_access_time` on the root and every node it enters and splits the last node when
 the key ends inside it; `insert` returns the length of the prefix that was already
-cached, splitting a node where the key diverges and adding one new leaf for the rest;
+cached, splitting a node where the key diverges and adding one new leaf for the rest,
+refreshing access times and max-propagating `priority` along the path, and counts a
+hit on every node of the path beyond the `inserted_len` tokens the same request had
+already inserted (so LFU counts requests, not checkpoints); a split copies the lower
+node's lock count, priority and hit count to the new upper node;
 `inc_lock_ref` / `dec_lock_ref` walk from a node to the root and move tokens between the
 *evictable* and *protected* tallies when a node's lock count leaves or reaches zero;
 `evict(num_tokens)` heapifies the evictable leaves by the strategy's `get_priority`,
@@ -11,18 +15,18 @@ pops the smallest, deletes it and pushes its parent once that parent has no chil
 and is unlocked, until enough tokens went. The root is always locked.
 
 Where we differ, on purpose:
-* no KV slot values: a node's size is `len(node.key)`; the KV pool lives in
-  `prism_sim.kv_pool`;
-* time comes from an injectable `clock` (monotonic by default), read once per call;
-* `hit_count` counts the `match_prefix` calls that entered a node (SGLang's plain
-  RadixCache leaves it at zero, which makes its LFU order plain LRU);
+* no KV slot values: a node's size is `len(node.key)`; the KV pool accounting lives
+  in `prism_sim.scheduler`;
+* time comes from an injectable `clock` (monotonic by default), read once per call
+  (a node created by a split gets that same time; SGLang reads the clock again);
 * heap ties are broken by node creation order (SGLang's fall back to set order);
 * nodes carry a free `meta` slot, and `split_at(key, offset)` forces a node boundary,
   for DART's anchors (SPEC §3). A split keeps `meta` on the lower node, which still
   ends at the same offset; the new upper node starts with `meta = None`.
 
-    root ── [1 2 3] ── [4 5]        insert [1 2 3 4 5]; insert [1 2 3 9] splits nothing:
-                  └── [9]           [1 2 3] already ends at the divergence point.
+    insert [1 2 3 4 5]  →  root ── [1 2 3 4 5]                       (returns 0)
+    insert [1 2 3 9]    →  root ── [1 2 3] ─┬─ [4 5]   split at the divergence,
+                                            └─ [9]     one new leaf (returns 3)
 """
 
 from __future__ import annotations
@@ -165,7 +169,6 @@ class RadixCache:
         while rest and rest[0] in node.children:
             child = node.children[rest[0]]
             child.last_access_time = now
-            child.hit_count += 1
             n = _common_prefix_len(child.key, rest)
             matched += n
             if n < len(child.key):
@@ -175,8 +178,12 @@ class RadixCache:
             rest = rest[n:]
         return MatchResult(prefix_len=matched, last_node=node)
 
-    def insert(self, key: Sequence[int], priority: int = 0) -> int:
-        """Insert `key`; returns how many of its leading tokens were already cached."""
+    def insert(self, key: Sequence[int], priority: int = 0, inserted_len: int = 0) -> int:
+        """Insert `key`; returns how many of its leading tokens were already cached.
+
+        `inserted_len`: how many leading tokens of `key` the same request inserted
+        before (SGLang's `req.kv.cache_inserted_len`); nodes within it get no new hit.
+        """
         now = self.clock()
         node = self.root
         node.last_access_time = now
@@ -192,9 +199,13 @@ class RadixCache:
             if n < len(node.key):
                 node = self._split_node(node, n, now)
             node.priority = max(node.priority, priority)
+            if total_prefix > inserted_len:
+                node.hit_count += 1
         if rest:
             leaf = TreeNode(rest, node, now)
             leaf.priority = priority
+            if total_prefix + len(rest) > inserted_len:
+                leaf.hit_count += 1
             node.children[rest[0]] = leaf
             self._evictable_size += len(rest)
             self._update_leaf_status(node)

@@ -38,6 +38,7 @@ class SimRequest:
     cached_tokens: int = 0  # matched prefix length at admission (meta_info.cached_tokens)
     fill_len: int = 0  # prompt tokens whose KV is computed (cached prefix included)
     protected_len: int = 0  # leading tokens inserted in the tree and locked by us
+    cache_inserted_len: int = 0  # longest key this request inserted (LFU hit counting)
     held_tokens: int = 0  # KV slots allocated to us outside the tree
     last_node: TreeNode | None = None  # end of our locked path (None: no lock held)
     output_ids: list[int] = field(default_factory=list)

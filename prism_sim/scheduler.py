@@ -321,17 +321,19 @@ class Scheduler:
         req = part.req
         self.stats.processed_prefill_tokens += part.extend_tokens
         req.fill_len += part.extend_tokens
-        self._cache_unfinished(req)
         if req.abort_requested:
             self._release(req, now, {"type": "abort", "message": "Abort request."})
             return
         if req.fill_len < len(req.input_ids):
-            return  # still chunked: continues in the next prefill batch
+            self._cache_unfinished(req)  # a middle chunk: publish it, keep it locked
+            return
         if self.chunked is req:
             self.chunked = None
         req.status = Status.RUNNING
         self.running.append(req)
-        self._emit_token(req, now)
+        self._emit_token(req, now)  # may finish it (max_new_tokens == 1): then released
+        if not req.finished:
+            self._cache_unfinished(req)
 
     def _emit_token(self, req: SimRequest, now: float) -> None:
         if req.abort_requested:
@@ -349,10 +351,10 @@ class Scheduler:
     # ----- tree bookkeeping ------------------------------------------------------------
 
     def _cache_unfinished(self, req: SimRequest) -> None:
-        """Insert the computed prompt, move the lock to its end (SGLang's
-        `cache_unfinished_req`)."""
+        """Insert the computed prompt and move the lock to its end (SGLang's
+        `checkpoint` of a running request)."""
         key = req.input_ids[: req.fill_len]
-        self.cache.insert(key)
+        self._insert(req, key)
         match = self.cache.match_prefix(key)
         assert match.prefix_len == len(key)
         self._drop_held(req, len(key) - req.protected_len)
@@ -364,16 +366,28 @@ class Scheduler:
         if self.insert_hook is not None:
             self.insert_hook(req, self.cache, key)
 
+    def _insert(self, req: SimRequest, key: list[int]) -> None:
+        """Insert `key` for `req`, splitting at the prompt end when outputs follow it
+        (SGLang's `_insert_cache(split_prompt=True)`, prompt priority + 1)."""
+        priority = req.priority or 0
+        self.cache.insert(key, priority, inserted_len=req.cache_inserted_len)
+        req.cache_inserted_len = max(req.cache_inserted_len, len(key))
+        prompt_len = len(req.input_ids)
+        if 0 < prompt_len < len(key):
+            self.cache.insert(key[:prompt_len], priority + 1, inserted_len=prompt_len)
+
     def _drop_held(self, req: SimRequest, num_tokens: int) -> None:
         num_tokens = min(num_tokens, req.held_tokens)
         req.held_tokens -= num_tokens
         self.held_tokens_total -= num_tokens
 
     def _release(self, req: SimRequest, now: float, reason: dict[str, object]) -> None:
-        """Finish a request: cache its committed tokens, free its slots, unlock."""
+        """Finish a request: cache its committed tokens, free its slots, unlock
+        (SGLang's `release_kv_cache(checkpoint=True)`)."""
         key = req.kv_committed_tokens
-        if len(key) > req.protected_len:
-            self.cache.insert(key)
+        if key:
+            self._insert(req, key)
+            self.cache.match_prefix(key)  # SGLang's checkpoint re-matches the key
             if self.insert_hook is not None:
                 self.insert_hook(req, self.cache, key)
         self._drop_held(req, req.held_tokens)

@@ -101,12 +101,22 @@ def test_lfu_prefers_rarely_hit_nodes_even_when_recent() -> None:
     lfu, lru = make("lfu"), make("lru")
     for cache in (lfu, lru):
         cache.insert([1, 1])
-        cache.insert([2, 2])
-        cache.match_prefix([1, 1])
-        cache.match_prefix([1, 1])  # [1,1]: 2 hits, older access than [2,2] below
-        cache.match_prefix([2, 2])  # [2,2]: 1 hit, most recent
+        cache.insert([1, 1])  # a second request: [1,1] has 2 hits
+        cache.insert([2, 2])  # 1 hit
+        cache.match_prefix([2, 2])  # matching refreshes recency but counts no hit
+    assert [n.hit_count for n in lfu.nodes()] in ([2, 1], [1, 2])
     assert lfu.evict(1).evicted_nodes[0].key == [2, 2]
     assert lru.evict(1).evicted_nodes[0].key == [1, 1]
+
+
+def test_hits_are_not_recounted_for_what_the_same_request_inserted() -> None:
+    cache = make()
+    cache.insert([5, 6])  # a request's first chunk
+    cache.insert([5, 6, 7, 8], inserted_len=2)  # the same request, later
+    hits = {tuple(n.key): n.hit_count for n in cache.nodes()}
+    assert hits == {(5, 6): 1, (7, 8): 1}
+    cache.insert([5, 6, 7, 8])  # another request
+    assert {tuple(n.key): n.hit_count for n in cache.nodes()} == {(5, 6): 2, (7, 8): 2}
 
 
 def test_split_at_forces_a_boundary_and_keeps_meta_on_the_lower_node() -> None:

@@ -64,8 +64,10 @@ def test_single_request_timeline_matches_the_time_model() -> None:
     assert r.finish_s == pytest.approx(0.122) == now
     assert r.output_ids == FILLER
     assert r.finish_reason == {"type": "length", "length": 3}
-    # Prompt + the two outputs whose KV exists stay cached, unlocked.
+    # Prompt + the two outputs whose KV exists stay cached, unlocked, split at the
+    # prompt's end (SGLang's split_prompt) so the outputs can go first.
     assert s.cache.total_size() == 102 and s.cache.protected_size() == 0
+    assert sorted(len(n.key) for n in s.cache.nodes()) == [2, 100]
     assert s.held_tokens_total == 0
 
 

@@ -34,6 +34,10 @@ class QueueFullError(Exception):
     """The queue holds `max_queue` requests; the caller answers 429."""
 
 
+class DuplicateRidError(ValueError):
+    """A request with this rid is already queued or in flight; the caller answers 400."""
+
+
 class ShuttingDownError(Exception):
     """The loop stopped before the request was released; the caller answers 503."""
 
@@ -106,7 +110,7 @@ class AdmissionController:
         if len(self._queue) >= self.max_queue:
             raise QueueFullError(f"admission queue full ({self.max_queue} requests waiting)")
         if request.rid in self._queue or request.rid in self._active:
-            raise ValueError(f"rid {request.rid!r} is already in use")
+            raise DuplicateRidError(f"rid {request.rid!r} is already in use")
         future: asyncio.Future[Release] = asyncio.get_running_loop().create_future()
         if not self._queue and self.free_slots > 0:
             self._run_now = True  # SPEC §2: a round runs at once on an idle backend

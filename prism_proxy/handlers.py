@@ -21,11 +21,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from prism_proxy import state
-from prism_proxy.admission import QueueFullError, ShuttingDownError
+from prism_proxy.admission import DuplicateRidError, QueueFullError, ShuttingDownError
 from prism_proxy.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -191,7 +192,7 @@ async def _admitted(request: web.Request, queued: QueuedRequest, lane: str | Non
         ) from None
     except ShuttingDownError as exc:
         raise ApiError(503, str(exc), kind="service_unavailable") from None
-    except ValueError as exc:  # duplicate rid
+    except DuplicateRidError as exc:
         raise ApiError(400, f"rid: {exc}", param="rid") from None
     except BackendError as exc:
         raise ApiError(exc.status, exc.message, kind="backend_error") from None
@@ -275,12 +276,18 @@ async def _relay_stream(
 
 
 # --- passthrough ----------------------------------------------------------------------
+class _ClientGone(Exception):
+    """The client's connection broke while we relayed; not a backend failure.
+
+    (aiohttp's ClientConnectionResetError is also a ClientConnectionError, which the
+    backend client would otherwise take for a backend failure.)"""
+
+
 async def passthrough(
     request: web.Request, path: str, raw: dict[str, Any], *, set_rid: bool
 ) -> web.StreamResponse:
     """Admit, then send the body unchanged (minus `prism`) to the backend's `path`."""
     backend = request.app[state.BACKEND]
-    metrics = request.app[state.METRICS]
     body = {key: value for key, value in raw.items() if key != "prism"}
     rid = body.get("rid") if isinstance(body.get("rid"), str) else None
     if rid is None and set_rid:
@@ -294,29 +301,47 @@ async def passthrough(
                     return web.Response(
                         body=data, status=upstream.status, content_type=upstream.content_type
                     )
-                response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
-                await response.prepare(request)
-                first = True
-                usage: TokenUsage | None = None
-                async for line in upstream.content:
-                    if first:
-                        metrics.ttft.labels("passthrough").observe(
-                            time.monotonic() - request[STARTED]
-                        )
-                        first = False
-                    if b'"usage"' in line:
-                        usage = _usage_of(line.strip()[5:]) or usage
-                    await response.write(line)
-                _record_tokens(request, "passthrough", usage)
-                await response.write_eof()
-                return response
-        except (asyncio.CancelledError, ConnectionResetError) as exc:
+                return await _relay_lines(request, upstream)
+        except (asyncio.CancelledError, _ClientGone) as exc:
             if rid is not None:
                 backend.abort(rid)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             request[STATUS] = CLIENT_CLOSED
             return web.StreamResponse()
+
+
+async def _relay_lines(request: web.Request, upstream: Any) -> web.StreamResponse:
+    """Copy an upstream SSE stream line by line as it comes."""
+    metrics = request.app[state.METRICS]
+    response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
+    usage: TokenUsage | None = None
+    first = True
+    lines = aiter(upstream.content)
+    try:
+        await response.prepare(request)
+        while True:
+            try:
+                line = await anext(lines)
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Headers are out: end the stream with an error event.
+                request[STATUS] = 502
+                message = f"backend stream broke: {exc!r}"
+                await response.write(sse(stream_error(message, 502)) + SSE_DONE)
+                return response
+            if first:
+                metrics.ttft.labels("passthrough").observe(time.monotonic() - request[STARTED])
+                first = False
+            if b'"usage"' in line:
+                usage = _usage_of(line.strip()[5:]) or usage
+            await response.write(line)
+        await response.write_eof()
+    except ConnectionResetError as exc:
+        raise _ClientGone() from exc
+    _record_tokens(request, "passthrough", usage)
+    return response
 
 
 def _usage_of(data: bytes) -> TokenUsage | None:

@@ -139,18 +139,25 @@ async def test_502_when_backend_is_down() -> None:
         await proxy.stop()
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/generate"])
+STREAMS = {
+    "chat": ("/v1/chat/completions", "cold", LONG_STREAM),
+    "generate": (
+        "/generate",
+        "cold",
+        {"text": "Tell me", "stream": True, "sampling_params": {"max_new_tokens": 20000}},
+    ),
+    "passthrough": ("/v1/chat/completions", "passthrough", {**LONG_STREAM, "logprobs": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STREAMS))
 async def test_disconnect_mid_stream_aborts_at_backend(
-    proxy_factory: ProxyFactory, sim, path: str
+    proxy_factory: ProxyFactory, sim, case: str
 ) -> None:
     proxy = await proxy_factory()
     backend = proxy.app[state.BACKEND]
     aborted_before = sim_metric(sim, "sglang:num_aborted_requests_total")
-    body = (
-        LONG_STREAM
-        if path != "/generate"
-        else {"text": "Tell me", "stream": True, "sampling_params": {"max_new_tokens": 20000}}
-    )
+    path, lane, body = STREAMS[case]
     async with aiohttp.ClientSession() as session:
         response = await session.post(proxy.url + path, json=body)
         assert response.status == 200
@@ -162,18 +169,9 @@ async def test_disconnect_mid_stream_aborts_at_backend(
         lambda: sim_metric(sim, "sglang:num_aborted_requests_total") == aborted_before + 1
     )
     registry = proxy.app[state.METRICS].registry
-    lane = "cold"
-    assert (
-        registry.get_sample_value(
-            "prism:requests_total",
-            {
-                "endpoint": "chat" if path != "/generate" else "generate",
-                "lane": lane,
-                "status": "499",
-            },
-        )
-        == 1
-    )
+    endpoint = "generate" if case == "generate" else "chat"
+    labels = {"endpoint": endpoint, "lane": lane, "status": "499"}
+    assert registry.get_sample_value("prism:requests_total", labels) == 1
 
 
 async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFactory, sim) -> None:

@@ -1,0 +1,66 @@
+"""The SGLang command lines of the deployment (docker-compose.yml, deploy/sglang.Dockerfile)
+parse with SGLang 0.5.23's own argument parser once SGLang's plugin loader has loaded
+PRISM's plugin (issue 7; docs/deploy.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.sglang
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()  # registers the radix-cache backend `prism_dart` (entry point)
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def with_defaults(value: str) -> str:
+    """Compose interpolation of `${NAME:-default}` with no variable set."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
+def test_compose_command_is_a_valid_sglang_command_with_dart() -> None:
+    service = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["sglang"]
+    argv = [with_defaults(str(a)) for a in service["command"]]
+    args = sglang_parser().parse_args(argv)
+    assert args.radix_cache_backend == "prism_dart"
+    assert args.enable_metrics is True
+    assert args.enable_cache_report is True
+    assert args.model_path == "/models/Qwen3-4B-Instruct-2507"
+    assert (args.host, args.port) == ("0.0.0.0", 30000)
+    assert args.tp_size == 1  # the plugin refuses tp > 1
+
+
+def test_dockerfile_cmd_is_a_valid_sglang_command_with_dart() -> None:
+    text = (REPO / "deploy" / "sglang.Dockerfile").read_text().replace("\\\n", " ")
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.MULTILINE).group(1))
+    assert entrypoint == ["python3", "-m", "sglang.launch_server"]
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.MULTILINE).group(1))
+    args = sglang_parser().parse_args([*cmd, "--model-path", "/models/m"])
+    assert args.radix_cache_backend == "prism_dart"
+    assert args.enable_metrics is True
+
+
+def test_the_backend_the_deployment_selects_is_registered() -> None:
+    """What the scheduler's `create_tree_cache` looks up for `--radix-cache-backend`: the
+    deployment's name resolves to the plugin's factory; an unknown name does not."""
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory
+
+    from backend_plugin.sglang_plugin import build_dart_cache
+
+    sglang_parser()
+    assert get_radix_cache_factory("prism_dart") is build_dart_cache
+    assert get_radix_cache_factory("no_such_backend") is None

@@ -59,7 +59,20 @@ class _Pending:
     enqueued: float = field(default_factory=time.monotonic)
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What a round plans over: Q_queue, Q_active and M, taken at one instant."""
+
+    queue: list[QueuedRequest]
+    active: list[ActiveRequest]
+    wave_size: int
+    occurrences: int
+
+
 PushFn = Callable[[dict[str, float]], None]
+
+# Rounds over at least this many queued segment occurrences run in a worker thread.
+OFFLOAD_OCCURRENCES = 2048
 
 
 class AdmissionController:
@@ -74,6 +87,7 @@ class AdmissionController:
         max_queue: int,
         metrics: ProxyMetrics,
         on_wave: PushFn | None = None,
+        offload_occurrences: int = OFFLOAD_OCCURRENCES,
     ) -> None:
         self.policy = policy
         self.max_inflight = max_inflight
@@ -81,6 +95,7 @@ class AdmissionController:
         self.max_queue = max_queue
         self.metrics = metrics
         self.on_wave = on_wave
+        self.offload_occurrences = offload_occurrences
         self._queue: dict[str, _Pending] = {}
         self._active: dict[str, ActiveRequest] = {}
         self._wakeup = asyncio.Event()
@@ -173,23 +188,48 @@ class AdmissionController:
                     continue
                 self._run_now = False
                 self._last_round = loop.time()
-                self.run_round()
+                snapshot = self._snapshot()
+                if snapshot.occurrences >= self.offload_occurrences:
+                    # A big round runs in a worker thread so that streams keep flowing
+                    # (the GIL is handed back every few ms); the queue may change
+                    # meanwhile, which `_release` tolerates.
+                    plan = await asyncio.to_thread(self._plan, snapshot)
+                else:
+                    plan = self._plan(snapshot)
+                self._release(plan, snapshot.wave_size)
                 # Let released handlers start before the next round.
                 await asyncio.sleep(0)
         finally:
             self.close()
 
     def run_round(self) -> RoundPlan | None:
-        """One QAS round: snapshot, plan, release the wave in order, push P̂_t."""
-        wave_size = self.free_slots
-        if wave_size == 0 or not self._queue:
+        """One QAS round inline: snapshot, plan, release the wave in order, push P̂_t."""
+        if self.free_slots == 0 or not self._queue:
             return None
+        snapshot = self._snapshot()
+        plan = self._plan(snapshot)
+        self._release(plan, snapshot.wave_size)
+        return plan
+
+    def _snapshot(self) -> _Snapshot:
         queue = [pending.request for pending in self._queue.values()]
-        active = list(self._active.values())
+        return _Snapshot(
+            queue=queue,
+            active=list(self._active.values()),
+            wave_size=self.free_slots,
+            occurrences=sum(len(request.segments) for request in queue),
+        )
+
+    def _plan(self, snapshot: _Snapshot) -> RoundPlan:
         started = time.perf_counter()
-        plan = self.policy.plan_round(queue, active, wave_size)
+        plan = self.policy.plan_round(snapshot.queue, snapshot.active, snapshot.wave_size)
         self.metrics.round_seconds.observe(time.perf_counter() - started)
         self.rounds += 1
+        return plan
+
+    def _release(self, plan: RoundPlan, wave_size: int) -> None:
+        """Resolve the wave's futures in release order (requests withdrawn meanwhile are
+        skipped), then hand P̂_t to `on_wave`."""
         released = 0
         now = time.monotonic()
         for entry in plan.wave[:wave_size]:
@@ -197,13 +237,13 @@ class AdmissionController:
             if pending is None or pending.future.done():
                 continue
             request = pending.request
-            skeleton = plan.skeletons.get(entry.rid, request.segments)
-            self._active[entry.rid] = ActiveRequest(rid=entry.rid, segments=tuple(skeleton))
+            skeleton = tuple(plan.skeletons.get(entry.rid, request.segments))
+            self._active[entry.rid] = ActiveRequest(rid=entry.rid, segments=skeleton)
             priorities = {
                 s: plan.dispatch_priorities[s] for s in skeleton if s in plan.dispatch_priorities
             }
             pending.future.set_result(
-                Release(entry.lane, tuple(skeleton), priorities, now - pending.enqueued)
+                Release(entry.lane, skeleton, priorities, now - pending.enqueued)
             )
             released += 1
         self.metrics.queue_depth.set(len(self._queue))
@@ -212,7 +252,6 @@ class AdmissionController:
             self.metrics.wave_size.observe(released)
             if self.on_wave is not None and plan.dispatch_priorities:
                 self.on_wave(dict(plan.dispatch_priorities))
-        return plan
 
     def close(self) -> None:
         """Stop admitting; fail every queued request with ShuttingDownError."""

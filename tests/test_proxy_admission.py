@@ -95,3 +95,42 @@ async def test_queue_full_and_shutdown() -> None:
             await waiting
     with pytest.raises(ShuttingDownError):
         controller.submit(QueuedRequest(rid="d", arrival=4.0))
+
+
+async def test_big_rounds_run_in_a_thread_and_tolerate_leavers() -> None:
+    """With offloading forced, a request withdrawn while the worker thread plans is
+    skipped at release; everyone else is released once, and the loop stays free."""
+    import threading
+
+    controller = _controller("prism", max_inflight=8, offload_occurrences=0)
+    loop = asyncio.get_running_loop()
+    inner = controller.policy
+    withdrawn = threading.Event()
+    planner_threads: set[int] = set()
+
+    class LeaverDuringPlan:
+        name = "prism"
+
+        def plan_round(self, queue, active, wave_size):
+            planner_threads.add(threading.get_ident())
+            if not withdrawn.is_set():
+                loop.call_soon_threadsafe(lambda: (controller.withdraw("r1"), withdrawn.set()))
+                withdrawn.wait(timeout=10)  # the event loop runs meanwhile
+            return inner.plan_round(queue, active, wave_size)
+
+    controller.policy = LeaverDuringPlan()
+    futures = {
+        f"r{i}": controller.submit(QueuedRequest(rid=f"r{i}", arrival=float(i), segments=("s",)))
+        for i in range(3)
+    }
+    task = asyncio.create_task(controller.run())
+    await asyncio.wait_for(asyncio.gather(futures["r0"], futures["r2"]), timeout=10)
+    assert futures["r1"].cancelled()
+    assert threading.get_ident() not in planner_threads
+    assert controller.inflight == 2 and controller.queue_depth == 0
+    for rid in ("r0", "r2"):
+        controller.finish(rid)
+    assert _gauge(controller, "prism:inflight_requests") == 0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -167,14 +167,22 @@ def scalar(prometheus_url: str, expr: str) -> float | None:
 
 
 def wait_for_value(
-    prometheus_url: str, expr: str, expected: float, timeout_s: float = 60.0
+    prometheus_url: str,
+    expr: str,
+    expected: float,
+    *,
+    at_least: bool = False,
+    timeout_s: float = 60.0,
 ) -> float:
-    """Poll `expr` until it equals `expected` (Prometheus has scraped the final counters)."""
+    """Poll `expr` until it equals `expected` (or reaches it, with `at_least`): Prometheus
+    has scraped the counters' final values."""
     deadline = time.monotonic() + timeout_s
     value: float | None = None
     while time.monotonic() < deadline:
         value = scalar(prometheus_url, expr)
-        if value is not None and math.isclose(value, expected, rel_tol=1e-9):
+        if value is not None and (
+            math.isclose(value, expected, rel_tol=1e-9) or (at_least and value > expected)
+        ):
             return value
         time.sleep(0.25)
     raise TimeoutError(f"{expr} = {value}, expected {expected} after {timeout_s:.0f}s")
@@ -248,14 +256,15 @@ def measure(stack: Stack, results: Mapping[str, Any]) -> dict[str, Any]:
     done = [r for r in results["requests"] if r["success"]]
     prompt = sum(r["prompt_tokens"] or 0 for r in done)
     cached = sum(r["cached_tokens"] or 0 for r in done)
-    # The engine's counters are final once the replay is over: read them at the source.
+    # The engine's counters hold at least the replay once it is over: read them at the
+    # source, then wait until Prometheus has scraped that much.
     engine_prompt = sum(
         float(line.split()[-1])
         for line in httpx.get(stack.engine_url + "/metrics", timeout=10.0).text.splitlines()
         if line.startswith("sglang:prompt_tokens_total")
     )
     wait_for_value(stack.prometheus_url, PROMPT_TOKENS, float(prompt))
-    wait_for_value(stack.prometheus_url, ENGINE_PROMPT_TOKENS, engine_prompt)
+    wait_for_value(stack.prometheus_url, ENGINE_PROMPT_TOKENS, engine_prompt, at_least=True)
     return {
         "requests": len(results["requests"]),
         "completed": len(done),

@@ -224,3 +224,16 @@ def test_the_real_clis_accept_the_compose_settings(kind: str, tmp_path: Path) ->
         assert sim.control_port == 30001
         assert sim.host == "0.0.0.0"
         assert sim.port == 30000
+
+
+def test_every_compose_variable_is_in_env_example_and_documented() -> None:
+    used = set()
+    for compose_file in COMPOSE_FILES.values():
+        used |= set(re.findall(r"(?<!\$)\$\{(\w+)", (REPO / compose_file).read_text()))
+    assert "PRISM_CONTROL_TOKEN" in used
+    example = set(re.findall(r"^(\w+)=", (REPO / "deploy" / ".env.example").read_text(), re.M))
+    assert not used - example, f"missing from deploy/.env.example: {sorted(used - example)}"
+    assert not example - used, f"unused in the compose files: {sorted(example - used)}"
+    doc = (REPO / "docs" / "deploy.md").read_text()
+    undocumented = sorted(v for v in used if f"`{v}`" not in doc)
+    assert not undocumented, f"docs/deploy.md does not describe {undocumented}"

@@ -194,3 +194,41 @@ async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFact
     assert proxy.app[state.BACKEND].aborts_sent == 1  # the holder's, not the leaver's
     # The withdrawn request never reached the engine: nothing finished there normally.
     assert sim_metric(sim, "sglang:num_requests_total") == finished_before
+
+
+@pytest.mark.parametrize(("backend_status", "proxy_status"), [(500, 502), (503, 503), (400, 400)])
+async def test_backend_errors_map_to_clear_statuses(backend_status, proxy_status) -> None:
+    """A backend answering with an error (here a loopback stub that always fails) is
+    tried once and reported with its message."""
+    from aiohttp import web
+
+    calls = []
+
+    async def failing(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        return web.json_response({"error": {"message": "engine exploded"}}, status=backend_status)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", failing)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    proxy = await start_proxy(
+        ProxyConfig(backend=f"http://{host}:{port}", port=0, health_interval_s=0)
+    )
+    try:
+        calls.clear()  # the startup probe
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(proxy.url + "/v1/chat/completions", json=CHAT) as response,
+        ):
+            error = (await response.json())["error"]
+        assert response.status == proxy_status
+        assert "engine exploded" in error["message"]
+        assert calls == ["/generate"]  # exactly one attempt, no retries
+        assert _gauges_zero(proxy)
+    finally:
+        await proxy.stop()
+        await runner.cleanup()

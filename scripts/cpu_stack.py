@@ -43,6 +43,8 @@ HIT_RATE_PROXY = "sum(prism:cached_tokens_total) / sum(prism:prompt_tokens_total
 HIT_RATE_ENGINE = "sum(sglang:cached_tokens_total) / sum(sglang:prompt_tokens_total)"
 P99_TTFT = "histogram_quantile(0.99, sum by (le) (prism:ttft_seconds_bucket))"
 PROMPT_TOKENS = "sum(prism:prompt_tokens_total)"
+DART_EVICTED = "sum(prism:dart_evicted_tokens_total)"
+ENGINE_EVICTED = "sum(sglang:evicted_tokens_total)"
 ENGINE_PROMPT_TOKENS = "sum(sglang:prompt_tokens_total)"
 
 
@@ -202,9 +204,16 @@ class Stack:
 
 @contextlib.contextmanager
 def cpu_stack(
-    workdir: Path, *, speed: float = 4.0, with_prometheus: bool = True
+    workdir: Path,
+    *,
+    speed: float = 4.0,
+    kv_capacity_tokens: int | None = None,
+    with_prometheus: bool = True,
 ) -> Iterator[Stack]:
-    """Start prism-sim (DART + control RPC), the proxy and (optionally) Prometheus."""
+    """Start prism-sim (DART + control RPC), the proxy and (optionally) Prometheus.
+
+    A small `kv_capacity_tokens` makes the engine evict, so DART's eviction metrics move.
+    """
     from loadgen.processes import free_port, run_server
 
     token = secrets.token_hex(16)
@@ -212,6 +221,8 @@ def cpu_stack(
     logs = workdir / "logs"
     sim_args = ["--eviction", "dart", "--speed", str(speed)]
     sim_args += ["--control-port", str(control_port), "--control-token", token]
+    if kv_capacity_tokens is not None:
+        sim_args += ["--kv-capacity-tokens", str(kv_capacity_tokens)]
     with run_server("prism_sim", sim_args, log_dir=logs, name="prism-sim") as engine:
         control_url = f"http://127.0.0.1:{control_port}"
         proxy_args = ["serve", "--backend", engine.url, "--policy", "prism"]
@@ -250,21 +261,36 @@ def replay_trace(
     return asyncio.run(replay(trace, config))
 
 
+def _source_total(url: str, sample: str, headers: Mapping[str, str] | None = None) -> float:
+    """Sum of one sample name's values in a Prometheus text page, read at the source."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(url, headers=dict(headers or {}), timeout=10.0)
+    response.raise_for_status()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+        if s.name == sample
+    )
+
+
 def measure(stack: Stack, results: Mapping[str, Any]) -> dict[str, Any]:
     """Wait for Prometheus to hold the client's final counters, then read the numbers."""
     assert stack.prometheus_url is not None
     done = [r for r in results["requests"] if r["success"]]
     prompt = sum(r["prompt_tokens"] or 0 for r in done)
     cached = sum(r["cached_tokens"] or 0 for r in done)
-    # The engine's counters hold at least the replay once it is over: read them at the
-    # source, then wait until Prometheus has scraped that much.
-    engine_prompt = sum(
-        float(line.split()[-1])
-        for line in httpx.get(stack.engine_url + "/metrics", timeout=10.0).text.splitlines()
-        if line.startswith("sglang:prompt_tokens_total")
+    # The engine's and DART's counters hold at least the replay once it is over: read
+    # them at the source, then wait until Prometheus has scraped that much.
+    auth = {"Authorization": f"Bearer {stack.control_token}"}
+    engine_prompt = _source_total(stack.engine_url + "/metrics", "sglang:prompt_tokens_total")
+    dart_evicted = _source_total(
+        stack.control_url + "/prism/metrics", "prism:dart_evicted_tokens_total", auth
     )
     wait_for_value(stack.prometheus_url, PROMPT_TOKENS, float(prompt))
     wait_for_value(stack.prometheus_url, ENGINE_PROMPT_TOKENS, engine_prompt, at_least=True)
+    wait_for_value(stack.prometheus_url, DART_EVICTED, dart_evicted, at_least=True)
     return {
         "requests": len(results["requests"]),
         "completed": len(done),
@@ -275,6 +301,8 @@ def measure(stack: Stack, results: Mapping[str, Any]) -> dict[str, Any]:
         "prometheus_hit_rate_proxy": scalar(stack.prometheus_url, HIT_RATE_PROXY),
         "prometheus_hit_rate_engine": scalar(stack.prometheus_url, HIT_RATE_ENGINE),
         "prometheus_p99_ttft_s": scalar(stack.prometheus_url, P99_TTFT),
+        "prometheus_dart_evicted_tokens": scalar(stack.prometheus_url, DART_EVICTED),
+        "prometheus_engine_evicted_tokens": scalar(stack.prometheus_url, ENGINE_EVICTED),
     }
 
 
@@ -284,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qps", type=float, default=40.0, help="offered load (modeled)")
     parser.add_argument("--speed", type=float, default=4.0, help="prism-sim time scale")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kv-capacity-tokens", type=int, default=None, help="prism-sim KV capacity (evictions)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, TSDB)")
     args = parser.parse_args(argv)
@@ -292,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="prism-cpu-stack-"))
     try:
-        with cpu_stack(workdir, speed=args.speed) as stack:
+        with cpu_stack(
+            workdir, speed=args.speed, kv_capacity_tokens=args.kv_capacity_tokens
+        ) as stack:
             results = replay_trace(
                 stack.proxy_url, requests=args.requests, qps=args.qps, speed=args.speed,
                 seed=args.seed,

@@ -61,7 +61,8 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     workdir = tmp_path_factory.mktemp("cpu-stack")
-    with cpu_stack.cpu_stack(workdir, speed=SPEED) as stack:
+    # A small KV capacity (≈ 8 prompts of the trace) so that the engine evicts.
+    with cpu_stack.cpu_stack(workdir, speed=SPEED, kv_capacity_tokens=6000) as stack:
         results = cpu_stack.replay_trace(stack.proxy_url, requests=30, qps=40.0, speed=SPEED)
         measured = cpu_stack.measure(stack, results)
         yield Run(stack, results, measured)
@@ -104,6 +105,9 @@ def test_prometheus_reports_hit_rate_and_p99_ttft(run: Run) -> None:
     assert engine_hit_rate is not None and 0.0 < engine_hit_rate <= 1.0
     p99 = m["prometheus_p99_ttft_s"]
     assert p99 is not None and math.isfinite(p99) and p99 > 0.0
+    # The DART panel has data: the engine evicted under its small KV capacity.
+    assert m["prometheus_dart_evicted_tokens"] > 0
+    assert m["prometheus_engine_evicted_tokens"] > 0
 
 
 def test_dashboard_queries_are_valid_promql(run: Run) -> None:

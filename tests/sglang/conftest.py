@@ -33,3 +33,26 @@ else:
         import sglang.srt.mem_cache.registry
         import sglang.srt.plugins
         import sglang.srt.server_args  # noqa: F401
+
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def published_server_args(tmp_path_factory):
+        """SGLang's process-wide config as a scheduler process publishes it, with the
+        plugins loaded through SGLang's own loader and `--radix-cache-backend prism_dart`."""
+        from sglang.srt import runtime_context
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import ServerArgs
+        from sglang_support import write_tiny_model
+
+        load_plugins()
+        model = write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+        server_args = ServerArgs(
+            model_path=str(model), radix_cache_backend="prism_dart", device="cpu"
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runtime_context.publish(
+                server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0)
+            )
+        return server_args

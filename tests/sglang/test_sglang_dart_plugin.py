@@ -1,0 +1,96 @@
+"""The plugin inside SGLang 0.5.23's real machinery: entry-point discovery by
+`load_plugins()`, the `prism_dart` backend built by the scheduler's own
+`create_tree_cache` from `ServerArgs`/`CacheInitParams`, the control RPC started with
+the cache, and the refusals (tp > 1, no token)."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import httpx
+import pytest
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.registry import (
+    TreeCacheBuildContext,
+    create_tree_cache,
+    get_radix_cache_factory,
+    registered_radix_cache_backends,
+)
+from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins, load_plugins_by_group
+from sglang.srt.server_args import prepare_server_args
+from sglang_support import MockAllocator, cache_params
+
+from backend_plugin.config import ControlConfigError
+from backend_plugin.sglang_cache import DartRadixCache
+from backend_plugin.sglang_plugin import BACKEND_NAME, build_dart_cache
+from loadgen.processes import free_port
+
+pytestmark = pytest.mark.sglang
+
+
+def build_context(server_args, tp_size: int = 1) -> TreeCacheBuildContext:
+    """What `mem_cache/kv_cache_builder.py` hands `create_tree_cache` on one GPU."""
+    return TreeCacheBuildContext(
+        server_args=server_args,
+        params=cache_params(MockAllocator()),
+        is_hybrid_swa=False,
+        is_hybrid_ssm=False,
+        enable_hierarchical_cache=False,
+        disable_radix_cache=False,
+        tp_worker=None,
+        model_config=None,
+        tp_size=tp_size,
+        tp_rank=0,
+        tp_group=None,
+    )
+
+
+def test_sglang_plugin_loader_finds_and_runs_the_entry_point():
+    points = {ep.name: ep.value for ep in entry_points(group=GENERAL_PLUGINS_GROUP)}
+    assert points[BACKEND_NAME] == "backend_plugin.sglang_plugin:register"
+    loaded = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    assert BACKEND_NAME in loaded
+    load_plugins()
+    assert BACKEND_NAME in registered_radix_cache_backends()
+    assert get_radix_cache_factory(BACKEND_NAME) is build_dart_cache
+
+
+def test_server_flag_accepts_the_backend(published_server_args):
+    args = prepare_server_args(
+        ["--model-path", published_server_args.model_path, "--radix-cache-backend", BACKEND_NAME]
+    )
+    assert args.radix_cache_backend == BACKEND_NAME
+
+
+def test_scheduler_path_builds_the_dart_cache_and_its_control_rpc(
+    published_server_args, monkeypatch
+):
+    port = free_port()
+    monkeypatch.setenv("PRISM_CONTROL_PORT", str(port))
+    monkeypatch.setenv("PRISM_CONTROL_TOKEN", "tok")
+    monkeypatch.setenv("PRISM_DART_POLICY", "dart")
+    cache = create_tree_cache(build_context(published_server_args))
+    try:
+        assert type(cache) is DartRadixCache
+        assert cache.control is not None and cache.control.port == port  # dp rank 0
+        url = f"http://127.0.0.1:{port}"
+        auth = {"Authorization": "Bearer tok"}
+        body = {"epoch": 1, "table": {"A": 2.0}, "protect": 1}
+        assert httpx.post(url + "/prism/priorities", json=body, headers=auth).status_code == 200
+        assert httpx.post(url + "/prism/priorities", json=body, headers=auth).status_code == 409
+        assert httpx.post(url + "/prism/priorities", json=body).status_code == 401
+        assert cache.dart.table is None  # applied by the scheduler thread, not the RPC's
+        cache.evict(EvictParams(num_tokens=0))
+        assert cache.dart.table == {"A": 2.0}
+    finally:
+        cache.control.stop()
+
+
+def test_refuses_tensor_parallelism_and_an_unauthenticated_rpc(published_server_args, monkeypatch):
+    with pytest.raises(ValueError, match="tp-size > 1"):
+        create_tree_cache(build_context(published_server_args, tp_size=2))
+    monkeypatch.setenv("PRISM_CONTROL_PORT", str(free_port()))
+    monkeypatch.delenv("PRISM_CONTROL_TOKEN", raising=False)
+    monkeypatch.delenv("PRISM_CONTROL_OPEN", raising=False)
+    with pytest.raises(ControlConfigError, match="token"):
+        create_tree_cache(build_context(published_server_args))

@@ -72,6 +72,14 @@ class _SamplingFields(BaseModel):
     rid: str | None = None
     prism: PrismHint | None = None
 
+    def unknown_fields_reason(self) -> str | None:
+        """Fields the token path does not know (e.g. `chat_template_kwargs`) send a
+        request without hints to the backend's own endpoint, which may honour them; a
+        request with hints takes the token path and those fields are ignored."""
+        if self.prism is None and self.model_extra:
+            return "fields " + ",".join(sorted(self.model_extra))
+        return None
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
@@ -109,6 +117,8 @@ class ChatCompletionRequest(_SamplingFields):
 
     def passthrough_reason(self) -> str | None:
         """Why the token path cannot serve this request (None: it can)."""
+        if reason := self.unknown_fields_reason():
+            return reason
         if self.tools or self.functions or self.tool_choice not in (None, "none"):
             return "tools"
         if (self.n or 1) > 1:
@@ -148,6 +158,8 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
 
     def passthrough_reason(self) -> str | None:
+        if reason := self.unknown_fields_reason():
+            return reason
         if (self.n or 1) > 1 or (self.best_of or 1) > 1:
             return "n"
         if self.logprobs is not None:

@@ -232,3 +232,23 @@ async def test_backend_errors_map_to_clear_statuses(backend_status, proxy_status
     finally:
         await proxy.stop()
         await runner.cleanup()
+
+
+async def test_disconnect_while_backend_works_aborts(proxy_factory: ProxyFactory, sim) -> None:
+    """Non-streaming: the client leaves while the backend generates → abort at once."""
+    proxy = await proxy_factory()
+    admission = proxy.app[state.ADMISSION]
+    aborted_before = sim_metric(sim, "sglang:num_aborted_requests_total")
+    body = {**CHAT, "max_tokens": 20000}
+    async with aiohttp.ClientSession() as session:
+        call = asyncio.create_task(session.post(proxy.url + "/v1/chat/completions", json=body))
+        await eventually(lambda: admission.inflight == 1)
+        await eventually(lambda: sim_metric(sim, "sglang:num_running_reqs") == 1)  # generating
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await eventually(lambda: proxy.app[state.BACKEND].aborts_sent == 1)
+    await eventually(lambda: _gauges_zero(proxy))
+    await eventually(
+        lambda: sim_metric(sim, "sglang:num_aborted_requests_total") == aborted_before + 1
+    )

@@ -1,0 +1,91 @@
+"""Every `sglang:*` metric the Grafana dashboard queries is one that SGLang 0.5.23 itself
+declares in its scheduler, tokenizer and radix-cache metrics collectors, built on CPU
+through their dependency-injection hooks (issue 7). The simulated engine's names are checked against
+the dashboard over real HTTP in tests/test_deploy_stack.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_builder() -> ModuleType:
+    path = REPO / "deploy" / "grafana" / "build_dashboard.py"
+    spec = importlib.util.spec_from_file_location("build_dashboard", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["build_dashboard"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Recorder:
+    """Stands in for a prometheus_client metric class; records the exported sample names
+    the real class would produce (counters gain `_total`, histograms three series)."""
+
+    declared: ClassVar[set[str]] = set()
+    suffixes: ClassVar[tuple[str, ...]] = ("",)
+
+    def __init__(self, name: str, *args: Any, **kwargs: Any) -> None:
+        base = name.removesuffix("_total") if self.suffixes == ("_total",) else name
+        _Recorder.declared.update(base + suffix for suffix in self.suffixes)
+
+    def labels(self, *args: Any, **kwargs: Any) -> _Recorder:
+        return self
+
+    def __getattr__(self, name: str) -> Any:  # set / inc / observe / ...
+        return lambda *args, **kwargs: None
+
+
+class _Counter(_Recorder):
+    suffixes = ("_total",)
+
+
+class _Histogram(_Recorder):
+    suffixes = ("_bucket", "_sum", "_count")
+
+
+def sglang_declared_samples(server_args: Any) -> set[str]:
+    from sglang.srt.observability import metrics_collector as mc
+
+    injected = {
+        "_counter_cls": _Counter,
+        "_gauge_cls": _Recorder,
+        "_histogram_cls": _Histogram,
+        "_summary_cls": _Histogram,
+    }
+    labels = {"model_name": "m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0}
+    labels["moe_ep_rank"] = 0
+    _Recorder.declared = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scheduler_cls = type("Scheduler", (mc.SchedulerMetricsCollector,), injected)
+        scheduler_cls(labels=labels, server_args=server_args)
+        tokenizer_cls = type("Tokenizer", (mc.TokenizerMetricsCollector,), injected)
+        tokenizer_cls(server_args=server_args, labels={"model_name": "m"})
+        # The radix cache's own collector (evictions); DART's cache inherits its evict path.
+        radix_cls = type("Radix", (mc.RadixCacheMetricsCollector,), injected)
+        radix_cls(labels={"model_name": "m"})
+    return set(_Recorder.declared)
+
+
+def test_dashboard_sglang_metrics_are_declared_by_sglang(published_server_args: Any) -> None:
+    declared = sglang_declared_samples(published_server_args)
+    assert "sglang:num_running_reqs" in declared  # the recorder saw SGLang's metrics
+    builder = load_builder()
+    queried = set()
+    for expr in builder.expressions(builder.build_dashboard()):
+        queried |= {n for n in builder.metric_names(expr) if n.startswith("sglang:")}
+    assert len(queried) >= 6
+    missing = sorted(queried - declared)
+    assert not missing, f"the dashboard queries what SGLang 0.5.23 does not export: {missing}"

@@ -159,7 +159,8 @@ def engine_state(url: str) -> dict[str, Any]:
 
 
 def proxy_counters(url: str) -> dict[str, float]:
-    """Unlabelled totals of the proxy's ``prism:`` counters and gauges after a run."""
+    """The proxy's ``prism:`` counters, gauges and histogram sums/counts after a run,
+    summed over labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -168,10 +169,10 @@ def proxy_counters(url: str) -> dict[str, float]:
         return {}
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.type not in ("counter", "gauge"):
+        if family.type not in ("counter", "gauge", "histogram"):
             continue
         for sample in family.samples:
-            if sample.name.endswith("_created"):
+            if sample.name.endswith(("_created", "_bucket")):
                 continue
             totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
     return totals

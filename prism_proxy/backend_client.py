@@ -73,7 +73,10 @@ class BackendClient:
         self.session = session
         self.base_url = base_url.rstrip("/")
         self.metrics = metrics
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        # An inactivity limit, not a total: long streams may run as long as they flow.
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout_s, sock_read=timeout_s
+        )
         self._background: set[asyncio.Task[None]] = set()
         self.aborts_sent = 0
         self.up = False

@@ -111,7 +111,7 @@ _HELP = {
     "control_url": "base URL of the DART control RPC (unset: no pushes)",
     "control_token": "bearer token for the control RPC",
     "protect": "DART protection budget f sent with each priority table",
-    "backend_timeout_s": "total time allowed for one backend request",
+    "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",
     "health_interval_s": "seconds between backend health probes (0: no probes)",
     "shutdown_timeout_s": "seconds to drain in-flight requests on shutdown",

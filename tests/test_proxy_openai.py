@@ -179,3 +179,30 @@ async def test_models_and_health(proxy_factory: ProxyFactory) -> None:
         models = await client.models.list()
     assert models.data and models.data[0].id
     await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("policy", ["prism", "fifo", "klpm", "contextpilot"])
+async def test_every_policy_serves_concurrent_hinted_requests(
+    proxy_factory: ProxyFactory, policy: str
+) -> None:
+    proxy = await proxy_factory(policy=policy, max_inflight=4)
+    ids = list(DOCS)
+    async with _client(proxy.url) as client:
+        answers = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model="m",
+                    messages=MESSAGES,
+                    max_tokens=2,
+                    extra_body=_hint(ids[i % 3], ids[(i + 1) % 3]),
+                )
+                for i in range(24)
+            )
+        )
+    assert all(a.choices[0].message.content for a in answers)
+    assert len({a.id for a in answers}) == 24
+    registry = proxy.app[state.METRICS].registry
+    assert registry.get_sample_value("prism:wave_size_bucket", {"le": "4.0"}) == (
+        registry.get_sample_value("prism:wave_size_count")
+    )
+    await eventually(lambda: proxy.app[state.ADMISSION].inflight == 0)

@@ -95,6 +95,11 @@ def test_compose_file_validates_and_wires_the_stack(kind: str, tmp_path: Path) -
     prometheus_mounts = services["prometheus"]["volumes"]
     config_mount = next(v for v in prometheus_mounts if "/etc/prometheus/prometheus.yml" in v)
     assert (REPO / "deploy" / "prometheus").as_posix() in config_mount
+    # Our own images run read-only, without capabilities.
+    for name in {"proxy", engine} - {"sglang"}:
+        assert services[name]["read_only"] is True
+        assert services[name]["cap_drop"] == ["ALL"]
+        assert "no-new-privileges:true" in services[name]["security_opt"]
     # Published ports bind to loopback unless told otherwise.
     for name in ("proxy", "prometheus", "grafana"):
         assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])

@@ -138,7 +138,14 @@ class SimEngine:
         )
         self.loop = EngineLoop(self.scheduler, speed=config.speed)
         self.metrics = EngineMetrics(self.scheduler, self.model_name, self.loop.now)
-        self.scheduler.on_finish = self.metrics.observe_finished
+        ext_on_finish = getattr(self.extension, "on_finish", None)
+
+        def on_finish(req: SimRequest) -> None:
+            self.metrics.observe_finished(req)
+            if ext_on_finish is not None:
+                ext_on_finish(req)
+
+        self.scheduler.on_finish = on_finish
 
     def start(
         self,

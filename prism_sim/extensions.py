@@ -37,6 +37,8 @@ class EngineExtension(Protocol):
     def on_evict(self, node: TreeNode) -> None:
         """Just before `node` is removed from the tree."""
 
+    # Optional: `on_finish(req)` is called once when a request finishes or is aborted.
+
     def lifecycle(self, engine: Any) -> AbstractAsyncContextManager[None]:
         """Entered when the server starts, exited when it stops (e.g. a control RPC)."""
         ...

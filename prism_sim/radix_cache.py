@@ -117,13 +117,17 @@ class EvictResult:
     evicted_nodes: tuple[TreeNode, ...]
 
 
-def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common_prefix_len(a: list[int], b: list[int], start: int = 0) -> int:
+    """Length of the common prefix of `a` and `b[start:]` (slice compares run in C)."""
+    n = min(len(a), len(b) - start)
+    if a[:n] == b[start : start + n]:
+        return n
+    lo, step = 0, 64
+    while step:
+        while lo + step <= n and a[lo : lo + step] == b[start + lo : start + lo + step]:
+            lo += step
+        step //= 4
+    return lo
 
 
 class RadixCache:
@@ -164,19 +168,18 @@ class RadixCache:
         now = self.clock()
         node = self.root
         node.last_access_time = now
-        matched = 0
-        rest = list(key)
-        while rest and rest[0] in node.children:
-            child = node.children[rest[0]]
+        key = list(key)
+        pos = 0
+        while pos < len(key) and key[pos] in node.children:
+            child = node.children[key[pos]]
             child.last_access_time = now
-            n = _common_prefix_len(child.key, rest)
-            matched += n
+            n = _common_prefix_len(child.key, key, pos)
+            pos += n
             if n < len(child.key):
                 node = self._split_node(child, n, now)
                 break
             node = child
-            rest = rest[n:]
-        return MatchResult(prefix_len=matched, last_node=node)
+        return MatchResult(prefix_len=pos, last_node=node)
 
     def insert(self, key: Sequence[int], priority: int = 0, inserted_len: int = 0) -> int:
         """Insert `key`; returns how many of its leading tokens were already cached.
@@ -188,19 +191,19 @@ class RadixCache:
         node = self.root
         node.last_access_time = now
         node.priority = max(node.priority, priority)
-        rest = list(key)
+        key = list(key)
         total_prefix = 0
-        while rest and rest[0] in node.children:
-            node = node.children[rest[0]]
+        while total_prefix < len(key) and key[total_prefix] in node.children:
+            node = node.children[key[total_prefix]]
             node.last_access_time = now
-            n = _common_prefix_len(node.key, rest)
+            n = _common_prefix_len(node.key, key, total_prefix)
             total_prefix += n
-            rest = rest[n:]
             if n < len(node.key):
                 node = self._split_node(node, n, now)
             node.priority = max(node.priority, priority)
             if total_prefix > inserted_len:
                 node.hit_count += 1
+        rest = key[total_prefix:]
         if rest:
             leaf = TreeNode(rest, node, now)
             leaf.priority = priority
@@ -222,11 +225,12 @@ class RadixCache:
             raise ValueError(f"offset {offset} outside key of length {len(key)}")
         node = self.root
         pos = 0
+        prefix = list(key[:offset])
         while pos < offset:
-            child = node.children.get(key[pos])
+            child = node.children.get(prefix[pos])
             if child is None:
                 raise KeyError(f"key not resident up to offset {offset} (stops at {pos})")
-            n = _common_prefix_len(child.key, key[pos:offset])
+            n = _common_prefix_len(child.key, prefix, pos)
             if n < len(child.key):
                 if pos + n < offset:
                     raise KeyError(f"key not resident up to offset {offset} (stops at {pos + n})")
@@ -253,11 +257,12 @@ class RadixCache:
         """
         out: list[tuple[TreeNode, int, int]] = []
         node, pos = self.root, 0
+        key = list(key)
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
                 break
-            n = _common_prefix_len(child.key, key[pos:])
+            n = _common_prefix_len(child.key, key, pos)
             out.append((child, pos, pos + len(child.key)))
             if n < len(child.key):
                 break

@@ -21,9 +21,13 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)
 class SimRequest:
-    """One generation request and its progress; times are modeled seconds."""
+    """One generation request and its progress; times are modeled seconds.
+
+    Compared by identity (`eq=False`): the scheduler keeps requests in lists and
+    removes them often; field-wise equality would be both wrong and slow.
+    """
 
     rid: str
     input_ids: list[int]

@@ -195,20 +195,18 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running) + (1 if self.chunked is not None else 0)
 
-    def _reserved_decode_tokens(self, extra: Sequence[SimRequest] = ()) -> int:
-        reqs = [*self.running, *extra]
-        if self.chunked is not None and self.chunked not in extra:
-            reqs.append(self.chunked)
+    def _reserved_decode_tokens(self) -> int:
+        """Decode tokens the running requests (and the chunked one) may still need."""
+        reqs = [*self.running, self.chunked] if self.chunked is not None else self.running
         return sum(r.remaining_decode_tokens for r in reqs)
 
-    def _available_tokens(self, batch_reqs: Sequence[SimRequest]) -> int:
+    def _available_tokens(self, reserved: int) -> int:
         """Tokens a new admission may still take (evictable tokens count as free)."""
-        cap = self.config.kv_capacity_tokens
         return (
-            cap
+            self.config.kv_capacity_tokens
             - self.cache.protected_size()
             - self.held_tokens_total
-            - self._reserved_decode_tokens(batch_reqs)
+            - reserved
         )
 
     def _alloc(self, req: SimRequest, num_tokens: int) -> None:
@@ -250,6 +248,7 @@ class Scheduler:
             parts.append(PrefillPart(req, take))
             budget -= take
         new_chunked: SimRequest | None = None
+        reserved = self._reserved_decode_tokens()  # grows with each admission below
         hit_tokens = 0
         new_prompt_tokens = 0
         arrived = [r for r in self.waiting if r.arrival_s <= now]
@@ -268,11 +267,10 @@ class Scheduler:
             extend = len(req.input_ids) - match.prefix_len
             self.cache.inc_lock_ref(match.last_node)
             take = min(extend, budget)
-            batch_reqs = [p.req for p in parts]
-            need = take + req.remaining_decode_tokens
-            if need > self._available_tokens(batch_reqs):
+            if take + req.remaining_decode_tokens > self._available_tokens(reserved):
                 self.cache.dec_lock_ref(match.last_node)
                 break
+            reserved += req.remaining_decode_tokens
             self.waiting.remove(req)
             req.status = Status.PREFILLING
             req.admitted_s = now

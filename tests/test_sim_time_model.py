@@ -56,9 +56,16 @@ def test_default_profile_matches_qwen3_4b_on_a800() -> None:
     assert p.name == "a800-qwen3-4b"
     # 2 (K,V) · 36 layers · 8 KV heads · 128 head_dim · 2 bytes (bf16)
     assert p.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2 == 147_456
-    # (80 GiB · 0.88 − 4.02e9 params · 2 B) / 147,456 B per token, rounded down to 1000
-    kv_bytes = 80 * 2**30 * 0.88 - 4.022e9 * 2
+    # SGLang 0.5.23 on an 81,920 MiB GPU: chunked_prefill_size 8192, decode graph bs 256,
+    # reserved = 512 + 1.5·8192 + 1024/8 + 2·256 = 13,440 MiB,
+    # mem_fraction_static = round((81920 − 13440) / 81920, 3) = 0.836;
+    # KV = 81920 MiB · 0.836 − 4.022e9 params · 2 B, over 147,456 B/token, floor to 1000.
+    gpu_mib = 81920
+    fraction = round((gpu_mib - (512 + 1.5 * 8192 + 1024 / 8 + 2 * 256)) / gpu_mib, 3)
+    assert fraction == 0.836
+    kv_bytes = gpu_mib * 2**20 * fraction - 4.022e9 * 2
     assert p.kv_capacity_tokens == int(kv_bytes / p.kv_bytes_per_token) // 1000 * 1000
+    assert p.chunked_prefill_size == 8192 and p.max_running_requests == 2048
 
 
 def test_profile_from_path_and_overrides(tmp_path: Path) -> None:

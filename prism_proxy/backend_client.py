@@ -79,7 +79,7 @@ class BackendClient:
         )
         self._background: set[asyncio.Task[None]] = set()
         self.aborts_sent = 0
-        self.up = False
+        self.up: bool | None = None  # unknown until the first exchange
 
     @staticmethod
     def create_session(max_connections: int) -> aiohttp.ClientSession:
@@ -88,6 +88,13 @@ class BackendClient:
 
     # --- helpers -------------------------------------------------------------------
     def _up(self, up: bool) -> None:
+        if up != self.up:
+            log.log(
+                logging.INFO if up else logging.WARNING,
+                "backend %s is %s",
+                self.base_url,
+                "up" if up else "down (requests get 502/503 until it answers)",
+            )
         self.up = up
         self.metrics.backend_up.set(1 if up else 0)
 

@@ -473,7 +473,7 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": "ok",
-            "backend_up": app[state.BACKEND].up,
+            "backend_up": bool(app[state.BACKEND].up),
             "queue_depth": admission.queue_depth,
             "inflight": admission.inflight,
             "policy": app[state.CONFIG].policy,

@@ -6,6 +6,8 @@ a dead control endpoint must be counted and never stop serving."""
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
 import pytest
 from aiohttp import web
@@ -90,3 +92,38 @@ async def test_dead_control_endpoint_is_counted_not_fatal(proxy_factory: ProxyFa
     registry = proxy.app[state.METRICS].registry
     await eventually(lambda: registry.get_sample_value("prism:control_rpc_failures_total") == 1)
     assert registry.get_sample_value("prism:control_rpc_up") == 0
+
+
+def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
+    """End to end with the real control RPC: `prism-sim --eviction dart --control-port`
+    and `prism-proxy serve --control-url` as subprocesses; the engine accepts the
+    proxy's tables and sees the anchors of the requests."""
+    import httpx
+
+    from loadgen.processes import run_server
+
+    control_port = free_port()
+    sim_args = ["--eviction", "dart", "--control-port", str(control_port),
+                "--control-token", TOKEN, "--speed", "50"]  # fmt: skip
+    with run_server("prism_sim", sim_args, log_dir=tmp_path) as backend:
+        control_url = f"http://127.0.0.1:{control_port}"
+        proxy_args = ["serve", "--backend", backend.url, "--control-url", control_url,
+                      "--control-token", TOKEN, "--protect", "3"]  # fmt: skip
+        with run_server("prism_proxy", proxy_args, log_dir=tmp_path) as proxy:
+            for segments in (["alpha", "beta"], ["beta", "gamma"]):
+                response = httpx.post(
+                    proxy.url + "/v1/chat/completions", json=_chat(segments), timeout=30
+                )
+                assert response.status_code == 200
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            deadline = time.monotonic() + 20
+            while True:
+                metrics = httpx.get(proxy.url + "/metrics").text
+                if "prism:control_rpc_pushes_total 2.0" in metrics:
+                    break
+                assert time.monotonic() < deadline, metrics
+                time.sleep(0.05)
+            stats = httpx.get(control_url + "/prism/stats", headers=auth).json()
+            assert stats["accepted_epoch"] > 0 and stats["protect"] == 3
+            assert "prism:control_rpc_failures_total 0.0" in metrics
+            assert "prism:control_rpc_up 1.0" in metrics

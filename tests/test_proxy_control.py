@@ -125,5 +125,7 @@ def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
                 time.sleep(0.05)
             stats = httpx.get(control_url + "/prism/stats", headers=auth).json()
             assert stats["accepted_epoch"] > 0 and stats["protect"] == 3
+            # The anchors rode in kv_hints: DART annotated the requests' segment nodes.
+            assert stats["anchors_resident"] > 0
             assert "prism:control_rpc_failures_total 0.0" in metrics
             assert "prism:control_rpc_up 1.0" in metrics

@@ -7,6 +7,7 @@ test starts the real CLI as a subprocess.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -177,11 +178,7 @@ async def test_client_disconnect_aborts_the_request(sim: Sim) -> None:
         resp = await own.post(sim.url + "/generate", json=body)
         await resp.content.readline()  # first chunk arrived: the request is running
         resp.close()
-    for _ in range(400):
-        if sim.engine.scheduler.num_running == 0:
-            break
-        await asyncio.sleep(0.025)
-    assert sim.engine.scheduler.num_running == 0
+    await wait_for(lambda: sim.engine.scheduler.num_running == 0)
     assert sim.engine.scheduler.stats.num_aborted_total == 1
     assert sim.engine.scheduler.cache.protected_size() == 0
 
@@ -317,3 +314,61 @@ def test_cli_subprocess_serves_generate(tmp_path) -> None:
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
         out = httpx.post(server.url + "/generate", json=body, timeout=10).json()
         assert out["meta_info"]["completion_tokens"] == 2
+
+
+async def wait_for(predicate, attempts: int = 400) -> None:
+    for _ in range(attempts):
+        if predicate():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("condition not reached")
+
+
+async def test_non_streaming_client_disconnect_aborts_too(sim: Sim) -> None:
+    body = {"input_ids": [51, 52], "sampling_params": {"max_new_tokens": 100_000}}
+
+    async def call() -> None:
+        async with aiohttp.ClientSession() as own, own.post(sim.url + "/generate", json=body):
+            pass
+
+    task = asyncio.create_task(call())
+    await wait_for(lambda: sim.engine.scheduler.num_running == 1)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await wait_for(lambda: sim.engine.scheduler.num_running == 0)
+    assert sim.engine.scheduler.stats.num_aborted_total == 1
+
+
+async def test_abort_all_aborts_every_request(sim: Sim) -> None:
+    body = {"input_ids": [61, 62], "stream": True, "sampling_params": {"max_new_tokens": 100_000}}
+    async with (
+        sim.http.post(sim.url + "/generate", json=body) as first,
+        sim.http.post(sim.url + "/generate", json=body) as second,
+    ):
+        await first.content.readline()
+        await second.content.readline()
+        status, _ = await post(sim, "/abort_request", {"abort_all": True})
+        assert status == 200
+        ends = [[e async for e in sse_events(r)] for r in (first, second)]
+    for events in ends:
+        assert events[-1] == "[DONE]"
+        assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"  # type: ignore[index]
+
+
+async def test_incremental_streaming_output(tokenizer: Tokenizer) -> None:
+    config = SimConfig(speed=SPEED, incremental_streaming_output=True)
+    runner = await start_site(create_app(config, SimEngine(config, tokenizer)), "127.0.0.1", 0)
+    host, port = runner.addresses[0][:2]
+    body = {"input_ids": [71, 72, 73], "stream": True, "sampling_params": {"max_new_tokens": 6}}
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"http://{host}:{port}/generate", json=body) as resp,
+        ):
+            chunks = [e async for e in sse_events(resp) if isinstance(e, dict)]
+    finally:
+        await runner.cleanup()
+    ids = [t for c in chunks for t in c["output_ids"]]
+    assert len(ids) == 6
+    assert "".join(c["text"] for c in chunks) == tokenizer.decode(ids)

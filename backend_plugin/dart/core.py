@@ -8,8 +8,11 @@ the owner calls between tree operations (the start of each insert and eviction).
 
 Protection set F_t: the top-`protect` resident reusable owners by P̂_t, among the
 system prompt and the segments present in the table. It is a snapshot taken when an
-update is applied and at the start of every eviction pass (`begin_eviction`), never
-per evicted node: within one pass the keys in the eviction heap stay fixed.
+update is applied and at the start of an eviction pass (`begin_eviction`), never per
+evicted node: within one pass the keys in the eviction heap stay fixed. A pass only
+recomputes it (O(T log f) for a table of T segments) when residency changed in a way
+that can change it: a member left the tree, or a candidate that would rank in it
+arrived.
 """
 
 from __future__ import annotations
@@ -76,8 +79,10 @@ class DartCore:
         self._default_protect = protect
         self._protect = protect
         self._epoch: int | None = None
-        self._table: Mapping[str, float] | None = None
+        self._table: dict[str, float] | None = None
         self._protected: frozenset[str] = frozenset()
+        self._floor: tuple[float, str] | None = None  # lowest (P̂, owner) in a full F_t
+        self._dirty = False
         self._resident_tokens: dict[str, int] = {}
         self._anchors_resident = 0
         self._active: dict[str, int] = {}
@@ -98,24 +103,39 @@ class DartCore:
         return bool(pending)
 
     def _apply(self, update: PriorityUpdate) -> None:
-        self._table, self._epoch, self._protect = update.table, update.epoch, update.protect
+        # a plain dict: the eviction key reads it once per leaf per pass
+        self._table, self._epoch = dict(update.table), update.epoch
+        self._protect = update.protect
 
     def begin_eviction(self) -> None:
         """Call once at the start of an eviction pass (snapshot of F_t)."""
-        if not self.apply_pending():
+        if not self.apply_pending() and self._dirty:
             self._refresh_protection()
 
     def _refresh_protection(self) -> None:
+        self._dirty = False
         table = self._table
         if table is None or self._protect == 0:
-            self._protected = frozenset()
+            self._protected, self._floor = frozenset(), None
             return
         resident = self._resident_tokens
         candidates = [o for o in table if resident.get(o, 0) > 0]
         if resident.get(SYSTEM_OWNER, 0) > 0:
             candidates.append(SYSTEM_OWNER)
-        top = heapq.nlargest(self._protect, candidates, key=lambda o: (priority_of(o, table), o))
-        self._protected = frozenset(top)
+        ranked = heapq.nlargest(self._protect, ((priority_of(o, table), o) for o in candidates))
+        self._protected = frozenset(o for _, o in ranked)
+        self._floor = ranked[-1] if len(ranked) == self._protect else None
+
+    def _residency_changed(self, owner: str, resident: bool) -> None:
+        """Mark F_t stale if `owner` entering/leaving the tree can change it."""
+        table = self._table
+        if table is None or self._protect == 0:
+            return
+        if not resident:
+            self._dirty |= owner in self._protected
+        elif owner == SYSTEM_OWNER or owner in table:
+            floor = self._floor
+            self._dirty |= floor is None or (priority_of(owner, table), owner) > floor
 
     @property
     def table(self) -> Mapping[str, float] | None:
@@ -155,17 +175,20 @@ class DartCore:
             self._anchors_resident += 1 if delta > 0 else -1
         owner = meta.owner
         if owner is not None:
-            left = self._resident_tokens.get(owner, 0) + delta
+            before = self._resident_tokens.get(owner, 0)
+            left = before + delta
             if left > 0:
                 self._resident_tokens[owner] = left
             else:
                 self._resident_tokens.pop(owner, None)
+            if (before > 0) != (left > 0):
+                self._residency_changed(owner, left > 0)
 
     def clear_residency(self) -> None:
         """The tree was emptied (flush)."""
         self._resident_tokens.clear()
         self._anchors_resident = 0
-        self._protected = frozenset()
+        self._protected, self._floor, self._dirty = frozenset(), None, False
 
     def request_started(self, rid: str, hints: AnchorHints) -> None:
         """Count the request in a_t of its segments (idempotent per rid)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -51,15 +51,18 @@ class NodeMeta:
     kind: AnchorKind
     segment_id: str | None
     is_anchor: bool = False
+    # `seg(u)`: the segment id, `SYSTEM_OWNER` for the system head, None if private
+    # (derived; a field so the eviction key reads it without a call)
+    owner: str | None = field(init=False, compare=False)
 
-    @property
-    def owner(self) -> str | None:
-        """`seg(u)`: the segment id, `SYSTEM_OWNER` for the system head, None if private."""
+    def __post_init__(self) -> None:
         if self.kind is AnchorKind.SYSTEM:
-            return SYSTEM_OWNER
-        if self.kind is AnchorKind.SEGMENT:
-            return self.segment_id
-        return None
+            owner: str | None = SYSTEM_OWNER
+        elif self.kind is AnchorKind.SEGMENT:
+            owner = self.segment_id
+        else:
+            owner = None
+        object.__setattr__(self, "owner", owner)
 
     def as_prefix(self) -> NodeMeta:
         """Metadata of the upper half of a split: same owner, no longer at the anchor."""

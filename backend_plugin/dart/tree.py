@@ -27,11 +27,12 @@ from typing import Any, Protocol, TypeVar
 
 from backend_plugin.dart.anchors import AnchorHints
 from backend_plugin.dart.core import DartCore
-from backend_plugin.dart.keys import NodeMeta
+from backend_plugin.dart.keys import SYSTEM_OWNER, EvictionPolicy, NodeMeta
 
 NodeT = TypeVar("NodeT")
 
 META_ATTR = "prism_meta"
+_INF = float("inf")
 
 
 class TreeAdapter(Protocol[NodeT]):
@@ -99,12 +100,40 @@ def place_anchors(
 
 class DartStrategy:
     """An eviction strategy object (`get_priority(node)`, smallest evicted first) in the
-    shape both SGLang's `EvictionStrategy` and `prism_sim.eviction` expect."""
+    shape both SGLang's `EvictionStrategy` and `prism_sim.eviction` expect.
+
+    `get_priority` runs for every evictable leaf at the start of every eviction pass
+    (both trees rebuild their heap per pass), so the `dart` and `lru` keys are inlined
+    here; they equal `keys.eviction_key` (a test checks it).
+    """
 
     def __init__(self, core: DartCore) -> None:
         self.core = core
+        if core.policy is EvictionPolicy.DART:
+            self.get_priority = self._dart
+        elif core.policy is EvictionPolicy.LRU:
+            self.get_priority = self._lru
+        else:
+            self.get_priority = self._generic
 
-    def get_priority(self, node: Any) -> Any:
+    def get_priority(self, node: Any) -> Any:  # replaced per policy in __init__
+        return self._generic(node)
+
+    def _generic(self, node: Any) -> Any:
         return self.core.key(
             getattr(node, META_ATTR, None), node.last_access_time, getattr(node, "hit_count", 0)
         )
+
+    @staticmethod
+    def _lru(node: Any) -> float:
+        return node.last_access_time
+
+    def _dart(self, node: Any) -> tuple[int, float, float]:
+        core = self.core
+        table = core._table
+        meta = getattr(node, META_ATTR, None)
+        owner = meta.owner if meta is not None else None
+        if table is None or owner is None:
+            return (0, 0.0, node.last_access_time)
+        score = _INF if owner == SYSTEM_OWNER else table.get(owner, 0.0)
+        return (2 if owner in core._protected else 1, score, node.last_access_time)

@@ -1,0 +1,209 @@
+"""`python -m bench.dart_evict`: cost of DART's eviction order vs plain LRU (issue 5).
+
+Builds two identical radix trees of ~10^6 resident tokens (system prompts, 128-token
+segments, private suffixes, all anchored), one evicting in DART order with a priority
+table over every segment, one in LRU order, then evicts 10^5 tokens from each, side by
+side in one run: once as a single pass, and as many small passes (as an allocating
+scheduler does). Prints the time per evicted node and the DART/LRU ratio. No
+thresholds: DART should stay within a small constant factor of LRU (same heap, a tuple
+key, one protection-set snapshot per pass).
+
+    python -m bench.dart_evict [--tokens 1000000] [--evict 100000] [--tree sim|sglang]
+
+`--tree sglang` runs SGLang's own RadixCache/DartRadixCache (needs .venv-sglang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from backend_plugin.dart import DartCore, PriorityUpdate, make_kv_hints, parse_kv_hints
+
+SYSTEM_TOKENS = 64
+SEGMENT_TOKENS = 128
+PRIVATE_TOKENS = 40
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: list[tuple[str, list[int], Any]]
+    table: dict[str, float]
+
+
+def make_workload(total_tokens: int, seed: int) -> Workload:
+    """Requests of 1 system prompt + 3 segments + a private suffix until ~total tokens."""
+    rng = random.Random(seed)
+    num_segments = max(16, total_tokens // (SEGMENT_TOKENS * 3))
+    systems = [list(range(10_000 * (s + 1), 10_000 * (s + 1) + SYSTEM_TOKENS)) for s in range(4)]
+    base = 1_000_000
+    segments = {
+        f"s{i}": list(range(base + i * SEGMENT_TOKENS, base + (i + 1) * SEGMENT_TOKENS))
+        for i in range(num_segments)
+    }
+    names = sorted(segments)
+    requests, size = [], 0
+    while size < total_tokens:
+        system = rng.choice(systems)
+        segs = rng.sample(names, 3)
+        private = [rng.randrange(100, 5000) for _ in range(PRIVATE_TOKENS)]
+        tokens = system + [t for s in segs for t in segments[s]] + private
+        anchors = [{"kind": "system", "segment_id": None, "offset": len(system)}]
+        offset = len(system)
+        for s in segs:
+            offset += SEGMENT_TOKENS
+            anchors.append({"kind": "segment", "segment_id": s, "offset": offset})
+        anchors.append({"kind": "private", "segment_id": None, "offset": len(tokens)})
+        rid = f"r{len(requests)}"
+        requests.append((rid, tokens, make_kv_hints(anchors, message_id=rid)))
+        size += len(tokens) - SYSTEM_TOKENS  # segments rarely repeat in the same position
+    table = {name: float(rng.randrange(1, 10**6)) for name in names}
+    return Workload(requests, table)
+
+
+@dataclass
+class Tree:
+    """One cache under test, behind three callables."""
+
+    insert: Callable[[str, list[int], Any], None]
+    evict: Callable[[int], int]  # -> nodes evicted
+    size: Callable[[], int]
+
+
+def sim_tree(policy: str, table: dict[str, float] | None) -> Tree:
+    from backend_plugin.sim_extension import DartSimExtension
+    from prism_sim.radix_cache import RadixCache
+    from prism_sim.request import SimRequest, Status
+
+    ext = DartSimExtension(DartCore(policy, protect=8))
+    clock = [0.0]
+    cache = RadixCache(ext.strategy, clock=lambda: clock[0])
+    cache.evict_listeners.append(ext.on_evict)
+    if table is not None:
+        ext.core.inbox.submit(PriorityUpdate(1, table, protect=8))
+
+    def insert(rid: str, tokens: list[int], kv_hints: Any) -> None:
+        clock[0] += 1.0
+        cache.insert(tokens)
+        req = SimRequest(rid, tokens, max_new_tokens=1, arrival_s=0.0, kv_hints=kv_hints)
+        ext.on_insert(req, cache, tokens)
+        req.status = Status.FINISHED  # served: it leaves a_t at the next eviction pass
+
+    return Tree(insert, lambda n: len(cache.evict(n).evicted_nodes), cache.evictable_size)
+
+
+@functools.cache
+def _torchvision_shim() -> Any:
+    """The operators the CUDA-linked torchvision lacks on CPU torch (tests/sglang/conftest)."""
+    import torch
+
+    lib = torch.library.Library("torchvision", "DEF")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    return lib
+
+
+def sglang_tree(policy: str, table: dict[str, float] | None) -> Tree:
+    _torchvision_shim()
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from backend_plugin.sglang_cache import DartRadixCache
+
+    class Allocator:
+        device = "cpu"
+        page_size = 1
+        freed_nodes = 0
+
+        def free_segment(self, indices: Any, start_pos: int = 0) -> None:
+            self.freed_nodes += 1
+
+    allocator = Allocator()
+    params = CacheInitParams(
+        disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=1
+    )
+    cache = DartRadixCache(params, DartCore(policy, protect=8))
+    if table is not None:
+        cache.dart.inbox.submit(PriorityUpdate(1, table, protect=8))
+
+    def insert(rid: str, tokens: list[int], kv_hints: Any) -> None:
+        hints = parse_kv_hints(kv_hints)
+        cache.insert_with_anchors(RadixKey(array("q", tokens)), hints, rid=rid)
+
+    def evict(n: int) -> int:
+        before = allocator.freed_nodes
+        cache.evict(EvictParams(num_tokens=n))
+        return allocator.freed_nodes - before
+
+    return Tree(insert, evict, cache.evictable_size)
+
+
+def build_trees(tree_kind: str, workload: Workload, verbose: bool) -> dict[str, Tree]:
+    build = sim_tree if tree_kind == "sim" else sglang_tree
+    trees = {"lru": build("lru", None), "dart": build("dart", workload.table)}
+    for name, tree in trees.items():
+        start = time.perf_counter()
+        for rid, tokens, kv_hints in workload.requests:
+            tree.insert(rid, tokens, kv_hints)
+        if verbose:
+            print(
+                f"{name:>4}: {tree.size():,} resident tokens from "
+                f"{len(workload.requests):,} anchored requests, built in "
+                f"{time.perf_counter() - start:.1f} s"
+            )
+    return trees
+
+
+def run(tree_kind: str, total_tokens: int, evict_tokens: int, pass_tokens: int, seed: int) -> None:
+    workload = make_workload(total_tokens, seed)
+    print(f"tree={tree_kind}, {len(workload.table):,} segments in the DART table, f=8")
+    for index, (label, step) in enumerate(
+        (("one pass", evict_tokens), (f"passes of {pass_tokens:,}", pass_tokens))
+    ):
+        trees = build_trees(tree_kind, workload, verbose=index == 0)  # fresh, identical
+        per_node, per_pass = {}, {}
+        for name, tree in trees.items():
+            nodes, done, passes = 0, 0, 0
+            start = time.perf_counter()
+            while done < evict_tokens:
+                before = tree.size()
+                nodes += tree.evict(step)
+                passes += 1
+                freed = before - tree.size()
+                if freed == 0:
+                    break
+                done += freed
+            elapsed = time.perf_counter() - start
+            per_node[name] = elapsed / max(nodes, 1)
+            per_pass[name] = elapsed / passes
+            print(
+                f"  {label:>16} {name:>4}: {passes:4d} passes, {nodes:6,d} nodes, "
+                f"{done:8,d} tokens, {elapsed * 1e3:8.1f} ms, {per_node[name] * 1e6:7.2f} us/node"
+            )
+        print(
+            f"  {label:>16} DART/LRU: {per_node['dart'] / per_node['lru']:.2f}x per evicted node, "
+            f"{per_pass['dart'] / per_pass['lru']:.2f}x per pass"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.dart_evict", description=__doc__)
+    parser.add_argument("--tokens", type=int, default=1_000_000)
+    parser.add_argument("--evict", type=int, default=100_000)
+    parser.add_argument("--pass-tokens", type=int, default=1_000)
+    parser.add_argument("--tree", choices=("sim", "sglang"), default="sim")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    run(args.tree, args.tokens, args.evict, args.pass_tokens, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""prism-sim: an SGLang-compatible simulated engine (SPEC §7); see docs/simulated-engine.md."""

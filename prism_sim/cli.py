@@ -9,10 +9,15 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prism_sim.eviction import eviction_strategy_names
+from prism_sim.extensions import EXTENSION_MODULES
 from prism_sim.schedule_policy import POLICIES
 from prism_sim.time_model import DEFAULT_PROFILE
+
+if TYPE_CHECKING:
+    from prism_sim.engine import SimConfig
 
 log = logging.getLogger("prism_sim")
 
@@ -38,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace):  # -> SimConfig (import kept lazy)
-    from prism_sim.engine import SimConfig
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    from prism_sim.engine import SimConfig  # lazy: `--help` need not load the tokenizer stack
 
     return SimConfig(
         host=args.host,
@@ -60,7 +65,7 @@ def config_from_args(args: argparse.Namespace):  # -> SimConfig (import kept laz
     )
 
 
-async def serve(config) -> None:
+async def serve(config: SimConfig) -> None:
     from prism_sim.server import create_app, start_site
 
     app = create_app(config)
@@ -82,9 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    if args.eviction.lower() not in eviction_strategy_names():
-        # Plugins (DART) register more names when imported by the engine; checked again there.
-        log.debug("eviction %r not registered yet", args.eviction)
+    known = {*eviction_strategy_names(), *EXTENSION_MODULES}
+    if args.eviction.lower() not in known:
+        print(f"prism-sim: unknown --eviction {args.eviction!r} (known: {sorted(known)})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
         config = config_from_args(args)
     except ValueError as exc:

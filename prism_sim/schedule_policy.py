@@ -41,7 +41,9 @@ def order_waiting(
     deprioritized: set[str] = set()
     scratch = RadixCache("lru", clock=lambda: 0.0)
     for req in waiting:
-        matched[req.rid] = cache.match_prefix(req.input_ids).prefix_len
+        # Match the whole prompt (it may split a node), count at most len - 1 (SGLang).
+        full = cache.match_prefix(req.input_ids).prefix_len
+        matched[req.rid] = min(full, len(req.input_ids) - 1)
         if matched[req.rid] <= IN_BATCH_CHECK_THRESHOLD:
             if scratch.match_prefix(req.input_ids).prefix_len >= IN_BATCH_DEPRIORITIZE_THRESHOLD:
                 deprioritized.add(req.rid)

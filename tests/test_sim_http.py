@@ -372,3 +372,22 @@ async def test_incremental_streaming_output(tokenizer: Tokenizer) -> None:
     ids = [t for c in chunks for t in c["output_ids"]]
     assert len(ids) == 6
     assert "".join(c["text"] for c in chunks) == tokenizer.decode(ids)
+
+
+async def test_model_info_reports_the_tokenizer_directory(tmp_path) -> None:
+    from prism_proxy.builtin_tokenizer import ensure_builtin
+
+    model_dir = str(ensure_builtin(tmp_path))
+    config = SimConfig(speed=SPEED, tokenizer=model_dir, served_model_name="my-model")
+    runner = await start_site(create_app(config), "127.0.0.1", 0)
+    host, port = runner.addresses[0][:2]
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://{host}:{port}/model_info") as resp:
+                info = await resp.json()
+            async with http.get(f"http://{host}:{port}/v1/models") as resp:
+                models = await resp.json()
+    finally:
+        await runner.cleanup()
+    assert info["model_path"] == model_dir
+    assert models["data"][0]["id"] == "my-model" and models["data"][0]["root"] == model_dir

@@ -167,3 +167,31 @@ def test_background_thread_serves_with_its_own_loop():
         thread.stop()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/prism/health", timeout=2)
+
+
+def test_launcher_maps_its_options_to_env_and_selects_the_backend():
+    from backend_plugin.launch import build_argv
+
+    env: dict[str, str] = {}
+    argv = build_argv(
+        [
+            "--model-path",
+            "m",
+            "--prism-control-port",
+            "4100",
+            "--prism-control-token=t0k",
+            "--prism-policy",
+            "lru+active",
+            "--tp-size",
+            "1",
+        ],
+        env,
+    )
+    assert argv == ["--model-path", "m", "--tp-size", "1", "--radix-cache-backend", "prism_dart"]
+    assert env == {
+        "PRISM_CONTROL_PORT": "4100",
+        "PRISM_CONTROL_TOKEN": "t0k",
+        "PRISM_DART_POLICY": "lru+active",
+    }
+    kept = build_argv(["--radix-cache-backend=other"], {})
+    assert kept == ["--radix-cache-backend=other"]

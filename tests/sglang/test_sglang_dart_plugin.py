@@ -5,6 +5,8 @@ the cache, and the refusals (tp > 1, no token)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import entry_points
 
 import httpx
@@ -94,3 +96,21 @@ def test_refuses_tensor_parallelism_and_an_unauthenticated_rpc(published_server_
     monkeypatch.delenv("PRISM_CONTROL_OPEN", raising=False)
     with pytest.raises(ControlConfigError, match="token"):
         create_tree_cache(build_context(published_server_args))
+
+
+def test_launcher_runs_sglangs_own_entry_point():
+    """`python -m backend_plugin.launch` reaches SGLang's launch_server argument parser
+    (with `--help` it stops there: no model can be served on this CPU-only machine)."""
+    code = (
+        "import torch\n"
+        "lib = torch.library.Library('torchvision', 'DEF')\n"
+        "lib.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n"
+        "lib.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n"
+        "from backend_plugin.launch import main\n"
+        "main(['--help'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--radix-cache-backend" in done.stdout and "--tp-size" in done.stdout

@@ -70,6 +70,11 @@ class SimRequest:
         return max(0, self.max_new_tokens - max(1, len(self.output_ids)))
 
     @property
+    def unallocated_prompt_tokens(self) -> int:
+        """Prompt tokens of a chunked request still to be allocated by later chunks."""
+        return max(0, len(self.input_ids) - self.fill_len - self.held_tokens)
+
+    @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 

@@ -16,11 +16,12 @@ One loop iteration, as SGLang's `get_next_batch_to_run`:
 
 KV accounting (`capacity = tree tokens + held tokens + free`):
 * admission matches `input_ids[:-1]` (SGLang keeps one token to compute logits), locks
-  the matched path and records `cached_tokens`; it must fit
-  `extend + remaining decode tokens` into `capacity − protected − held − reserved`,
-  where `reserved` is the decode tokens every admitted request may still need, so
-  decoding never runs out of memory (SGLang estimates this with a decaying ratio; we
-  reserve it all, which only matters under memory pressure);
+  the matched path and records `cached_tokens`; it must fit its whole uncached prompt
+  plus its remaining decode tokens into `capacity − protected − held − reserved`,
+  where `reserved` is what admitted requests may still allocate (decode tokens, the
+  rest of a chunked prompt), so decoding never runs out of memory (SGLang estimates
+  the decode share with a decaying ratio; we reserve it all, which only matters under
+  memory pressure);
 * allocating tokens evicts unlocked tree nodes when the free pool is short;
 * after each prefill chunk the computed prompt is inserted into the tree and the lock
   moves to its end; on finish (or abort) the prompt plus the generated tokens whose KV
@@ -195,10 +196,14 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running) + (1 if self.chunked is not None else 0)
 
-    def _reserved_decode_tokens(self) -> int:
-        """Decode tokens the running requests (and the chunked one) may still need."""
-        reqs = [*self.running, self.chunked] if self.chunked is not None else self.running
-        return sum(r.remaining_decode_tokens for r in reqs)
+    def _reserved_tokens(self) -> int:
+        """Tokens admitted requests may still allocate: every decode token still to come,
+        and the rest of the chunked prompt."""
+        reserved = sum(r.remaining_decode_tokens for r in self.running)
+        if self.chunked is not None:
+            reserved += self.chunked.remaining_decode_tokens
+            reserved += self.chunked.unallocated_prompt_tokens
+        return reserved
 
     def _available_tokens(self, reserved: int) -> int:
         """Tokens a new admission may still take (evictable tokens count as free)."""
@@ -248,7 +253,7 @@ class Scheduler:
             parts.append(PrefillPart(req, take))
             budget -= take
         new_chunked: SimRequest | None = None
-        reserved = self._reserved_decode_tokens()  # grows with each admission below
+        reserved = self._reserved_tokens()  # grows with each admission below
         hit_tokens = 0
         new_prompt_tokens = 0
         arrived = [r for r in self.waiting if r.arrival_s <= now]
@@ -267,10 +272,11 @@ class Scheduler:
             extend = len(req.input_ids) - match.prefix_len
             self.cache.inc_lock_ref(match.last_node)
             take = min(extend, budget)
-            if take + req.remaining_decode_tokens > self._available_tokens(reserved):
+            # The whole prompt must fit, not only this chunk (SGLang's PrefillAdder).
+            if extend + req.remaining_decode_tokens > self._available_tokens(reserved):
                 self.cache.dec_lock_ref(match.last_node)
                 break
-            reserved += req.remaining_decode_tokens
+            reserved += req.remaining_decode_tokens + (extend - take)
             self.waiting.remove(req)
             req.status = Status.PREFILLING
             req.admitted_s = now

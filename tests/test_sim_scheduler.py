@@ -257,3 +257,23 @@ def test_offline_replay_is_deterministic_and_completes_everything() -> None:
     assert all(r.ttft_s == pytest.approx(0.01 + (40 - r.cached_tokens) / 1000) for r in first)
     # The first request of each of the 3 prefixes misses; the other 37 hit 30 tokens.
     assert [r.cached_tokens for r in first] == [0, 0, 0] + [30] * 37
+
+
+def test_chunked_requests_reserve_their_whole_prompt() -> None:
+    # Each request needs 200 prompt + 9 decode = 209 tokens; capacity 300 holds one at a
+    # time even though a first chunk (64) alone would fit beside a running request.
+    s = scheduler(kv_capacity_tokens=300, chunked_prefill_size=64)
+    reqs = [req(f"c{i}", [500 + i] * 200, max_new=10) for i in range(3)]
+    for r in reqs:
+        s.add_request(r, 0.0)
+    peak = 0
+
+    def check(s: Scheduler) -> None:
+        nonlocal peak
+        assert s.used_tokens <= 300
+        peak = max(peak, s.num_running)
+
+    run(s, check=check)
+    assert all(r.finished for r in reqs)
+    assert peak == 1
+    assert s.stats.kv_overcommit_tokens == 0

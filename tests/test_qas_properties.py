@@ -133,3 +133,36 @@ def test_oldest_request_is_dispatched_within_bounded_rounds(round_, q_cold, wave
         )
         pending.append(QueuedRequest(f"new{round_index}", latest + 1 + round_index, hot_segments))
     raise AssertionError(f"{oldest} not dispatched within 3 rounds")
+
+
+def reference_klpm(view, queue: list[QueuedRequest], wave_size: int, k: int) -> list[str]:
+    """k-LPM written the obvious way: rescan every match before every pick."""
+    remaining = sorted(queue, key=lambda r: r.arrival)
+    wave: list[str] = []
+    while remaining and len(wave) < wave_size:
+        picked = remaining.pop(0)
+        view.insert(picked, picked.segments)
+        wave.append(picked.rid)
+        for _ in range(k - 1):
+            if not remaining or len(wave) >= wave_size:
+                break
+            best = max(
+                range(len(remaining)),
+                key=lambda i: (view.match_tokens(remaining[i], remaining[i].segments), -i),
+            )
+            picked = remaining.pop(best)
+            view.insert(picked, picked.segments)
+            wave.append(picked.rid)
+    return wave
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(rounds(), min_size=1, max_size=4), st.integers(1, 4), st.integers(20, 2000))
+def test_klpm_incremental_matches_equal_a_full_rescan(rounds_, k, capacity) -> None:
+    from prism_proxy.qas.cache_view import CacheView
+
+    policy = make_policy("klpm", QasParams(k=k, cache_view_tokens=capacity))
+    reference_view = CacheView(capacity)
+    for queue, active, wave_size in rounds_:
+        expected = reference_klpm(reference_view, queue, wave_size, k)
+        assert [e.rid for e in policy.plan_round(queue, active, wave_size).wave] == expected

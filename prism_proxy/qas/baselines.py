@@ -61,6 +61,14 @@ class FifoPolicy:
 
 
 class KlpmPolicy:
+    """k-LPM over the proxy's cache view.
+
+    Match lengths are computed once per round and refreshed only where an insertion can
+    change them: a path inserted after matching d pieces creates nodes deeper than d, so
+    only requests sharing its head (d = 0) or its head and first segment (d ≥ 1) can
+    match more. Pruning can shorten any match, so it triggers a full refresh.
+    """
+
     name = "klpm"
 
     def __init__(self, params: QasParams) -> None:
@@ -70,22 +78,56 @@ class KlpmPolicy:
     def plan_round(
         self, queue: Sequence[QueuedRequest], active: Sequence[ActiveRequest], wave_size: int
     ) -> RoundPlan:
-        remaining = fifo_order(queue)
+        ordered = fifo_order(queue)
+        taken = [False] * len(ordered)
+        by_head: dict[str, list[int]] = {}
+        by_first: dict[tuple[str, str], list[int]] = {}
+        for i, request in enumerate(ordered):
+            by_head.setdefault(request.prefix_key, []).append(i)
+            if request.segments:
+                by_first.setdefault((request.prefix_key, request.segments[0]), []).append(i)
+        matches: list[int] | None = None
         wave: list[WaveEntry] = []
-        while remaining and len(wave) < wave_size:
-            picked = remaining.pop(0)
-            self.view.insert(picked, picked.segments)
-            wave.append(WaveEntry(picked.rid, Lane.COLD))
+
+        def refresh(indices: Sequence[int]) -> None:
+            assert matches is not None
+            for j in indices:
+                if not taken[j]:
+                    matches[j] = self.view.match_tokens(ordered[j], ordered[j].segments)
+
+        def take(i: int, lane: Lane) -> None:
+            nonlocal matches
+            request = ordered[i]
+            taken[i] = True
+            depth, _ = self.view.match(request, request.segments)
+            pruned = self.view.insert(request, request.segments)
+            wave.append(WaveEntry(request.rid, lane))
+            if matches is None:
+                return
+            if pruned:
+                matches = None
+            elif depth == 0:
+                refresh(by_head[request.prefix_key])
+            elif request.segments:
+                refresh(by_first[(request.prefix_key, request.segments[0])])
+
+        oldest = 0
+        limit = min(max(0, wave_size), len(ordered))
+        while len(wave) < limit:
+            while taken[oldest]:
+                oldest += 1
+            take(oldest, Lane.COLD)
             for _ in range(self.params.k - 1):
-                if not remaining or len(wave) >= wave_size:
+                if len(wave) >= limit:
                     break
+                if matches is None:
+                    matches = [0] * len(ordered)
+                    refresh(range(len(ordered)))
                 best = max(
-                    range(len(remaining)),
-                    key=lambda i: (self.view.match_tokens(remaining[i], remaining[i].segments), -i),
+                    (j for j in range(len(ordered)) if not taken[j]),
+                    key=lambda j: (matches[j], -j),
                 )
-                picked = remaining.pop(best)
-                self.view.insert(picked, picked.segments)
-                wave.append(WaveEntry(picked.rid, Lane.HOT))
+                take(best, Lane.HOT)
         skeletons = {q.rid: tuple(q.segments) for q in queue}
         return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)
 

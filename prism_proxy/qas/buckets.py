@@ -61,7 +61,8 @@ def bucket_score(
 ) -> tuple[float, float]:
     """(Score(b), U(b)) for a bucket given the hot-lane capacity M − q_cold."""
     params = counters.params
-    distinct = {segment for member in bucket.members for segment in member.skeleton}
+    # insertion-ordered, so the float sum is identical across runs and hash seeds
+    distinct = dict.fromkeys(segment for member in bucket.members for segment in member.skeleton)
     base = sum(counters.base_priority(segment) for segment in distinct)
     hot_batch = bucket.members[: max(0, hot_capacity)]
     next_total = sum(len(set(member.skeleton)) for member in hot_batch)

@@ -47,21 +47,27 @@ class CacheView:
         self._lru: list[tuple[int, int, ViewNode]] = []
         self._ids = itertools.count()
 
-    def match_tokens(self, request: QueuedRequest, order: Sequence[str]) -> int:
-        """Tokens of the longest recorded prefix of the request in this order."""
-        node, matched = self.root, 0
+    def match(self, request: QueuedRequest, order: Sequence[str]) -> tuple[int, int]:
+        """(pieces, tokens) of the longest recorded prefix of the request in this order."""
+        node, pieces, matched = self.root, 0, 0
         for key, tokens in request_path(request, order):
             child = node.children.get(key)
             if child is None:
                 break
-            node, matched = child, matched + tokens
-        return matched
+            node, pieces, matched = child, pieces + 1, matched + tokens
+        return pieces, matched
+
+    def match_tokens(self, request: QueuedRequest, order: Sequence[str]) -> int:
+        return self.match(request, order)[1]
 
     def head_node(self, request: QueuedRequest) -> ViewNode | None:
         return self.root.children.get("head:" + request.prefix_key)
 
-    def insert(self, request: QueuedRequest, order: Sequence[str]) -> None:
-        """Record a dispatched prompt and mark its path most recently used."""
+    def insert(self, request: QueuedRequest, order: Sequence[str]) -> int:
+        """Record a dispatched prompt, mark its path most recently used.
+
+        Returns how many nodes pruning removed to stay within capacity.
+        """
         tick = next(self._clock)
         node = self.root
         for key, tokens in request_path(request, order):
@@ -72,9 +78,10 @@ class CacheView:
             child.last_used = tick
             node = child
         heapq.heappush(self._lru, (tick, next(self._ids), node))
-        self._prune()
+        return self._prune()
 
-    def _prune(self) -> None:
+    def _prune(self) -> int:
+        removed = 0
         while self.total_tokens > self.capacity_tokens and self._lru:
             tick, _, node = heapq.heappop(self._lru)
             if node.children or node.last_used != tick or node.parent is None:
@@ -85,5 +92,7 @@ class CacheView:
             del parent.children[node.key]
             node.parent = None
             self.total_tokens -= node.tokens
+            removed += 1
             if parent is not self.root and not parent.children:
                 heapq.heappush(self._lru, (parent.last_used, next(self._ids), parent))
+        return removed

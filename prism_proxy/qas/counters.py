@@ -22,7 +22,7 @@ def count_segments(skeletons: Iterable[Sequence[str]]) -> Counter[str]:
     """Number of requests holding each segment (a request counts a segment once)."""
     counts: Counter[str] = Counter()
     for skeleton in skeletons:
-        counts.update(set(skeleton))
+        counts.update(dict.fromkeys(skeleton, 1))  # once per request, in a stable order
     return counts
 
 

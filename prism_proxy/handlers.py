@@ -2,7 +2,8 @@
 
 Token path (SPEC §1, §2, §4): body → `TokenJob` → queued in QAS → released in a wave →
 serialized in the released order → backend `/generate` with `input_ids`, `rid`,
-`sampling_params` and `kv_hints.prism.anchors` → OpenAI (or native) response.
+`sampling_params` and the anchors in `kv_hints` (SGLang's envelope, built by
+`backend_plugin.dart.anchors.make_kv_hints`) → OpenAI (or native) response.
 Passthrough (features the token path cannot serve): admitted by QAS the same way, then
 sent unchanged (minus `prism`) to the backend's own endpoint.
 
@@ -25,6 +26,7 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from backend_plugin.dart.anchors import make_kv_hints
 from prism_proxy import state
 from prism_proxy.admission import DuplicateRidError, QueueFullError, ShuttingDownError
 from prism_proxy.api_models import (
@@ -220,9 +222,11 @@ async def token_path(
             "sampling_params": sampling_params,
         }
         if dispatch.anchors:
-            payload["kv_hints"] = {
-                "prism": {"anchors": dispatch.anchors, "priorities": release.priorities}
-            }
+            # SGLang 0.5.23 only accepts kv_hints as a versioned envelope (a bare
+            # {"prism": ...} is a 400); the DART plugin and prism-sim read this form.
+            payload["kv_hints"] = make_kv_hints(
+                dispatch.anchors, release.priorities, message_id=rid
+            )
         if stream:
             return await _relay_stream(request, payload, fmt, lane, rid)
         try:

@@ -114,3 +114,32 @@ def test_launcher_runs_sglangs_own_entry_point():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--radix-cache-backend" in done.stdout and "--tp-size" in done.stdout
+
+
+def test_sglang_accepts_our_kv_hints_envelope_and_rejects_a_bare_dict():
+    """What `/generate` does with `kv_hints` (GenerateReqInput normalization): the
+    envelope built by `make_kv_hints` passes and reaches the scheduler as a
+    `KvHintsEnvelope` the plugin reads; the bare `{"prism": ...}` form is a 400."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.kv_hints import KvHintsEnvelope
+
+    from backend_plugin.dart import make_kv_hints, parse_kv_hints
+
+    anchors = [
+        {"kind": "system", "segment_id": None, "offset": 2},
+        {"kind": "segment", "segment_id": "doc-1", "offset": 5},
+        {"kind": "private", "segment_id": None, "offset": 7},
+    ]
+    ok = GenerateReqInput(
+        input_ids=list(range(7)),
+        rid="r1",
+        kv_hints=make_kv_hints(anchors, {"doc-1": 3.0}, message_id="r1"),
+    )
+    ok.normalize_batch_and_arguments()
+    assert isinstance(ok.kv_hints, KvHintsEnvelope)
+    hints = parse_kv_hints(ok.kv_hints)
+    assert [a.offset for a in hints.anchors] == [2, 5, 7]
+    assert hints.segment_ids == {"doc-1"} and hints.priorities == {"doc-1": 3.0}
+    bare = GenerateReqInput(input_ids=list(range(7)), rid="r2", kv_hints={"prism": {}})
+    with pytest.raises(ValueError, match="Malformed kv_hints envelope"):
+        bare.normalize_batch_and_arguments()

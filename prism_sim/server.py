@@ -35,6 +35,7 @@ def create_app(config: SimConfig, engine: SimEngine | None = None) -> web.Applic
     for method in ("GET", "POST"):
         app.router.add_route(method, "/flush_cache", native_api.flush_cache)
     app.router.add_get("/health", native_api.health)
+    app.router.add_get("/ready", native_api.health)
     app.router.add_get("/health_generate", native_api.health_generate)
     for path in ("/model_info", "/get_model_info"):
         app.router.add_get(path, native_api.model_info)

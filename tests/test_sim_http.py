@@ -238,7 +238,7 @@ async def test_metrics_use_sglang_names(sim: Sim) -> None:
 
 
 async def test_info_and_health_endpoints(sim: Sim) -> None:
-    for path in ("/health", "/health_generate"):
+    for path in ("/health", "/ready", "/health_generate"):
         async with sim.http.get(sim.url + path) as resp:
             assert resp.status == 200
     for path in ("/model_info", "/get_model_info"):

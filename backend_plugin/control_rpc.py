@@ -208,6 +208,7 @@ class ControlThread:
             )
         except BaseException as exc:
             self._error = exc
+            self._loop.close()
             self._ready.set()
             return
         self._ready.set()

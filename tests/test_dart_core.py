@@ -359,3 +359,28 @@ def test_dart_module_does_not_import_sglang():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy))
+def test_strategy_fast_path_equals_the_reference_key(policy):
+    """`DartStrategy` inlines the `dart`/`lru` keys; they must equal `eviction_key`."""
+    from backend_plugin.dart import DartStrategy
+
+    rng = random.Random(7)
+    core = DartCore(policy, protect=2)
+    metas = [None, PRIV, SEG_A, SEG_Z, SYS, NodeMeta(AnchorKind.SEGMENT, "B")]
+    for meta in metas:
+        if meta is not None:
+            core.on_assign(None, meta, 3)
+    strategy = DartStrategy(core)
+    for epoch in range(3):
+        for _ in range(20):
+            meta = rng.choice(metas)
+            node = SimpleNamespace(
+                prism_meta=meta, last_access_time=rng.random(), hit_count=rng.randrange(4)
+            )
+            assert strategy.get_priority(node) == core.key(
+                meta, node.last_access_time, node.hit_count
+            )
+        core.inbox.submit(PriorityUpdate(epoch, {"A": rng.random(), "B": rng.random()}, 2))
+        core.apply_pending()

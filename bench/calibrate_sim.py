@@ -10,7 +10,10 @@ first arrival to last finish) and TTFT percentiles, all in modeled seconds, twic
 
 * `offline` — the scheduler replayed in pure modeled time (`prism_sim.offline`);
 * `realtime` — the same trace through the asyncio engine loop at `--speed` (what the
-  HTTP server runs), so the two columns show how much Python overhead leaks in.
+  HTTP server runs), so the two columns show how much Python overhead leaks in;
+  with `--http`, through a real `python -m prism_sim` subprocess over streaming
+  `/generate` instead (TTFT measured by the client; the last column is then the
+  server loop's lag at the end).
 
 The plateau of served throughput is the profile's capacity; the paper reports ~50 req/s
 (48.3 req/s served at 50 QPS). Nothing here asserts a number.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import random
 import time
@@ -140,6 +144,59 @@ async def run_realtime(profile: Profile, trace: Sequence[TraceRequest], speed: f
     return results, loop.max_lag_s
 
 
+async def run_http(profile_spec: str | None, trace: Sequence[TraceRequest], speed: float):
+    """The trace through a real `python -m prism_sim` subprocess over streaming
+    `/generate`; TTFT is the first chunk's wall delay × speed (lag included)."""
+    import aiohttp
+
+    from loadgen.processes import run_server
+
+    args = ["--speed", f"{speed:g}", "--log-level", "warning"]
+    if profile_spec:
+        args += ["--profile", profile_spec]
+    with run_server("prism_sim", args) as server:
+        url = server.url + "/generate"
+        start = time.monotonic()
+
+        def modeled() -> float:
+            return (time.monotonic() - start) * speed
+
+        async def one(session: aiohttp.ClientSession, t: TraceRequest) -> RequestResult:
+            await asyncio.sleep(max(0.0, t.arrival_s / speed - (time.monotonic() - start)))
+            body = {
+                "input_ids": t.input_ids,
+                "rid": t.rid,
+                "stream": True,
+                "sampling_params": {"max_new_tokens": t.max_new_tokens},
+            }
+            sent, first, meta = modeled(), math.nan, {}
+            async with session.post(url, json=body) as resp:
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: {"):
+                        continue
+                    if math.isnan(first):
+                        first = modeled()
+                    meta = json.loads(line[len("data: ") :])["meta_info"]
+            return RequestResult(
+                t.rid, sent, first, modeled(), meta.get("prompt_tokens", 0),
+                meta.get("cached_tokens", 0), meta.get("completion_tokens", 0),
+            )  # fmt: skip
+
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            results = await asyncio.gather(*(one(session, t) for t in trace))
+        info = await asyncio.to_thread(_server_lag, server.url)
+    return list(results), info
+
+
+def _server_lag(url: str) -> float:
+    import httpx
+
+    states = httpx.get(url + "/server_info", timeout=10).json()["internal_states"][0]
+    return float(states["loop_lag_s"])
+
+
 def print_table(rows: Sequence[tuple[Summary, Summary | None]]) -> None:
     head = (
         f"{'QPS':>5} | {'served req/s':>12} {'P50 TTFT':>9} {'P99 TTFT':>9} {'hit':>6}"
@@ -166,6 +223,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--profile", default=None)
     p.add_argument("--speed", type=float, default=5.0, help="real-time run's time scale")
     p.add_argument("--no-realtime", action="store_true", help="offline replay only")
+    p.add_argument(
+        "--http",
+        action="store_true",
+        help="right-hand columns through a prism_sim subprocess over streaming HTTP "
+        "(client-side TTFT; heavier: use fewer requests or a lower speed)",
+    )
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     profile = load_profile(args.profile)
@@ -192,7 +255,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         # one core could sustain on this load (HTTP handling comes on top).
         offline = summarize(qps, results, extra=f"{span_s / replay_wall_s:.0f}x")
         rt = None
-        if not args.no_realtime:
+        if args.http:
+            results, lag = asyncio.run(run_http(args.profile, trace, args.speed))
+            rt = summarize(qps, results, extra=f"{lag:.2f}")
+        elif not args.no_realtime:
             results, lag = asyncio.run(run_realtime(profile, trace, args.speed))
             rt = summarize(qps, results, extra=f"{lag:.2f}")
         rows.append((offline, rt))

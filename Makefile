@@ -62,8 +62,9 @@ test-sglang: sglang-venv
 
 test: lint test-core test-sglang
 
+# fifo vs k-LPM vs PRISM on zipf_hotspot across the knee, simulated engine (docs/experiments.md).
 demo: venv
-	$(PY) -m prism_proxy.cli explain examples/explain_round.json
+	$(PY) -m loadgen demo --out runs/demo
 
 clean:
 	rm -rf $(VENV) $(SGL_VENV) .pytest_cache .ruff_cache .hypothesis

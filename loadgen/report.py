@@ -4,7 +4,8 @@ Reads every ``*.json`` result in a directory (each carries its ``variant``: labe
 QPS), and writes ``report.md`` (P99 TTFT and hit rate per variant and QPS, their sweep
 averages, P99 reductions vs the strongest baseline and vs ``fifo``, and a detail table
 with all TTFT percentiles and throughput) plus ``p99_ttft_vs_qps.png``,
-``hit_rate_vs_qps.png`` and ``throughput_vs_qps.png``. Plots use matplotlib's Agg
+``hit_rate_vs_qps.png`` and ``throughput_vs_qps.png``, and ``summaries.json`` (every
+run's summary without the per-request records). Plots use matplotlib's Agg
 backend (no display needed).
 """
 
@@ -192,4 +193,15 @@ def write_report(
     body += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     report = out_dir / "report.md"
     report.write_text("\n".join(body))
-    return ReportPaths(table_text=table, files=(report, *plots))
+    compact = out_dir / "summaries.json"
+    compact.write_text(
+        json.dumps(
+            {
+                lb: {f"{q:g}": s for q, s in sorted(by_qps.items())}
+                for lb, by_qps in results.items()
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    return ReportPaths(table_text=table, files=(report, compact, *plots))

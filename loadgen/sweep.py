@@ -78,7 +78,8 @@ def make_variants(
 
 
 def trace_path(config: SweepConfig, qps: float) -> Path:
-    return config.out / "traces" / f"{config.workload}_qps{qps:g}_seed{config.seed}.jsonl"
+    name = f"{config.workload}_n{config.num_requests}_qps{qps:g}_seed{config.seed}.jsonl"
+    return config.out / "traces" / name
 
 
 def result_path(config: SweepConfig, variant: Variant, qps: float) -> Path:
@@ -218,6 +219,8 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> Path:
 def run_sweep(config: SweepConfig, command: str) -> list[Path]:
     """Every variant at every QPS, then the report; returns the result files."""
     config.out.mkdir(parents=True, exist_ok=True)
+    for stale in (config.out / "results").glob("*.json"):
+        stale.unlink()  # results/ is this sweep's own output: the report reads all of it
     manifest = {
         "command": command,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

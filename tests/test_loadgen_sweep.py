@@ -62,8 +62,16 @@ def test_report_from_results(tmp_path: Path) -> None:
     paths = write_report(results, out_dir=tmp_path)
     names = sorted(p.name for p in paths.files)
     assert names == sorted(
-        ["report.md", "p99_ttft_vs_qps.png", "hit_rate_vs_qps.png", "throughput_vs_qps.png"]
+        [
+            "report.md",
+            "summaries.json",
+            "p99_ttft_vs_qps.png",
+            "hit_rate_vs_qps.png",
+            "throughput_vs_qps.png",
+        ]
     )
+    compact = json.loads((tmp_path / "summaries.json").read_text())
+    assert compact["klpm"]["80"]["p99_ttft_ms"] == 4000.0
     for path in paths.files:
         if path.suffix == ".png":
             assert path.read_bytes()[:8] == PNG_MAGIC

@@ -9,14 +9,19 @@ thresholds: DART should stay within a small constant factor of LRU (same heap, a
 key, one protection-set snapshot per pass).
 
     python -m bench.dart_evict [--tokens 1000000] [--evict 100000] [--tree sim|sglang]
+                               [--gc-freeze]
 
 `--tree sglang` runs SGLang's own RadixCache/DartRadixCache (needs .venv-sglang).
+`--gc-freeze` moves the built trees out of the cyclic GC's reach (`gc.freeze()`, as a
+server does after warm-up): DART's tuple keys allocate twice LRU's objects per leaf per
+pass, and with the tree under the collector much of the many-pass gap is GC time.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import random
 import time
 from collections.abc import Callable
@@ -162,13 +167,26 @@ def build_trees(tree_kind: str, workload: Workload, verbose: bool) -> dict[str, 
     return trees
 
 
-def run(tree_kind: str, total_tokens: int, evict_tokens: int, pass_tokens: int, seed: int) -> None:
+def run(
+    tree_kind: str,
+    total_tokens: int,
+    evict_tokens: int,
+    pass_tokens: int,
+    seed: int,
+    gc_freeze: bool = False,
+) -> None:
     workload = make_workload(total_tokens, seed)
-    print(f"tree={tree_kind}, {len(workload.table):,} segments in the DART table, f=8")
+    print(
+        f"tree={tree_kind}, {len(workload.table):,} segments in the DART table, f=8, "
+        f"gc.freeze()={'on' if gc_freeze else 'off'}"
+    )
     for index, (label, step) in enumerate(
         (("one pass", evict_tokens), (f"passes of {pass_tokens:,}", pass_tokens))
     ):
         trees = build_trees(tree_kind, workload, verbose=index == 0)  # fresh, identical
+        gc.unfreeze()
+        if gc_freeze:
+            gc.freeze()
         per_node, per_pass = {}, {}
         for name, tree in trees.items():
             nodes, done, passes = 0, 0, 0
@@ -192,6 +210,7 @@ def run(tree_kind: str, total_tokens: int, evict_tokens: int, pass_tokens: int, 
             f"  {label:>16} DART/LRU: {per_node['dart'] / per_node['lru']:.2f}x per evicted node, "
             f"{per_pass['dart'] / per_pass['lru']:.2f}x per pass"
         )
+    gc.unfreeze()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -201,8 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pass-tokens", type=int, default=1_000)
     parser.add_argument("--tree", choices=("sim", "sglang"), default="sim")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args(argv)
-    run(args.tree, args.tokens, args.evict, args.pass_tokens, args.seed)
+    run(args.tree, args.tokens, args.evict, args.pass_tokens, args.seed, args.gc_freeze)
 
 
 if __name__ == "__main__":

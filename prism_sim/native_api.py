@@ -28,17 +28,20 @@ from prism_sim.request import SimRequest
 
 
 def meta_info(engine: SimEngine, req: SimRequest) -> dict[str, Any]:
-    end_s = req.finish_s if req.finish_s is not None else engine.loop.now()
-    return {
+    """SGLang's `meta_info`; `e2e_latency` (modeled seconds) only once finished."""
+    meta: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": req.finish_reason,
         "prompt_tokens": len(req.input_ids),
         "weight_version": "default",
         "total_retractions": 0,
+        "reasoning_tokens": 0,
         "completion_tokens": len(req.output_ids),
         "cached_tokens": req.cached_tokens,
-        "e2e_latency": end_s - req.arrival_s,
     }
+    if req.finish_s is not None:
+        meta["e2e_latency"] = req.finish_s - req.arrival_s
+    return meta
 
 
 def _nth(value: Any, index: int) -> Any:

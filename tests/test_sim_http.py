@@ -145,6 +145,9 @@ async def test_streaming_is_cumulative_and_ends_with_done(sim: Sim, tokenizer: T
     assert final["text"] == tokenizer.decode(final["output_ids"])
     assert final["meta_info"]["finish_reason"]["type"] == "length"
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    # As SGLang: e2e_latency (modeled seconds) only on the finished chunk.
+    assert all("e2e_latency" not in c["meta_info"] for c in chunks[:-1])
+    assert final["meta_info"]["e2e_latency"] > 0
 
 
 async def test_abort_of_a_running_stream_ends_it_with_abort(sim: Sim) -> None:

@@ -60,20 +60,26 @@ class DartSimExtension:
         self.strategy = DartStrategy(core)
         self.config = config
         self.control_port: int | None = None
-        self._hooked: set[int] = set()
+        self._cache: Any = None
+        self._root: Any = None  # the cache's root when last seen: a new one means a flush
         self._live: dict[str, Any] = {}  # rid -> request counted in a_t
 
     # ---- tree hooks ----------------------------------------------------------------
     def _hook(self, cache: Any) -> None:
-        """Follow the cache's splits and eviction passes (once per cache)."""
-        if id(cache) in self._hooked:
-            return
-        self._hooked.add(id(cache))
-        cache.split_listeners.append(self.on_split)
-        cache.evict_begin_listeners.append(self.begin_eviction)
+        """Follow the cache's splits and eviction passes (one cache per extension)."""
+        if self._cache is None:
+            self._cache, self._root = cache, cache.root
+            cache.split_listeners.append(self.on_split)
+            cache.evict_begin_listeners.append(self.begin_eviction)
+        elif cache is not self._cache:
+            raise RuntimeError("a DART extension serves one radix cache")
+        elif cache.root is not self._root:  # reset() (/flush_cache) dropped every node
+            self._root = cache.root
+            self.core.clear_residency()
 
     def begin_eviction(self) -> None:
         """Start of an eviction pass: drop finished requests from a_t, snapshot F_t."""
+        self._hook(self._cache)
         for rid in [rid for rid, req in self._live.items() if req.finished]:
             del self._live[rid]
             self.core.request_finished(rid)

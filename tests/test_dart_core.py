@@ -280,6 +280,19 @@ def test_anchors_split_nodes_at_exact_offsets_and_own_the_whole_span():
     assert stats.anchors_resident == 4 and stats.annotated_tokens_resident == 20
 
 
+def test_a_flush_clears_residency():
+    cache, clock, ext, _ = build_scenario()
+    assert ext.core.stats().anchors_resident == 1 + 4 * 2  # S, then A-D and their suffixes
+    cache.reset()  # what /flush_cache does
+    clock.now += 1
+    tokens = SYSTEM + SEGMENTS["B"] + PRIVATE["B"]
+    insert_request(
+        cache, ext, "again", tokens, make_kv_hints(anchors_for(["B"], 4), message_id="x")
+    )
+    stats = ext.core.stats()
+    assert stats.anchors_resident == 3 and stats.annotated_tokens_resident == 8 + 6
+
+
 # ---- differential: DART with no table == plain LRU ---------------------------------------
 #
 # Anchors add node boundaries, and a boundary changes what plain LRU itself does (a match

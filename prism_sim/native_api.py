@@ -138,13 +138,17 @@ async def abort_request(request: web.Request) -> web.Response:
         body = await parse_body(request, AbortIn)
     except BadRequest as exc:
         return error_response(str(exc))
+    sched = engine.scheduler
+    live = [*sched.waiting, *sched.running, *([sched.chunked] if sched.chunked else [])]
     if body.abort_all:
-        for req in [*engine.scheduler.waiting, *engine.scheduler.running]:
-            engine.loop.abort(req.rid)
-        if engine.scheduler.chunked is not None:
-            engine.loop.abort(engine.scheduler.chunked.rid)
-    elif body.rid:
-        engine.loop.abort(body.rid)
+        targets = [r.rid for r in live]
+    elif body.rid and sched.get(body.rid) is not None:
+        # As SGLang: the rid must exist, then every request whose rid starts with it goes.
+        targets = [r.rid for r in live if r.rid.startswith(body.rid)]
+    else:
+        targets = []
+    for rid in targets:
+        engine.loop.abort(rid)
     return web.Response(status=200)
 
 

@@ -394,3 +394,26 @@ async def test_model_info_reports_the_tokenizer_directory(tmp_path) -> None:
         await runner.cleanup()
     assert info["model_path"] == model_dir
     assert models["data"][0]["id"] == "my-model" and models["data"][0]["root"] == model_dir
+
+
+async def test_abort_matches_rid_prefixes_like_sglang(sim: Sim) -> None:
+    def body(rid: str) -> dict[str, object]:
+        return {"input_ids": [81, 82], "rid": rid, "stream": True,
+                "sampling_params": {"max_new_tokens": 100_000}}  # fmt: skip
+
+    async with (
+        sim.http.post(sim.url + "/generate", json=body("job-1")) as one,
+        sim.http.post(sim.url + "/generate", json=body("job-12")) as twelve,
+        sim.http.post(sim.url + "/generate", json=body("other")) as other,
+    ):
+        for resp in (one, twelve, other):
+            await resp.content.readline()
+        await post(sim, "/abort_request", {"rid": "job"})  # no such rid: nothing happens
+        assert sim.engine.scheduler.num_running == 3
+        await post(sim, "/abort_request", {"rid": "job-1"})  # job-1 and job-12
+        for resp in (one, twelve):
+            events = [e async for e in sse_events(resp)]
+            assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"  # type: ignore[index]
+        assert sim.engine.scheduler.num_running == 1
+        await post(sim, "/abort_request", {"rid": "other"})
+        _ = [e async for e in sse_events(other)]

@@ -195,3 +195,36 @@ def test_launcher_maps_its_options_to_env_and_selects_the_backend():
     }
     kept = build_argv(["--radix-cache-backend=other"], {})
     assert kept == ["--radix-cache-backend=other"]
+
+
+def test_inbox_orders_concurrent_submissions():
+    """Many RPC threads at once: what the owner drains has strictly increasing epochs,
+    every submission is either queued or rejected as stale, and the newest wins."""
+    import random
+    import threading
+
+    from backend_plugin.dart import PriorityUpdate, StaleEpochError, UpdateInbox
+
+    inbox = UpdateInbox()
+    rejected: list[int] = []
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            epoch = rng.randrange(2000)
+            try:
+                inbox.submit(PriorityUpdate(epoch, {"A": float(epoch)}))
+            except StaleEpochError:
+                with lock:
+                    rejected.append(epoch)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    drained = [u.epoch for u in inbox.drain()]
+    assert drained == sorted(set(drained))
+    assert len(drained) + len(rejected) == 4 * 300
+    assert drained[-1] == inbox.accepted_epoch == max(drained + rejected)

@@ -130,7 +130,7 @@ class SimEngine:
                 hook(req, cache, key)
 
         self.scheduler = Scheduler(
-            SchedulerConfig.from_profile(self.profile, config.schedule_policy),
+            SchedulerConfig.from_profile(self.profile, config.schedule_policy, config.eviction),
             self.profile,
             self.cache,
             filler[shift:] + filler[:shift],

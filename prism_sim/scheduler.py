@@ -53,6 +53,8 @@ class SchedulerConfig:
     max_running_requests: int
     chunked_prefill_size: int | None
     schedule_policy: str = "fcfs"
+    # SGLang refreshes waiting requests' prefixes only under LRU eviction.
+    waiting_prefix_refresh: bool = False
 
     def __post_init__(self) -> None:
         validate_policy(self.schedule_policy)
@@ -62,12 +64,15 @@ class SchedulerConfig:
             raise ValueError("chunked_prefill_size must be positive or None")
 
     @classmethod
-    def from_profile(cls, profile: Profile, schedule_policy: str = "fcfs") -> SchedulerConfig:
+    def from_profile(
+        cls, profile: Profile, schedule_policy: str = "fcfs", eviction: str = "lru"
+    ) -> SchedulerConfig:
         return cls(
             kv_capacity_tokens=profile.kv_capacity_tokens,
             max_running_requests=profile.max_running_requests,
             chunked_prefill_size=profile.chunked_prefill_size,
             schedule_policy=schedule_policy,
+            waiting_prefix_refresh=eviction.lower() == "lru",
         )
 
 
@@ -134,6 +139,10 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._by_rid: dict[str, SimRequest] = {}
         self._just_finished: list[SimRequest] = []
+        # SGLang's `running_batch.batch_is_full`: set when admission stopped for lack of
+        # slots or memory, cleared when a request leaves; prefill is not retried before.
+        self.batch_is_full = False
+        self._prefill_attempts = 0
         # Called once per request when it finishes or is aborted (metrics).
         self.on_finish: Callable[[SimRequest], None] | None = None
 
@@ -240,9 +249,11 @@ class Scheduler:
         return batch
 
     def _prefill_batch(self, now: float) -> Batch | None:
-        if not self.waiting and self.chunked is None:
+        arrived = [r for r in self.waiting if r.arrival_s <= now]
+        if (self.batch_is_full or not arrived) and self.chunked is None:
             return None
         if self.chunked is None and len(self.running) >= self.config.max_running_requests:
+            self.batch_is_full = True
             return None
         budget = self.config.chunked_prefill_size or 1 << 62
         parts: list[PrefillPart] = []
@@ -256,17 +267,18 @@ class Scheduler:
         reserved = self._reserved_tokens()  # grows with each admission below
         hit_tokens = 0
         new_prompt_tokens = 0
-        arrived = [r for r in self.waiting if r.arrival_s <= now]
         ordered = order_waiting(
             self.config.schedule_policy,
             arrived,
             self.cache,
             self.stats.processed_prefill_tokens,
         )
+        self._maybe_refresh_waiting_prefixes(arrived)
         for req in ordered:
             if budget <= 0 or new_chunked is not None:
                 break
             if len(self.running) + len(parts) >= self.config.max_running_requests:
+                self.batch_is_full = True
                 break
             match = self.cache.match_prefix(req.input_ids[:-1])
             extend = len(req.input_ids) - match.prefix_len
@@ -275,6 +287,8 @@ class Scheduler:
             # The whole prompt must fit, not only this chunk (SGLang's PrefillAdder).
             if extend + req.remaining_decode_tokens > self._available_tokens(reserved):
                 self.cache.dec_lock_ref(match.last_node)
+                # SGLang stops trying prefills until a running request leaves (if any).
+                self.batch_is_full = bool(parts or self.running)
                 break
             reserved += req.remaining_decode_tokens + (extend - take)
             self.waiting.remove(req)
@@ -301,6 +315,19 @@ class Scheduler:
             self.chunked = new_chunked
         items = [PrefillItem(p.extend_tokens, p.req.fill_len + p.extend_tokens) for p in parts]
         return Batch("prefill", now, prefill_time_s(self.profile, items), parts=tuple(parts))
+
+    def _maybe_refresh_waiting_prefixes(self, arrived: list[SimRequest]) -> None:
+        """SGLang 0.5.23's waiting-prefix refresh (FCFS order, LRU eviction): every 32nd
+        prefill attempt, touch the cached prefixes of the first 128 waiting requests,
+        head last, so LRU evicts them in reverse admission order."""
+        cache_aware = self.config.schedule_policy != "fcfs" and len(arrived) <= 128
+        if not self.config.waiting_prefix_refresh or cache_aware or not arrived:
+            return
+        refresh = self._prefill_attempts % 32 == 0
+        self._prefill_attempts += 1
+        if refresh:
+            for req in reversed(arrived[:128]):
+                self.cache.match_prefix(req.input_ids + req.output_ids)
 
     def complete_batch(self, batch: Batch, now: float) -> list[SimRequest]:
         """Apply a batch's results at modeled time `now`; returns the requests it finished."""
@@ -402,6 +429,7 @@ class Scheduler:
             self.running.remove(req)
         if self.chunked is req:
             self.chunked = None
+        self.batch_is_full = False  # a request left: admission may succeed again
         self._finish(req, now, reason)
 
     def _finish(self, req: SimRequest, now: float, reason: dict[str, object]) -> None:

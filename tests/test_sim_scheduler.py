@@ -277,3 +277,27 @@ def test_chunked_requests_reserve_their_whole_prompt() -> None:
     assert all(r.finished for r in reqs)
     assert peak == 1
     assert s.stats.kv_overcommit_tokens == 0
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_waiting_prefix_refresh_touches_requests_not_admitted(refresh: bool) -> None:
+    p = profile(chunked_prefill_size=10)
+    config = SchedulerConfig(
+        kv_capacity_tokens=10_000,
+        max_running_requests=8,
+        chunked_prefill_size=10,
+        waiting_prefix_refresh=refresh,
+    )
+    clock = iter(range(1, 10**9))
+    s = Scheduler(config, p, RadixCache("lru", clock=lambda: float(next(clock))), FILLER)
+    s.cache.insert([1] * 5)
+    s.cache.insert([2] * 5)
+    second_prefix = s.cache.match_prefix([2] * 5).last_node
+    before = second_prefix.last_access_time
+    # The first request is cut at the 10-token budget, which ends the batch, so the
+    # second is not admitted (nor matched by admission) in this round.
+    s.add_request(req("first", [1] * 5 + [7] * 20), 0.0)
+    s.add_request(req("second", [2] * 5 + [8] * 20), 0.0)
+    batch = s.next_batch(0.0)
+    assert batch is not None and [p.req.rid for p in batch.parts] == ["first"]
+    assert (second_prefix.last_access_time > before) is refresh

@@ -14,7 +14,6 @@ the engine clock trails wall time (it should stay near zero; if it grows, lower
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -45,13 +44,17 @@ class EngineLoop:
         self.lag_s = 0.0  # how far (modeled s) the engine clock trails wall time now
         self.max_lag_s = 0.0
         self.current_batch: Batch | None = None
+        self.failed: BaseException | None = None  # set if the loop crashed
 
     def now(self) -> float:
         """Modeled seconds since the engine started."""
         return (self.wall_clock() - self._t0) * self.speed
 
     def submit(self, req: SimRequest) -> None:
-        """Queue a request (raises `ValueError` if the scheduler refuses it)."""
+        """Queue a request (raises `ValueError` if the scheduler refuses it, and
+        `RuntimeError` once the loop has crashed)."""
+        if self.failed is not None:
+            raise RuntimeError(f"engine loop crashed: {self.failed!r}")
         self.scheduler.add_request(req, self.now())
         self._wakeup.set()
 
@@ -64,8 +67,10 @@ class EngineLoop:
         """Run batches forever (cancel the task to stop)."""
         try:
             await self._run()
-        except Exception:
+        except Exception as exc:
             log.exception("engine loop crashed")
+            self.failed = exc
+            self.scheduler.fail_all(self.now(), f"engine loop crashed: {exc!r}")
             raise
 
     async def _run(self) -> None:
@@ -99,5 +104,10 @@ class EngineLoop:
 
     async def __aexit__(self, *exc: object) -> None:
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await self._task
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            if self.failed is None:
+                raise  # a crash is logged and reported through `failed` already

@@ -73,6 +73,8 @@ def _start(engine: SimEngine, body: GenerateIn, ids: list[int], index: int) -> R
         return engine.start(ids, max_new, rid=rid, kv_hints=kv_hints, priority=body.priority)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    except RuntimeError as exc:  # the engine loop crashed
+        raise web.HTTPServiceUnavailable(text=str(exc)) from None
 
 
 def _result(engine: SimEngine, req: SimRequest) -> dict[str, Any]:
@@ -166,12 +168,15 @@ async def flush_cache(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.Response(status=200)
+    """200 while the engine loop runs; 503 once it has crashed."""
+    return web.Response(status=503 if request.app[ENGINE_KEY].loop.failed else 200)
 
 
 async def health_generate(request: web.Request) -> web.Response:
     """Run a one-token generation through the engine, like SGLang's health check."""
     engine = request.app[ENGINE_KEY]
+    if engine.loop.failed is not None:
+        return web.Response(status=503)
     handle = engine.start([engine.scheduler.filler_ids[0]], 1, rid=f"HEALTH_CHECK_{id(request)}")
     try:
         req = await handle.wait()

@@ -44,6 +44,8 @@ def _start(engine: SimEngine, ids: list[int], max_tokens: int | None, rid: str |
         return engine.start(ids, max_new, rid=rid, priority=priority)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    except RuntimeError as exc:  # the engine loop crashed
+        raise web.HTTPServiceUnavailable(text=str(exc)) from None
 
 
 async def _serve(

@@ -180,6 +180,19 @@ class Scheduler:
             self._release(req, now, {"type": "abort", "message": "Abort request."})
         return True
 
+    def fail_all(self, now: float, message: str) -> None:
+        """Finish every live request with an abort (the engine loop crashed)."""
+        for req in list(self._by_rid.values()):
+            req.status = Status.FINISHED
+            req.finish_s = now
+            req.finish_reason = {"type": "abort", "message": message}
+            req.notify()
+        self._by_rid.clear()
+        self.waiting.clear()
+        self.running.clear()
+        self.chunked = None
+        self.inflight = None
+
     def next_arrival_after(self, now: float) -> float | None:
         """Earliest arrival time of a waiting request that has not arrived by `now`."""
         future = [r.arrival_s for r in self.waiting if r.arrival_s > now]

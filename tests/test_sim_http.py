@@ -417,3 +417,32 @@ async def test_abort_matches_rid_prefixes_like_sglang(sim: Sim) -> None:
         assert sim.engine.scheduler.num_running == 1
         await post(sim, "/abort_request", {"rid": "other"})
         _ = [e async for e in sse_events(other)]
+
+
+async def test_a_crashed_engine_loop_fails_requests_and_health(tokenizer: Tokenizer) -> None:
+    config = SimConfig(speed=SPEED)
+    engine = SimEngine(config, tokenizer)
+    original = engine.scheduler.complete_batch
+
+    def crash_on_decode(batch, now):  # type: ignore[no-untyped-def]
+        if batch.kind == "decode":
+            raise RuntimeError("boom")
+        return original(batch, now)
+
+    engine.scheduler.complete_batch = crash_on_decode  # type: ignore[method-assign]
+    runner = await start_site(create_app(config, engine), "127.0.0.1", 0)
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}"
+    body = {"input_ids": [91, 92], "sampling_params": {"max_new_tokens": 5}}
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/generate", json=body) as resp:
+                out = await resp.json()
+            assert out["meta_info"]["finish_reason"]["type"] == "abort"
+            assert "boom" in out["meta_info"]["finish_reason"]["message"]
+            async with http.get(url + "/health") as resp:
+                assert resp.status == 503
+            async with http.post(url + "/generate", json=body) as resp:
+                assert resp.status == 503
+    finally:
+        await runner.cleanup()

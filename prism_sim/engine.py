@@ -154,6 +154,7 @@ class SimEngine:
         rid: str | None = None,
         kv_hints: dict[str, Any] | None = None,
         priority: int | None = None,
+        stream: bool = False,
     ) -> RequestHandle:
         """Queue a request (ValueError when it can never fit or the rid is in use)."""
         req = SimRequest(
@@ -163,6 +164,7 @@ class SimEngine:
             arrival_s=self.loop.now(),
             kv_hints=kv_hints,
             priority=priority,
+            stream=stream,
         )
         handle = RequestHandle(req, self)
         self.loop.submit(req)

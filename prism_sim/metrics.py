@@ -1,15 +1,16 @@
 """Prometheus metrics of the simulated engine under SGLang 0.5.23's names (SGLANG-NOTES).
 
-Counters and gauges are read from the scheduler when scraped; latency histograms are
-observed when a request finishes. Every latency is in **modeled** seconds. One
-`CollectorRegistry` per app (no global state), label `model_name`.
+Gauges (and the eviction counter) are read from the scheduler when scraped; token and
+request counters and latency histograms are recorded when a request finishes. Every
+latency is in **modeled** seconds. One `CollectorRegistry` per app (no global state),
+label `model_name`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -64,57 +65,98 @@ class _SchedulerCollector(Collector):
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
             family.add_metric(labels, float(value))
             yield family
-        counters = {
-            "sglang:prompt_tokens": ("Prompt tokens admitted.", stats.prompt_tokens_total),
-            "sglang:generation_tokens": ("Generated tokens.", stats.generation_tokens_total),
-            "sglang:cached_tokens": ("Prompt tokens from the cache.", stats.cached_tokens_total),
-            "sglang:num_requests": ("Finished requests.", stats.num_requests_total),
-            "sglang:num_aborted_requests": ("Aborted requests.", stats.num_aborted_total),
-            "sglang:evicted_tokens": ("Evicted tokens.", sched.cache.evicted_tokens_total),
-        }
-        for name, (doc, value) in counters.items():
-            family = CounterMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric(labels, float(value))
-            yield family
+        family = CounterMetricFamily(
+            "sglang:evicted_tokens", "KV token slots freed by eviction.", labels=["model_name"]
+        )
+        family.add_metric(labels, float(sched.cache.evicted_tokens_total))
+        yield family
 
 
 class EngineMetrics:
-    """The engine's registry plus the per-request histograms."""
+    """The engine's registry: scrape-time gauges plus per-request counters and
+    histograms, recorded when a request finishes (aborts included), as SGLang 0.5.23's
+    `observe_one_finished_request` does, with its label sets (`is_streaming`,
+    `cache_source`)."""
 
     def __init__(self, scheduler: Scheduler, model_name: str, now: Callable[[], float]):
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_SchedulerCollector(scheduler, model_name, now))
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(
-                name, doc, ["model_name"], registry=self.registry, buckets=buckets
-            ).labels(model_name)
-
-        self.ttft = histogram(
-            "sglang:time_to_first_token_seconds", "Time to first token.", LATENCY_BUCKETS_S
+        reg = self.registry
+        by_stream = ["model_name", "is_streaming"]
+        self.prompt_tokens = Counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", by_stream, registry=reg
         )
-        self.e2e = histogram(
-            "sglang:e2e_request_latency_seconds", "End-to-end request latency.", LATENCY_BUCKETS_S
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens", "Number of generation tokens.", by_stream, registry=reg
         )
-        self.queue_time = histogram(
-            "sglang:queue_time_seconds", "Time spent waiting before admission.", LATENCY_BUCKETS_S
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source.",
+            ["model_name", "cache_source"],
+            registry=reg,
         )
-        self.itl = histogram(
-            "sglang:inter_token_latency_seconds", "Mean inter-token latency.", ITL_BUCKETS_S
+        self.num_requests = Counter(
+            "sglang:num_requests", "Number of requests processed.", by_stream, registry=reg
         )
+        self.num_aborted = Counter(
+            "sglang:num_aborted_requests", "Number of aborted requests.", ["model_name"],
+            registry=reg,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds", "Time to first token (modeled s).", by_stream,
+            registry=reg, buckets=LATENCY_BUCKETS_S,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds", "End-to-end latency (modeled s).", by_stream,
+            registry=reg, buckets=LATENCY_BUCKETS_S,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "sglang:request_time_per_output_token_seconds",
+            "Per-request TPOT (modeled s).", by_stream, registry=reg, buckets=ITL_BUCKETS_S,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "sglang:queue_time_seconds", "Time waiting before admission (modeled s).",
+            ["model_name"], registry=reg, buckets=LATENCY_BUCKETS_S,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds", "Inter-token latency (modeled s).",
+            ["model_name"], registry=reg, buckets=ITL_BUCKETS_S,
+        )  # fmt: skip
+        for counter in (self.prompt_tokens, self.generation_tokens, self.num_requests):
+            for streaming in ("true", "false"):
+                counter.labels(model_name, streaming)  # exported as 0 from the start
+        self.cached_tokens.labels(model_name, "total")
+        self.num_aborted.labels(model_name)
 
     def observe_finished(self, req: SimRequest) -> None:
-        """Record a finished request's latencies (aborted ones are skipped)."""
-        if req.finish_reason is None or req.finish_reason.get("type") == "abort":
-            return
+        """Record a finished request. As SGLang 0.5.23: a request aborted while waiting
+        only counts as aborted; one aborted after admission also adds its tokens and
+        latencies. Deviation: `num_requests_total` counts normal finishes only (SGLang
+        also counts requests aborted while running)."""
         if req.finish_s is None:
             return
-        self.e2e.observe(req.finish_s - req.arrival_s)
+        name, streaming = self.model_name, "true" if req.stream else "false"
+        aborted = req.finish_reason is not None and req.finish_reason.get("type") == "abort"
+        if aborted:
+            self.num_aborted.labels(name).inc()
+        if req.admitted_s is None:
+            return
+        self.prompt_tokens.labels(name, streaming).inc(len(req.input_ids))
+        self.generation_tokens.labels(name, streaming).inc(len(req.output_ids))
+        if req.cached_tokens > 0:
+            self.cached_tokens.labels(name, "total").inc(req.cached_tokens)
+        if not aborted:
+            self.num_requests.labels(name, streaming).inc()
+        self.e2e.labels(name, streaming).observe(req.finish_s - req.arrival_s)
         if req.admitted_s is not None:
-            self.queue_time.observe(req.admitted_s - req.arrival_s)
+            self.queue_time.labels(name).observe(req.admitted_s - req.arrival_s)
         if req.first_token_s is not None:
-            self.ttft.observe(req.first_token_s - req.arrival_s)
+            self.ttft.labels(name, streaming).observe(req.first_token_s - req.arrival_s)
             if len(req.output_ids) > 1:
-                itl = (req.finish_s - req.first_token_s) / (len(req.output_ids) - 1)
-                self.itl.observe(itl)
+                # The engine keeps no per-token times: each interval counts as the mean.
+                tpot = (req.finish_s - req.first_token_s) / (len(req.output_ids) - 1)
+                self.tpot.labels(name, streaming).observe(tpot)
+                itl = self.itl.labels(name)
+                for _ in range(len(req.output_ids) - 1):
+                    itl.observe(tpot)

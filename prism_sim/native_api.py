@@ -70,7 +70,9 @@ def _start(engine: SimEngine, body: GenerateIn, ids: list[int], index: int) -> R
     rid = _nth(body.rid, index)
     kv_hints = _nth(body.kv_hints, index) if isinstance(body.kv_hints, list) else body.kv_hints
     try:
-        return engine.start(ids, max_new, rid=rid, kv_hints=kv_hints, priority=body.priority)
+        return engine.start(
+            ids, max_new, rid=rid, kv_hints=kv_hints, priority=body.priority, stream=body.stream
+        )
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     except RuntimeError as exc:  # the engine loop crashed

@@ -36,12 +36,12 @@ def _usage(req: SimRequest) -> dict[str, Any]:
 
 
 def _start(engine: SimEngine, ids: list[int], max_tokens: int | None, rid: str | None,
-           priority: int | None) -> RequestHandle:  # fmt: skip
+           priority: int | None, stream: bool) -> RequestHandle:  # fmt: skip
     max_new = DEFAULT_MAX_NEW_TOKENS if max_tokens is None else max_tokens
     if max_new < 1:
         raise BadRequest("max_tokens must be at least 1 in the simulated engine")
     try:
-        return engine.start(ids, max_new, rid=rid, priority=priority)
+        return engine.start(ids, max_new, rid=rid, priority=priority, stream=stream)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     except RuntimeError as exc:  # the engine loop crashed
@@ -118,7 +118,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             ids = engine.tokenizer.encode(prompt[0])
         else:
             raise BadRequest("prompt must be a string, one string or a list of token ids")
-        handle = _start(engine, ids, body.max_tokens, body.rid, body.priority)
+        handle = _start(engine, ids, body.max_tokens, body.rid, body.priority, body.stream)
     except BadRequest as exc:
         return error_response(str(exc))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -144,7 +144,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             raise BadRequest(f"chat template failed: {exc}") from None
         max_tokens = body.max_completion_tokens or body.max_tokens
         handle = _start(engine, engine.tokenizer.encode(text), max_tokens, body.rid,
-                        body.priority)  # fmt: skip
+                        body.priority, body.stream)  # fmt: skip
     except BadRequest as exc:
         return error_response(str(exc))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -35,6 +35,7 @@ class SimRequest:
     arrival_s: float
     kv_hints: dict[str, Any] | None = None
     priority: int | None = None
+    stream: bool = False  # for metric labels (`is_streaming`)
     # Called (synchronously, by the scheduler) after every new token and at finish.
     listener: Callable[[SimRequest], None] | None = None
 

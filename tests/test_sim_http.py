@@ -173,6 +173,10 @@ async def test_abort_of_a_running_stream_ends_it_with_abort(sim: Sim) -> None:
     m = await metrics(sim)
     assert m["sglang:num_aborted_requests_total"] == 1
     assert m["sglang:num_running_reqs"] == 0
+    # Aborted after admission: its tokens count (as SGLang), not as a normal finish.
+    assert m["sglang:prompt_tokens_total"] == 3
+    assert m["sglang:generation_tokens_total"] == last["meta_info"]["completion_tokens"]
+    assert m["sglang:num_requests_total"] == 0
 
 
 async def test_client_disconnect_aborts_the_request(sim: Sim) -> None:
@@ -232,12 +236,22 @@ async def test_metrics_use_sglang_names(sim: Sim) -> None:
     for hist in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
                  "queue_time_seconds", "inter_token_latency_seconds"):  # fmt: skip
         assert families[f"sglang:{hist}"].type == "histogram"
-    samples = {s.name: s for f in families.values() for s in f.samples}
-    assert samples["sglang:prompt_tokens_total"].value == 4
-    assert samples["sglang:generation_tokens_total"].value == 3
-    assert samples["sglang:num_requests_total"].value == 1
-    assert samples["sglang:time_to_first_token_seconds_count"].value == 1
-    assert samples["sglang:prompt_tokens_total"].labels == {"model_name": sim.engine.model_name}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
+    model = ("model_name", sim.engine.model_name)
+    non_stream = (("is_streaming", "false"), model)
+    # SGLang's label sets: `is_streaming` on token/request counters, `cache_source`.
+    assert samples[("sglang:prompt_tokens_total", non_stream)] == 4
+    assert samples[("sglang:prompt_tokens_total", (("is_streaming", "true"), model))] == 0
+    assert samples[("sglang:generation_tokens_total", non_stream)] == 3
+    assert samples[("sglang:num_requests_total", non_stream)] == 1
+    assert samples[("sglang:cached_tokens_total", (("cache_source", "total"), model))] == 0
+    assert samples[("sglang:time_to_first_token_seconds_count", non_stream)] == 1
+    assert samples[("sglang:inter_token_latency_seconds_count", (model,))] == 2
+    assert samples[("sglang:evicted_tokens_total", (model,))] == 0
 
 
 async def test_info_and_health_endpoints(sim: Sim) -> None:

@@ -225,3 +225,18 @@ def _lcp(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=0, max_size=400), st.integers(0, 700))
+def test_long_keys_match_exactly(tokens: list[int], cut: int) -> None:
+    """Long keys (the block-compare path) split at the exact first differing token."""
+    cache = make()
+    base = [7] * 300 + tokens
+    cache.insert(base)
+    probe = [*base[:cut], 9, *base[cut:]]  # 9 never occurs in base
+    expected = min(cut, len(base))
+    assert cache.match_prefix(probe).prefix_len == expected
+    assert cache.insert(probe) == expected
+    assert cache.match_prefix(base).prefix_len == len(base)
+    assert cache.total_size() == len(base) + len(probe) - expected

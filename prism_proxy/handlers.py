@@ -91,7 +91,18 @@ class ApiError(Exception):
 
 
 def new_rid() -> str:
+    """The backend rid of one request: always the proxy's own, fixed length.
+
+    SGLang aborts every request whose rid *starts with* the aborted one, so a rid chosen
+    by a client could abort other clients' requests; a client's `rid` only names its
+    response.
+    """
     return "prism-" + uuid.uuid4().hex
+
+
+# Fields of a native /generate body that a client may not forward: they would steer
+# other requests (rid prefixes on abort, priority), or write cache metadata (kv_hints).
+_GENERATE_PROXY_OWNED = {"rid", "kv_hints", "priority"}
 
 
 @web.middleware
@@ -290,12 +301,14 @@ class _ClientGone(Exception):
 async def passthrough(
     request: web.Request, path: str, raw: dict[str, Any], *, set_rid: bool
 ) -> web.StreamResponse:
-    """Admit, then send the body unchanged (minus `prism`) to the backend's `path`."""
+    """Admit, then send the body to the backend's `path`, minus `prism` and the fields
+    only the proxy may set (a rid of its own when `set_rid`)."""
     backend = request.app[state.BACKEND]
-    body = {key: value for key, value in raw.items() if key != "prism"}
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else None
-    if rid is None and set_rid:
-        rid = body["rid"] = new_rid()
+    hidden = _GENERATE_PROXY_OWNED | {"prism"}
+    body = {key: value for key, value in raw.items() if key not in hidden}
+    rid = new_rid() if set_rid else None
+    if rid is not None:
+        body["rid"] = rid
     async with _admitted(request, _queued(rid or new_rid()), lane="passthrough"):
         try:
             async with backend.forward(path, body) as upstream:
@@ -359,7 +372,7 @@ def _usage_of(data: bytes) -> TokenUsage | None:
 # --- endpoints ------------------------------------------------------------------------
 def _format(cls: type[ResponseFormat], rid: str, prefix: str, model: str, usage: bool):
     return cls(
-        completion_id=f"{prefix}-{rid}", model=model, created=int(time.time()),
+        completion_id=f"{prefix}-{rid}" if prefix else rid, model=model, created=int(time.time()),
         include_usage=usage,
     )  # fmt: skip
 
@@ -385,14 +398,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
         return await passthrough(request, "/v1/chat/completions", raw, set_rid=True)
-    rid = body.rid or new_rid()
+    rid = new_rid()
     return await token_path(
         request,
         job,
         rid=rid,
         sampling_params=body.sampling_params(body.max_new_tokens),
         stream=body.stream,
-        fmt=_format(ChatFormat, rid, "chatcmpl", body.model, body.include_usage),
+        fmt=_format(ChatFormat, body.rid or rid, "chatcmpl", body.model, body.include_usage),
     )
 
 
@@ -415,18 +428,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
             job = private_job({"input_ids": list(prompt)}, len(prompt))
     except PromptError as exc:
         raise _prompt_error(exc) from None
-    rid = body.rid or new_rid()
+    rid = new_rid()
     return await token_path(
         request,
         job,
         rid=rid,
         sampling_params=body.sampling_params(body.max_tokens),
         stream=body.stream,
-        fmt=_format(CompletionFormat, rid, "cmpl", body.model, body.include_usage),
+        fmt=_format(CompletionFormat, body.rid or rid, "cmpl", body.model, body.include_usage),
     )
 
 
-_GENERATE_OWN_FIELDS = {"text", "input_ids", "prism", "rid", "sampling_params", "stream"}
+_GENERATE_OWN_FIELDS = {"text", "input_ids", "prism", "sampling_params", "stream"}
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -450,15 +463,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
             raise PromptError("text", "either text or input_ids is required")
     except PromptError as exc:
         raise _prompt_error(exc) from None
-    extra = {k: v for k, v in raw.items() if k not in _GENERATE_OWN_FIELDS}
-    rid = body.rid or new_rid()
+    extra = {k: v for k, v in raw.items() if k not in _GENERATE_OWN_FIELDS | _GENERATE_PROXY_OWNED}
+    rid = new_rid()
     return await token_path(
         request,
         job,
         rid=rid,
         sampling_params=dict(body.sampling_params or {}),
         stream=body.stream,
-        fmt=_format(GenerateFormat, rid, "gen", "", False),
+        fmt=_format(GenerateFormat, body.rid or rid, "", "", False),
         extra_fields=extra,
     )
 

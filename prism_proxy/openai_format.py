@@ -255,10 +255,18 @@ class CompletionFormat(ResponseFormat):
 
 
 class GenerateFormat(ResponseFormat):
-    """SGLang-native: results and chunks are relayed as the backend sent them."""
+    """SGLang-native: results and chunks relayed as the backend sent them, except that
+    `meta_info.id` names the client's request (its `rid`, or the proxy's), not the
+    backend rid the proxy chose."""
 
-    def complete(self, result: dict[str, Any]) -> dict[str, Any]:
+    def _named(self, result: dict[str, Any]) -> dict[str, Any]:
+        meta_info = result.get("meta_info")
+        if isinstance(meta_info, dict):
+            result = {**result, "meta_info": {**meta_info, "id": self.completion_id}}
         return result
 
+    def complete(self, result: dict[str, Any]) -> dict[str, Any]:
+        return self._named(result)
+
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        return [sse(chunk)]
+        return [sse(self._named(chunk))]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import aiohttp
 import openai
@@ -252,3 +253,68 @@ async def test_disconnect_while_backend_works_aborts(proxy_factory: ProxyFactory
     await eventually(
         lambda: sim_metric(sim, "sglang:num_aborted_requests_total") == aborted_before + 1
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_fields_that_touch_other_requests_never_reach_the_backend(
+    stream: bool,
+) -> None:
+    """SGLang aborts every rid that *starts with* the aborted one, so a client naming
+    its request "prism-" (the prefix of the proxy's rids) could abort everyone's. The
+    backend sees only the proxy's own fixed-length rids, and never a client's `kv_hints`
+    (cache metadata) or `priority`; the client still gets its `rid` back as the id.
+    A loopback stub backend records what arrives."""
+    from aiohttp import web
+
+    received: list[dict] = []
+
+    async def backend(request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return web.json_response({"model_path": "stub"})
+        body = await request.json()
+        received.append(body)
+        # /generate's shape; the passthrough paths relay whatever comes back
+        result = {
+            "text": "ok",
+            "output_ids": [1],
+            "meta_info": {"id": body["rid"], "prompt_tokens": 2, "completion_tokens": 1,
+                          "cached_tokens": 0, "finish_reason": {"type": "length"}},
+        }  # fmt: skip
+        if not body.get("stream"):
+            return web.json_response(result)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(f"data: {json.dumps(result)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", backend)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    proxy = await start_proxy(
+        ProxyConfig(backend=f"http://{host}:{port}", port=0, health_interval_s=0)
+    )
+    hostile = {"rid": "prism-", "kv_hints": {"prism": {"anchors": []}}, "priority": 2**62}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for path, body in [
+                ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}),
+                ("/v1/chat/completions", CHAT),
+                ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 1}),
+            ]:
+                async with session.post(
+                    proxy.url + path, json={**body, **hostile, "stream": stream}
+                ) as response:
+                    text = await response.text()
+                assert response.status == 200, text
+                assert "prism-" in text  # the client's own name for its request
+        assert len(received) == 3
+        for body in received:
+            assert re.fullmatch(r"prism-[0-9a-f]{32}", body["rid"]), body["rid"]
+            assert "priority" not in body
+            assert body.get("kv_hints") is None or "protocol_version" in body["kv_hints"]
+    finally:
+        await proxy.stop()
+        await runner.cleanup()

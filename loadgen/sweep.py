@@ -18,6 +18,7 @@ import asyncio
 import json
 import secrets
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class SweepConfig:
     tokenizer: str = "builtin"
     corpus: str | None = None
     window_ms: float = 10.0
+    tau2_dir: str | None = None
     sim_args: tuple[str, ...] = ()
     proxy_args: tuple[str, ...] = ()
 
@@ -102,7 +104,9 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
         params = RagTraceParams(num_requests=config.num_requests, qps=qps, corpus=config.corpus)
         header, requests = build_rag_trace(params, config.seed, tokenizer, config.tokenizer)
     else:
-        agent = AgentTraceParams(num_requests=config.num_requests, qps=qps)
+        agent = AgentTraceParams(
+            num_requests=config.num_requests, qps=qps, tau2_dir=config.tau2_dir
+        )
         header, requests = build_agent_trace(agent, config.seed, tokenizer, config.tokenizer)
     write_trace(path, header, requests)
     return path
@@ -231,6 +235,7 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         "seed": config.seed,
         "profile": config.profile,
         "workload": config.workload,
+        "git_commit": _git_commit(),
     }
     (config.out / "sweep.json").write_text(json.dumps(manifest, indent=1) + "\n")
     paths = []
@@ -250,6 +255,16 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
             )
             paths.append(path)
     return paths
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
 
 
 def _fmt_s(ms: float | None) -> str:
@@ -279,6 +294,7 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="a800-qwen3-4b")
     parser.add_argument("--tokenizer", default="builtin")
     parser.add_argument("--corpus", default=None, help="MultiHop-RAG corpus.json (rag only)")
+    parser.add_argument("--tau2-dir", default=None, help="tau2 package dir (agent only)")
     parser.add_argument("--window-ms", type=float, default=10.0, help="QAS window (modeled)")
     parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
@@ -300,6 +316,7 @@ def run_sweep_from_args(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         corpus=args.corpus,
         window_ms=args.window_ms,
+        tau2_dir=args.tau2_dir,
         sim_args=tuple(a for arg in args.sim_arg for a in shlex.split(arg)),
         proxy_args=tuple(a for arg in args.proxy_arg for a in shlex.split(arg)),
     )

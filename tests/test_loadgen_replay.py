@@ -176,3 +176,81 @@ def test_summary_by_hand() -> None:
     assert s["hot"]["completed"] == 2 and s["cold"]["completed"] == 1
     assert s["output_throughput"] == 6.0  # 12 tokens / 2 s
     assert s["concurrency"] == pytest.approx((200 + 300 + 400) / 1000 / 2.0)
+
+
+async def test_replay_is_open_loop() -> None:
+    """The server answers nothing until it has received every request: a replay that
+    waited for answers before sending the next would never finish."""
+    from aiohttp import web
+
+    num_requests = 12
+    received: list[str] = []
+    all_in = asyncio.Event()
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        received.append(body["rid"])
+        if len(received) == num_requests:
+            all_in.set()
+        await all_in.wait()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        meta = {"prompt_tokens": 10, "completion_tokens": 0, "cached_tokens": 4}
+        await response.write(f"data: {json.dumps({'text': '', 'meta_info': meta})}\n\n".encode())
+        for n in (1, 2):
+            meta = {**meta, "completion_tokens": n}
+            chunk = {"text": "x" * n, "meta_info": meta}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        params = RagTraceParams(passages=20, hot_set=4, num_requests=num_requests, qps=20.0)
+        header, requests = build_rag_trace(params, 5, load_tokenizer("builtin"))
+        trace = Trace(header=header, requests=tuple(requests))
+        config = ReplayConfig(
+            target=f"http://127.0.0.1:{port}", api="sglang", time_scale=20.0, model="m"
+        )
+        results = await asyncio.wait_for(replay(trace, config), timeout=60)
+    finally:
+        await runner.cleanup()
+    assert received == [r.rid for r in requests]  # sent in arrival order
+    summary = results["summary"]
+    assert summary["completed"] == num_requests
+    assert summary["hit_rate"] == pytest.approx(0.4)
+    assert summary["total_output_tokens"] == 2 * num_requests
+
+
+def test_parse_openai_stream_chunks() -> None:
+    from loadgen.apis import build_request, parse_event
+
+    role = parse_event("openai", {"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+    assert not role.has_content
+    text = parse_event("openai", {"choices": [{"delta": {"content": "Hi"}}]})
+    assert text.has_content
+    usage = {"prompt_tokens": 50, "completion_tokens": 3}
+    usage["prompt_tokens_details"] = {"cached_tokens": 20}
+    last = parse_event("prism", {"choices": [], "usage": usage})
+    assert (last.prompt_tokens, last.completion_tokens, last.cached_tokens) == (50, 3, 20)
+    assert parse_event("sglang", {"error": {"message": "boom"}}).error == "boom"
+    _, requests = build_rag_trace(
+        RagTraceParams(passages=20, hot_set=4, num_requests=1, k=2), 0, load_tokenizer("builtin")
+    )
+    path, body = build_request("prism", requests[0], "m")
+    assert path == "/v1/chat/completions" and body["stream"] is True
+    hints = body["prism"]
+    assert [s["id"] for s in hints["segments"]] == [s.id for s in requests[0].segments]
+    assert hints["suffix"] == requests[0].suffix and hints["reorder"] is True
+    assert body["messages"][-1]["content"].endswith(requests[0].suffix)
+    path, body = build_request("sglang", requests[0], "m")
+    assert path == "/generate" and body["text"].startswith(requests[0].system)
+    assert body["sampling_params"]["max_new_tokens"] == 32
+    path, body = build_request("openai", requests[0], "m")
+    assert "prism" not in body

@@ -87,6 +87,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0 if summary["completed"] else 1
 
 
+def cmd_bound(args: argparse.Namespace) -> int:
+    from loadgen.bounds import hit_rate_ceilings
+    from prism_proxy.serializer import Serializer
+
+    tokenizer, _ = _tokenizer(args.tokenizer)
+    ceilings = hit_rate_ceilings(read_trace(Path(args.trace)), Serializer(tokenizer))
+    print(json.dumps({name: round(value, 4) for name, value in ceilings.items()}, indent=1))
+    return 0
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from loadgen.sweep import run_sweep_from_args
 
@@ -144,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--progress", action="store_true", help="force the progress bar")
     rep.add_argument("--out", required=True, help="results JSON path")
     rep.set_defaults(func=cmd_replay)
+
+    bound = sub.add_parser("bound", help="hit-rate ceilings of a trace (infinite cache)")
+    bound.add_argument("--trace", required=True)
+    bound.add_argument("--tokenizer", default="builtin")
+    bound.set_defaults(func=cmd_bound)
 
     sweep = sub.add_parser("sweep", help="policies × QPS on fresh sim + proxy; report")
     add_sweep_flags(sweep)

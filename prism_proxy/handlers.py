@@ -505,6 +505,17 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
+LANE_HEADER = "x-prism-lane"
+
+
+async def lane_header(request: web.Request, response: web.StreamResponse) -> None:
+    """Tell the client which lane released its request (`hot`, `cold`, `passthrough`),
+    so load generators can report per-lane numbers; nothing when it never got one."""
+    lane = request.get(LANE)
+    if lane is not None and lane != "none":
+        response.headers[LANE_HEADER] = lane
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -512,3 +523,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.on_response_prepare.append(lane_header)

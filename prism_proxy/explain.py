@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -26,7 +27,7 @@ class _Strict(BaseModel):
 def _unique_segments(segments: list[str]) -> list[str]:
     if any(not s for s in segments):
         raise ValueError("segment ids must be non-empty")
-    duplicates = sorted({s for s in segments if segments.count(s) > 1})
+    duplicates = sorted(s for s, count in Counter(segments).items() if count > 1)
     if duplicates:
         raise ValueError(f"duplicate segment ids {duplicates}")
     return segments

@@ -34,13 +34,7 @@ class SimTreeAdapter:
         self.cache = cache
 
     def walk(self, tokens: Sequence[int]) -> list[tuple[Any, int, int]]:
-        path = self.cache.walk(tokens)
-        if path:  # drop a last node that diverges from `tokens` (not just longer)
-            node, start, end = path[-1]
-            upto = min(end, len(tokens)) - start
-            if list(node.key[:upto]) != list(tokens[start : start + upto]):
-                path.pop()
-        return path
+        return self.cache.walk(tokens)  # already leaves out a node diverging from `tokens`
 
     def split(self, node: Any, at: int) -> Any:
         return self.cache.split_node(node, at)  # split listeners copy the metadata

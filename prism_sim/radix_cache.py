@@ -252,8 +252,9 @@ class RadixCache:
     def walk(self, key: Sequence[int]) -> list[tuple[TreeNode, int, int]]:
         """Resident nodes along `key` as `(node, start, end)` token ranges, root excluded.
 
-        Stops where the resident path ends; the last node may extend past `len(key)`
-        (its `end` is then the node's end). Does not touch access times.
+        Stops where the resident path ends: a node that diverges from `key` is left
+        out, while the last node may extend past `len(key)` (its `end` is then the
+        node's end). Does not touch access times.
         """
         out: list[tuple[TreeNode, int, int]] = []
         node, pos = self.root, 0
@@ -263,6 +264,8 @@ class RadixCache:
             if child is None:
                 break
             n = _common_prefix_len(child.key, key, pos)
+            if n < min(len(child.key), len(key) - pos):
+                break  # diverges from `key` inside this node: not on its path
             out.append((child, pos, pos + len(child.key)))
             if n < len(child.key):
                 break

@@ -135,6 +135,8 @@ def test_split_at_forces_a_boundary_and_keeps_meta_on_the_lower_node() -> None:
     assert cache.split_at(key, 6) is leaf
     assert cache.split_at(key, 0) is cache.root
     assert [(s, e) for _, s, e in cache.walk(key)] == [(0, 2), (2, 6)]
+    assert [(s, e) for _, s, e in cache.walk([10, 11, 12])] == [(0, 2), (2, 6)]  # longer node
+    assert [(s, e) for _, s, e in cache.walk([10, 11, 12, 99])] == [(0, 2)]  # diverges: left out
     with pytest.raises(KeyError):
         cache.split_at([10, 11, 99], 3)
     assert cache.total_size() == 6

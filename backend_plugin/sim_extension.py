@@ -56,7 +56,6 @@ class DartSimExtension:
         self.control_port: int | None = None
         self._cache: Any = None
         self._root: Any = None  # the cache's root when last seen: a new one means a flush
-        self._live: dict[str, Any] = {}  # rid -> request counted in a_t
 
     # ---- tree hooks ----------------------------------------------------------------
     def _hook(self, cache: Any) -> None:
@@ -72,11 +71,8 @@ class DartSimExtension:
             self.core.clear_residency()
 
     def begin_eviction(self) -> None:
-        """Start of an eviction pass: drop finished requests from a_t, snapshot F_t."""
+        """Start of an eviction pass: apply queued updates, snapshot F_t."""
         self._hook(self._cache)
-        for rid in [rid for rid, req in self._live.items() if req.finished]:
-            del self._live[rid]
-            self.core.request_finished(rid)
         self.core.begin_eviction()
 
     def on_split(self, upper: Any, lower: Any) -> None:
@@ -95,14 +91,13 @@ class DartSimExtension:
         if hints is None:
             return
         self.core.request_started(req.rid, hints)
-        self._live[req.rid] = req
         place_anchors(SimTreeAdapter(cache), key, hints, self.core)
 
     def on_evict(self, node: Any) -> None:
         self.core.on_evicted(getattr(node, META_ATTR, None), len(node.key))
 
     def on_finish(self, req: Any) -> None:
-        self._live.pop(req.rid, None)
+        """The request finished or was aborted: it leaves a_t (`lru+active`)."""
         self.core.request_finished(req.rid)
 
     # ---- server lifetime ------------------------------------------------------------

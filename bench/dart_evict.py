@@ -83,7 +83,7 @@ class Tree:
 def sim_tree(policy: str, table: dict[str, float] | None) -> Tree:
     from backend_plugin.sim_extension import DartSimExtension
     from prism_sim.radix_cache import RadixCache
-    from prism_sim.request import SimRequest, Status
+    from prism_sim.request import SimRequest
 
     ext = DartSimExtension(DartCore(policy, protect=8))
     clock = [0.0]
@@ -97,7 +97,7 @@ def sim_tree(policy: str, table: dict[str, float] | None) -> Tree:
         cache.insert(tokens)
         req = SimRequest(rid, tokens, max_new_tokens=1, arrival_s=0.0, kv_hints=kv_hints)
         ext.on_insert(req, cache, tokens)
-        req.status = Status.FINISHED  # served: it leaves a_t at the next eviction pass
+        ext.on_finish(req)  # served: it leaves a_t
 
     return Tree(insert, lambda n: len(cache.evict(n).evicted_nodes), cache.evictable_size)
 

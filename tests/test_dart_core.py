@@ -33,7 +33,7 @@ from backend_plugin.dart import (
 )
 from backend_plugin.sim_extension import DartSimExtension
 from prism_sim.radix_cache import RadixCache
-from prism_sim.request import SimRequest, Status
+from prism_sim.request import SimRequest
 
 SYSTEM = list(range(1000, 1008))
 SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
@@ -242,8 +242,8 @@ def test_scenario_with_no_table_is_lru():
 
 def test_lru_active_keeps_segments_of_running_requests():
     cache, _, ext, requests = build_scenario("lru+active")
-    for name in "ACD":  # only rB is still running; the others leave a_t at the next pass
-        requests[name].status = Status.FINISHED
+    for name in "ACD":  # only rB is still running; the others leave a_t
+        ext.on_finish(requests[name])
     order = evict_one_by_one(cache)
     # a_t: B = 1, S = 1 (rB has a system anchor), everything else 0 -> LRU among those
     assert order[:6] == [

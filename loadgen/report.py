@@ -28,10 +28,16 @@ class ReportPaths:
 
 
 def load_results(results_dir: Path) -> dict[str, dict[float, dict[str, Any]]]:
-    """``{label: {qps: summary}}`` from a directory of result files."""
+    """``{label: {qps: summary}}`` from a directory of result files.
+
+    JSON files without a ``summary`` (the report's own ``summaries.json``, a sweep's
+    ``sweep.json``) are not results and are skipped, so a report can be rebuilt in place.
+    """
     table: dict[str, dict[float, dict[str, Any]]] = defaultdict(dict)
     for path in sorted(results_dir.glob("*.json")):
         doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or "summary" not in doc:
+            continue
         variant = doc.get("variant") or {}
         label = variant.get("label") or doc.get("config", {}).get("api", path.stem)
         qps = variant.get("qps") or doc["summary"].get("request_rate") or 0.0

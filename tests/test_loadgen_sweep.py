@@ -76,6 +76,10 @@ def test_report_from_results(tmp_path: Path) -> None:
         if path.suffix == ".png":
             assert path.read_bytes()[:8] == PNG_MAGIC
     assert "![p99_ttft_vs_qps](p99_ttft_vs_qps.png)" in (tmp_path / "report.md").read_text()
+    # Rebuilt in place (the default output dir): its own summaries.json is not a result.
+    again = write_report(results)
+    assert (results / "summaries.json") in again.files
+    assert json.loads((results / "summaries.json").read_text()) == compact
 
 
 def test_small_sweep_end_to_end(tmp_path: Path) -> None:

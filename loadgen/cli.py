@@ -45,7 +45,7 @@ def _tokenizer(spec: str | None) -> tuple[Any, str]:
     from prism_proxy.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec or "builtin")
-    return tokenizer, str(getattr(tokenizer, "name", spec or "builtin"))
+    return tokenizer, tokenizer.name
 
 
 def cmd_trace(args: argparse.Namespace) -> int:

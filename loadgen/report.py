@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BASELINES = ("fifo", "klpm", "contextpilot")
-_ORDER = ("fifo", "klpm", "contextpilot", "prism")
+from loadgen.sweep import BASELINES, POLICIES
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ def load_results(results_dir: Path) -> dict[str, dict[float, dict[str, Any]]]:
 
 
 def _label_key(label: str) -> tuple[int, str]:
-    return (_ORDER.index(label) if label in _ORDER else len(_ORDER), label)
+    return (POLICIES.index(label) if label in POLICIES else len(POLICIES), label)
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ class RequestRecord:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return asdict(self)
 
 
 def _percentiles(prefix: str, values: Sequence[float]) -> dict[str, float | None]:
@@ -62,6 +62,7 @@ def _hit_rate(records: Sequence[RequestRecord]) -> tuple[int, int, float | None]
 
 
 def _group(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Completed count, hit rate, token totals and TTFT percentiles of ``records``."""
     done = [r for r in records if r.success]
     prompt, cached, hit_rate = _hit_rate(done)
     ttfts = [r.ttft_ms for r in done if r.ttft_ms is not None]
@@ -78,31 +79,26 @@ def summarize(
     records: Sequence[RequestRecord], duration_s: float, request_rate: float | None
 ) -> dict[str, Any]:
     """The run summary (bench_serving names where they exist)."""
+    overall = _group(records)
     done = [r for r in records if r.success]
     failed = [r for r in records if not r.success]
-    prompt, cached, hit_rate = _hit_rate(done)
     output_tokens = sum(r.completion_tokens or 0 for r in done)
     e2e = [r.e2e_latency_ms for r in done if r.e2e_latency_ms is not None]
-    ttfts = [r.ttft_ms for r in done if r.ttft_ms is not None]
     lags = [r.send_lag_ms for r in records]
     lanes = sorted({r.lane for r in records if r.lane})
     duration = max(duration_s, 1e-9)
     return {
         "request_rate": request_rate,
         "num_requests": len(records),
-        "completed": len(done),
+        **overall,
         "failed": len(failed),
         "errors": dict(Counter(r.error or "unknown" for r in failed).most_common(10)),
         "duration": duration_s,
         "request_throughput": len(done) / duration,
-        "input_throughput": prompt / duration,
+        "input_throughput": overall["total_input_tokens"] / duration,
         "output_throughput": output_tokens / duration,
-        "total_input_tokens": prompt,
         "total_output_tokens": output_tokens,
-        "total_cached_tokens": cached,
-        "hit_rate": hit_rate,
         "concurrency": sum(e2e) / 1000.0 / duration,
-        **_percentiles("ttft", ttfts),
         **_percentiles("e2e_latency", e2e),
         "hot": _group([r for r in records if r.hot]),
         "cold": _group([r for r in records if not r.hot]),

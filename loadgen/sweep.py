@@ -21,7 +21,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -205,10 +205,7 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> Path:
             results["engine_state"] = engine_state(sim.url)
             results["proxy_metrics"] = proxy_counters(proxy.url)
     results["variant"] = {
-        "label": variant.label,
-        "policy": variant.policy,
-        "eviction": variant.eviction,
-        "q_cold": variant.q_cold,
+        **asdict(variant),
         "qps": qps,
         "speed": config.speed,
         "profile": config.profile,
@@ -228,7 +225,7 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
     manifest = {
         "command": command,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "variants": [v.__dict__ for v in config.variants],
+        "variants": [asdict(v) for v in config.variants],
         "qps": list(config.qps),
         "speed": config.speed,
         "num_requests": config.num_requests,

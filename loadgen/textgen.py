@@ -97,10 +97,3 @@ def random_text(tokenizer: TokenCounter, rng: np.random.Generator, target_tokens
     while len(tokenizer.encode(" ".join(words))) < target_tokens:
         words.extend(random_words(rng, target_tokens))
     return fit_words(tokenizer, words, target_tokens)
-
-
-def truncate_text(tokenizer: TokenCounter, text: str, target_tokens: int) -> str:
-    """``text`` cut at a word boundary to at most ``target_tokens`` tokens."""
-    if len(tokenizer.encode(text)) <= target_tokens:
-        return text
-    return fit_words(tokenizer, text.split(" "), target_tokens)

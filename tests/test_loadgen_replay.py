@@ -116,9 +116,18 @@ def test_replay_through_proxy_cli(sim, trace_file: Path, tmp_path: Path) -> None
         metrics = asyncio.run(_get(proxy.url + "/metrics"))
     results = json.loads(out.read_text())
     summary = _check_results(results, read_trace(trace_file))
-    # The proxy saw (and counted) the same prompt tokens the replay recorded.
+    # The proxy saw (and counted) the same prompt and cached tokens the replay recorded.
     assert summary["total_input_tokens"] > 0
-    assert "prism:prompt_tokens_total" in metrics
+    assert _metric_total(metrics, "prism:prompt_tokens_total") == summary["total_input_tokens"]
+    assert _metric_total(metrics, "prism:cached_tokens_total") == summary["total_cached_tokens"]
+
+
+def _metric_total(text: str, sample: str) -> float:
+    """Sum of one sample name's values over its labels in a Prometheus text page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(text)
+    return sum(s.value for family in families for s in family.samples if s.name == sample)
 
 
 async def _get(url: str) -> str:

@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from prism_sim.engine import SimEngine
+from prism_sim.api_models import DEFAULT_MAX_NEW_TOKENS
+from prism_sim.engine import RequestHandle, SimEngine
 from prism_sim.request import SimRequest
 
 ENGINE_KEY = web.AppKey("prism_sim_engine", SimEngine)
@@ -34,6 +35,23 @@ async def parse_body(request: web.Request, model: type[ModelT]) -> ModelT:
         return model.model_validate(raw)
     except ValidationError as exc:
         raise BadRequest(str(exc)) from None
+
+
+def start_request(
+    engine: SimEngine, ids: list[int], max_new_tokens: int | None, *, field: str, **kwargs: Any
+) -> RequestHandle:
+    """`engine.start` for a handler: SGLang's default length when `max_new_tokens` is
+    None, `BadRequest` for what the engine refuses (`field` names the length in the
+    message), 503 once the engine loop has crashed."""
+    max_new = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+    if max_new < 1:
+        raise BadRequest(f"{field} must be at least 1 in the simulated engine")
+    try:
+        return engine.start(ids, max_new, **kwargs)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    except RuntimeError as exc:  # the engine loop crashed
+        raise web.HTTPServiceUnavailable(text=str(exc)) from None
 
 
 async def open_sse(request: web.Request) -> web.StreamResponse:

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from prism_sim.api_models import DEFAULT_MAX_NEW_TOKENS, AbortIn, GenerateIn, SamplingParamsIn
+from prism_sim.api_models import AbortIn, GenerateIn, SamplingParamsIn
 from prism_sim.engine import VERSION, RequestHandle, SimEngine
 from prism_sim.http_common import (
     ENGINE_KEY,
@@ -23,6 +23,7 @@ from prism_sim.http_common import (
     open_sse,
     parse_body,
     send_sse,
+    start_request,
 )
 from prism_sim.request import SimRequest
 
@@ -63,20 +64,16 @@ def _prompts(body: GenerateIn, engine: SimEngine) -> tuple[list[list[int]], bool
 
 def _start(engine: SimEngine, body: GenerateIn, ids: list[int], index: int) -> RequestHandle:
     params = _nth(body.sampling_params, index) or SamplingParamsIn()
-    max_new = params.max_new_tokens
-    max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
-    if max_new < 1:
-        raise BadRequest("max_new_tokens must be at least 1 in the simulated engine")
-    rid = _nth(body.rid, index)
-    kv_hints = _nth(body.kv_hints, index) if isinstance(body.kv_hints, list) else body.kv_hints
-    try:
-        return engine.start(
-            ids, max_new, rid=rid, kv_hints=kv_hints, priority=body.priority, stream=body.stream
-        )
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
-    except RuntimeError as exc:  # the engine loop crashed
-        raise web.HTTPServiceUnavailable(text=str(exc)) from None
+    return start_request(
+        engine,
+        ids,
+        params.max_new_tokens,
+        field="max_new_tokens",
+        rid=_nth(body.rid, index),
+        kv_hints=_nth(body.kv_hints, index),
+        priority=body.priority,
+        stream=body.stream,
+    )
 
 
 def _result(engine: SimEngine, req: SimRequest) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from prism_sim.api_models import DEFAULT_MAX_NEW_TOKENS, ChatCompletionIn, CompletionIn
+from prism_sim.api_models import ChatCompletionIn, CompletionIn
 from prism_sim.engine import RequestHandle, SimEngine
 from prism_sim.http_common import (
     ENGINE_KEY,
@@ -22,6 +22,7 @@ from prism_sim.http_common import (
     open_sse,
     parse_body,
     send_sse,
+    start_request,
 )
 from prism_sim.request import SimRequest
 
@@ -33,19 +34,6 @@ def _usage(req: SimRequest) -> dict[str, Any]:
         "total_tokens": len(req.input_ids) + len(req.output_ids),
         "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
     }
-
-
-def _start(engine: SimEngine, ids: list[int], max_tokens: int | None, rid: str | None,
-           priority: int | None, stream: bool) -> RequestHandle:  # fmt: skip
-    max_new = DEFAULT_MAX_NEW_TOKENS if max_tokens is None else max_tokens
-    if max_new < 1:
-        raise BadRequest("max_tokens must be at least 1 in the simulated engine")
-    try:
-        return engine.start(ids, max_new, rid=rid, priority=priority, stream=stream)
-    except ValueError as exc:
-        raise BadRequest(str(exc)) from None
-    except RuntimeError as exc:  # the engine loop crashed
-        raise web.HTTPServiceUnavailable(text=str(exc)) from None
 
 
 async def _serve(
@@ -118,7 +106,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
             ids = engine.tokenizer.encode(prompt[0])
         else:
             raise BadRequest("prompt must be a string, one string or a list of token ids")
-        handle = _start(engine, ids, body.max_tokens, body.rid, body.priority, body.stream)
+        handle = start_request(
+            engine,
+            ids,
+            body.max_tokens,
+            field="max_tokens",
+            rid=body.rid,
+            priority=body.priority,
+            stream=body.stream,
+        )
     except BadRequest as exc:
         return error_response(str(exc))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -143,8 +139,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         except ValueError as exc:
             raise BadRequest(f"chat template failed: {exc}") from None
         max_tokens = body.max_completion_tokens or body.max_tokens
-        handle = _start(engine, engine.tokenizer.encode(text), max_tokens, body.rid,
-                        body.priority, body.stream)  # fmt: skip
+        handle = start_request(
+            engine,
+            engine.tokenizer.encode(text),
+            max_tokens,
+            field="max_tokens",
+            rid=body.rid,
+            priority=body.priority,
+            stream=body.stream,
+        )
     except BadRequest as exc:
         return error_response(str(exc))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -218,6 +218,12 @@ async def test_bad_requests_get_400(sim: Sim) -> None:
     assert status == 400  # needs more KV than the whole pool
     async with sim.http.post(sim.url + "/generate", data=b"{not json") as resp:
         assert resp.status == 400
+    zero = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}}
+    status, body = await post(sim, "/generate", zero)
+    assert status == 400 and "max_new_tokens" in body["error"]["message"]  # type: ignore[index]
+    status, body = await post(sim, "/v1/completions", {"prompt": [1, 2], "max_tokens": 0})
+    assert status == 400 and "max_tokens" in body["error"]["message"]  # type: ignore[index]
+    assert sim.engine.scheduler.stats.num_requests_total == 0  # nothing was queued
 
 
 async def test_metrics_use_sglang_names(sim: Sim) -> None:

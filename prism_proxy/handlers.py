@@ -51,10 +51,9 @@ from prism_proxy.prompts import (
     PromptError,
     TokenJob,
     chat_defaults,
-    hinted_prompt,
+    hinted_job,
     message_text,
     private_job,
-    segmented_job,
 )
 from prism_proxy.qas.types import QueuedRequest
 from prism_proxy.tokenizer import ChatTemplateError
@@ -386,9 +385,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         if body.prism is not None:
             system, suffix = chat_defaults(body.messages)
-            prompt = hinted_prompt(body.prism, system=system, suffix=suffix)
-            chat = body.prism.chat is not False
-            job = segmented_job(request.app[state.SERIALIZER], prompt, chat=chat)
+            job = hinted_job(
+                request.app[state.SERIALIZER], body.prism, system=system, suffix=suffix, chat=True
+            )
         else:
             messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
             ids = tokenizer.encode(tokenizer.render_chat(messages))
@@ -418,9 +417,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     try:
         if body.prism is not None:
             text = prompt if isinstance(prompt, str) else None
-            segmented = hinted_prompt(body.prism, system=None, suffix=text)
-            job = segmented_job(
-                request.app[state.SERIALIZER], segmented, chat=bool(body.prism.chat)
+            job = hinted_job(
+                request.app[state.SERIALIZER], body.prism, system=None, suffix=text, chat=False
             )
         elif isinstance(prompt, str):
             job = private_job({"text": prompt}, None)
@@ -450,9 +448,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         if body.prism is not None:
             text = body.text if isinstance(body.text, str) else None
-            segmented = hinted_prompt(body.prism, system=None, suffix=text)
-            job = segmented_job(
-                request.app[state.SERIALIZER], segmented, chat=bool(body.prism.chat)
+            job = hinted_job(
+                request.app[state.SERIALIZER], body.prism, system=None, suffix=text, chat=False
             )
         elif body.input_ids is not None:
             ids = [int(i) for i in body.input_ids]  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from prism_proxy.api_models import ChatMessage, PrismHint
 from prism_proxy.request_model import SegmentedPrompt, format_validation_error
-from prism_proxy.serializer import SerializedPrompt, Serializer
+from prism_proxy.serializer import Serializer
 
 
 class PromptError(ValueError):
@@ -56,13 +56,6 @@ def message_text(message: ChatMessage) -> str:
     return "".join(str(part.get("text", "")) for part in content)
 
 
-def _anchor_dicts(serialized: SerializedPrompt) -> list[dict[str, Any]]:
-    return [
-        {"kind": str(a.kind), "segment_id": a.segment_id, "offset": int(a.offset)}
-        for a in serialized.anchors
-    ]
-
-
 def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool) -> TokenJob:
     """Serialize once in client order (token lengths for QAS), again at release."""
     try:
@@ -73,14 +66,14 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
 
     def build(order: Sequence[str]) -> Dispatch:
         serialized = first if tuple(order) == ids else serializer.serialize(prompt, order, chat)
-        return Dispatch({"input_ids": list(serialized.input_ids)}, _anchor_dicts(serialized))
+        return Dispatch({"input_ids": serialized.input_ids}, serialized.anchors_json())
 
     return TokenJob(
         segments=ids,
         reorder=prompt.reorder,
         prefix_key=first.prefix_key,
         head_tokens=first.head_tokens,
-        segment_tokens=tuple(first.segment_tokens.get(i, 1) for i in ids),
+        segment_tokens=tuple(first.segment_tokens[i] for i in ids),
         build=build,
     )
 
@@ -108,6 +101,20 @@ def hinted_prompt(hint: PrismHint, *, system: str | None, suffix: str | None) ->
     except ValidationError as exc:
         path, _, message = format_validation_error(exc).partition(": ")
         raise PromptError(f"prism.{path}", message) from None
+
+
+def hinted_job(
+    serializer: Serializer,
+    hint: PrismHint,
+    *,
+    system: str | None,
+    suffix: str | None,
+    chat: bool,
+) -> TokenJob:
+    """The token job of a hinted request; `chat` is the endpoint's default, used when
+    the hint does not set `chat` itself."""
+    prompt = hinted_prompt(hint, system=system, suffix=suffix)
+    return segmented_job(serializer, prompt, chat=chat if hint.chat is None else hint.chat)
 
 
 def chat_defaults(messages: Sequence[ChatMessage]) -> tuple[str | None, str | None]:

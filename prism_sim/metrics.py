@@ -149,8 +149,7 @@ class EngineMetrics:
         if not aborted:
             self.num_requests.labels(name, streaming).inc()
         self.e2e.labels(name, streaming).observe(req.finish_s - req.arrival_s)
-        if req.admitted_s is not None:
-            self.queue_time.labels(name).observe(req.admitted_s - req.arrival_s)
+        self.queue_time.labels(name).observe(req.admitted_s - req.arrival_s)
         if req.first_token_s is not None:
             self.ttft.labels(name, streaming).observe(req.first_token_s - req.arrival_s)
             if len(req.output_ids) > 1:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from prism_sim.batch import Batch, PrefillPart, SchedulerConfig, SchedulerStats
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest, Status
-from prism_sim.schedule_policy import order_waiting
+from prism_sim.schedule_policy import CACHE_AWARE_MAX_QUEUE, order_waiting
 from prism_sim.time_model import PrefillItem, Profile, decode_time_s, prefill_time_s
 
 __all__ = ["Batch", "InsertHook", "PrefillPart", "Scheduler", "SchedulerConfig", "SchedulerStats"]
@@ -266,7 +266,9 @@ class Scheduler:
         """SGLang 0.5.23's waiting-prefix refresh (FCFS order, LRU eviction): every 32nd
         prefill attempt, touch the cached prefixes of the first 128 waiting requests,
         head last, so LRU evicts them in reverse admission order."""
-        cache_aware = self.config.schedule_policy != "fcfs" and len(arrived) <= 128
+        cache_aware = (
+            self.config.schedule_policy != "fcfs" and len(arrived) <= CACHE_AWARE_MAX_QUEUE
+        )
         if not self.config.waiting_prefix_refresh or cache_aware or not arrived:
             return
         refresh = self._prefill_attempts % 32 == 0

@@ -107,7 +107,12 @@ def run_prometheus(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(url, process, timeout_s, log_path)
+        from loadgen.processes import wait_healthy
+
+        try:
+            wait_healthy(url, process, timeout_s, "/-/ready")
+        except RuntimeError as exc:  # exited: say why
+            raise RuntimeError(f"prometheus: {exc}: {log_path.read_text()[-2000:]}") from exc
         yield url
     finally:
         if process.poll() is None:
@@ -117,22 +122,6 @@ def run_prometheus(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=15)
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"prometheus exited ({process.returncode}): {log.read_text()[-2000:]}"
-            )
-        try:
-            if httpx.get(url + "/-/ready", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"prometheus at {url} not ready after {timeout_s:.0f}s")
 
 
 def wait_targets_up(prometheus_url: str, jobs: int, timeout_s: float = 60.0) -> None:

@@ -4,26 +4,13 @@ tests/test_deploy_stack.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
+from deploy_support import REPO, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 GRAFANA = REPO / "deploy" / "grafana"
-
-
-def load_script(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 builder = load_script(GRAFANA / "build_dashboard.py")

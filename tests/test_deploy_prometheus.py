@@ -3,18 +3,15 @@ files run (issue 7)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+from deploy_support import REPO, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 CONFIGS = {"prometheus.yml": "docker-compose.yml", "prometheus.sim.yml": "docker-compose.sim.yml"}
 
@@ -22,15 +19,6 @@ needs_promtool = pytest.mark.skipif(
     shutil.which("promtool") is None,
     reason="promtool (Debian package prometheus) is not installed; `make tools`",
 )
-
-
-def load_script(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def promtool_check(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -11,29 +11,14 @@ three every second, fed by a short zipf_hotspot replay through the proxy.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
+from deploy_support import REPO, load_script
 from prometheus_client.parser import text_string_to_metric_families
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_script(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 cpu_stack = load_script(REPO / "scripts" / "cpu_stack.py")
 builder = load_script(REPO / "deploy" / "grafana" / "build_dashboard.py")

@@ -4,9 +4,9 @@
     python deploy/grafana/build_dashboard.py --check    # exit 1 if the JSON is stale
 
 The panels are declared below as (title, unit, [(legend, PromQL)]); the JSON is generated
-so that every query stays in one readable table. `tests/test_deploy_metrics.py` checks
-that every metric these queries name is exported by the proxy, the simulated engine or
-the DART control RPC, and that the committed JSON matches this file.
+so that every query stays in one readable table. `tests/test_deploy_dashboard.py` checks
+that the committed JSON matches this file; `tests/test_deploy_stack.py` that every metric
+these queries name is exported by the proxy, the simulated engine or the DART control RPC.
 """
 
 from __future__ import annotations

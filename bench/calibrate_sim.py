@@ -129,19 +129,7 @@ async def run_realtime(profile: Profile, trace: Sequence[TraceRequest], speed: f
             loop.submit(req)
             reqs.append(req)
         await done.wait()
-    results = [
-        RequestResult(
-            r.rid,
-            r.arrival_s - start,
-            (r.first_token_s or math.nan) - start,
-            (r.finish_s or math.nan) - start,
-            len(r.input_ids),
-            r.cached_tokens,
-            len(r.output_ids),
-        )
-        for r in reqs
-    ]
-    return results, loop.max_lag_s
+    return [RequestResult.of(r, origin_s=start) for r in reqs], loop.max_lag_s
 
 
 async def run_http(profile_spec: str | None, trace: Sequence[TraceRequest], speed: float):

@@ -8,6 +8,7 @@ both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,23 @@ class RequestResult:
     def ttft_s(self) -> float:
         return self.first_token_s - self.arrival_s
 
+    @classmethod
+    def of(cls, req: SimRequest, origin_s: float = 0.0) -> RequestResult:
+        """`req`'s outcome with times counted from `origin_s` (NaN: never reached)."""
+
+        def since(t: float | None) -> float:
+            return math.nan if t is None else t - origin_s
+
+        return cls(
+            rid=req.rid,
+            arrival_s=req.arrival_s - origin_s,
+            first_token_s=since(req.first_token_s),
+            finish_s=since(req.finish_s),
+            prompt_tokens=len(req.input_ids),
+            cached_tokens=req.cached_tokens,
+            completion_tokens=len(req.output_ids),
+        )
+
 
 def replay(scheduler: Scheduler, trace: Sequence[TraceRequest]) -> list[RequestResult]:
     """Run `trace` (sorted by arrival) to completion; results in arrival order."""
@@ -60,15 +78,4 @@ def replay(scheduler: Scheduler, trace: Sequence[TraceRequest]) -> list[RequestR
             continue
         now += batch.duration_s
         scheduler.complete_batch(batch, now)
-    return [
-        RequestResult(
-            rid=r.rid,
-            arrival_s=r.arrival_s,
-            first_token_s=r.first_token_s if r.first_token_s is not None else float("nan"),
-            finish_s=r.finish_s if r.finish_s is not None else float("nan"),
-            prompt_tokens=len(r.input_ids),
-            cached_tokens=r.cached_tokens,
-            completion_tokens=len(r.output_ids),
-        )
-        for r in reqs
-    ]
+    return [RequestResult.of(r) for r in reqs]

@@ -102,7 +102,6 @@ class AdmissionController:
         self._run_now = False
         self._last_round = float("-inf")
         self._closed = False
-        self.rounds = 0
 
     # --- views -----------------------------------------------------------------------
     @property
@@ -224,7 +223,6 @@ class AdmissionController:
         started = time.perf_counter()
         plan = self.policy.plan_round(snapshot.queue, snapshot.active, snapshot.wave_size)
         self.metrics.round_seconds.observe(time.perf_counter() - started)
-        self.rounds += 1
         return plan
 
     def _release(self, plan: RoundPlan, wave_size: int) -> None:

@@ -8,7 +8,7 @@ optional `prism` object carries segment hints (SPEC §1):
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -142,11 +142,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     @property
     def max_new_tokens(self) -> int | None:
-        return (
-            self.max_completion_tokens
-            if self.max_completion_tokens is not None
-            else (self.max_tokens)
-        )
+        if self.max_completion_tokens is not None:  # the newer name wins
+            return self.max_completion_tokens
+        return self.max_tokens
 
 
 class CompletionRequest(_SamplingFields):
@@ -200,9 +198,6 @@ class GenerateRequest(BaseModel):
         return None
 
 
-ModelT = type[BaseModel]
-
-
 def describe_validation_error(error: ValidationError) -> tuple[str, str]:
     """(`param`, message) naming the first offending field, e.g. `messages.0.content`."""
     first = error.errors()[0]
@@ -213,6 +208,3 @@ def describe_validation_error(error: ValidationError) -> tuple[str, str]:
 def openai_error(message: str, *, kind: str, param: str | None = None, code: Any = None) -> dict:
     """An OpenAI-style error body."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-Endpoint = Literal["chat", "completions", "generate"]

@@ -161,8 +161,6 @@ violence virtual visible visitor vital volume voucher wage warning wealth websit
 welcome whatever wherever widely willing withdraw worker worry worth writer yesterday
 """
 
-_PUNCT = (".", ".", ".", ",", ",", ";", ":", "?", "!")
-
 
 class _WordShapes:
     """An order-2 character Markov chain over the word list: invents English-looking

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.policies import POLICIES
 
-POLICY_NAMES = ("prism", "fifo", "klpm", "contextpilot")
+POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot
 ENV_PREFIX = "PRISM_"
 
 
@@ -151,9 +152,8 @@ def options() -> list[Option]:
     for f in fields(ProxyConfig):
         if f.name == "qas":
             continue
-        optional = "None" in str(f.type)
-        parse = _parser_for(getattr(base, f.name), optional)
         default = getattr(base, f.name)
+        parse = _parser_for(default, optional="None" in str(f.type))
         result.append(Option(f.name, parse, _HELP.get(f.name, f.name), default))
     qas_defaults = QasParams()
     for name in QasParams.field_names():

@@ -47,8 +47,6 @@ class ControlClient:
         self._pending: dict[str, float] | None = None
         self._wakeup = asyncio.Event()
         self._backoff_s = 0.0
-        self.pushes = 0
-        self.failures = 0
 
     def push(self, table: dict[str, float]) -> None:
         """Queue the newest table (replacing an unsent one); returns at once."""
@@ -83,7 +81,6 @@ class ControlClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             return self._failed(f"{type(exc).__name__}: {exc}")
         if status == 200:
-            self.pushes += 1
             self.metrics.control_pushes.inc()
             self.metrics.control_up.set(1)
             return True
@@ -94,7 +91,6 @@ class ControlClient:
         return self._failed(f"HTTP {status}")
 
     def _failed(self, reason: str) -> bool:
-        self.failures += 1
         self.metrics.control_failures.inc()
         self.metrics.control_up.set(0)
         log.warning("control RPC push to %s failed (%s); serving on", self.url, reason)

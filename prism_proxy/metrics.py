@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-LANES = ("hot", "cold", "passthrough")
-
 # 1 ms .. 60 s, roughly x1.5-2 per step: fine enough for 10 ms - 60 s latencies.
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,

@@ -107,11 +107,6 @@ class Tokenizer:
         """Token ids of ``text`` with no special tokens added."""
         return self._backend.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """``encode`` over several texts (one call into the Rust library)."""
-        encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
-        return [e.ids for e in encodings]
-
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -166,12 +166,17 @@ def engine_state(url: str) -> dict[str, Any]:
 def proxy_counters(url: str) -> dict[str, float]:
     """The proxy's ``prism:`` counters, gauges and histogram sums/counts after a run,
     summed over labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
-        text = httpx.get(url + "/metrics", timeout=10.0).text
+        return metric_totals(httpx.get(url + "/metrics", timeout=10.0).text)
     except httpx.HTTPError:
         return {}
+
+
+def metric_totals(text: str) -> dict[str, float]:
+    """Counter, gauge and histogram sum/count samples of a Prometheus text page, each
+    sample name's values summed over its labels (``_created`` and ``_bucket`` left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.type not in ("counter", "gauge", "histogram"):

@@ -252,16 +252,11 @@ def replay_trace(
 
 def _source_total(url: str, sample: str, headers: Mapping[str, str] | None = None) -> float:
     """Sum of one sample name's values in a Prometheus text page, read at the source."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from loadgen.sweep import metric_totals
 
     response = httpx.get(url, headers=dict(headers or {}), timeout=10.0)
     response.raise_for_status()
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(response.text)
-        for s in family.samples
-        if s.name == sample
-    )
+    return metric_totals(response.text).get(sample, 0.0)
 
 
 def measure(stack: Stack, results: Mapping[str, Any]) -> dict[str, Any]:

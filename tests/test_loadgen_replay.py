@@ -14,6 +14,7 @@ from loadgen.processes import free_port, run_server
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
 from loadgen.replay import ReplayConfig, replay
 from loadgen.summary import RequestRecord, summarize
+from loadgen.sweep import metric_totals
 from loadgen.trace_format import Trace, read_trace, write_trace
 from prism_proxy.tokenizer import load_tokenizer
 
@@ -118,16 +119,9 @@ def test_replay_through_proxy_cli(sim, trace_file: Path, tmp_path: Path) -> None
     summary = _check_results(results, read_trace(trace_file))
     # The proxy saw (and counted) the same prompt and cached tokens the replay recorded.
     assert summary["total_input_tokens"] > 0
-    assert _metric_total(metrics, "prism:prompt_tokens_total") == summary["total_input_tokens"]
-    assert _metric_total(metrics, "prism:cached_tokens_total") == summary["total_cached_tokens"]
-
-
-def _metric_total(text: str, sample: str) -> float:
-    """Sum of one sample name's values over its labels in a Prometheus text page."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    families = text_string_to_metric_families(text)
-    return sum(s.value for family in families for s in family.samples if s.name == sample)
+    totals = metric_totals(metrics)
+    assert totals["prism:prompt_tokens_total"] == summary["total_input_tokens"]
+    assert totals["prism:cached_tokens_total"] == summary["total_cached_tokens"]
 
 
 async def _get(url: str) -> str:

@@ -115,3 +115,25 @@ def test_sim_refuses_an_unauthenticated_control_rpc(tmp_path):
         ),
     ):
         pass
+
+
+def test_engine_counts_a_request_in_a_t_until_it_finishes():
+    """`lru+active` inside `SimEngine`: a_t rises at the first insertion of an anchored
+    request and falls when the scheduler finishes it (the engine's `on_finish` hook)."""
+    from prism_proxy.tokenizer import load_tokenizer
+    from prism_sim.engine import SimConfig, SimEngine
+
+    engine = SimEngine(SimConfig(eviction="lru+active"), tokenizer=load_tokenizer(None))
+    core = engine.extension.core
+    ids = SYSTEM + SEGMENTS["A"] + [3000, 3001, 3002, 3003]
+    handle = engine.start(ids, 3, rid="r", kv_hints=make_kv_hints(anchors("A", 4), message_id="r"))
+    plain = engine.start([7, 8, 9], 3, rid="plain")  # no anchors: never counted
+    active, now = [], engine.loop.now()  # both have arrived
+    while not (handle.req.finished and plain.req.finished):
+        batch = engine.scheduler.next_batch(now)
+        now += batch.duration_s
+        engine.scheduler.complete_batch(batch, now)
+        active.append((core.active_count("A"), core.stats().active_requests))
+    assert active[0] == (1, 1)  # after the prefill
+    assert active[-1] == (0, 0)  # after the last decode step
+    assert handle.req.finish_reason["type"] == "length"

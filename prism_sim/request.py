@@ -1,7 +1,7 @@
 """A request inside the simulated engine: what came in and how far it got (SPEC §7).
 
 Mutable on purpose: it is the scheduler's per-request state (like SGLang's `Req`).
-`kv_hints` is kept exactly as received (DART reads `kv_hints["prism"]["anchors"]`).
+`kv_hints` is kept exactly as received (DART parses its anchors out of it).
 """
 
 from __future__ import annotations

@@ -81,98 +81,6 @@ class DeltaText:
         return delta
 
 
-def chat_completion(
-    *, completion_id: str, model: str, created: int, text: str, meta_info: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason(meta_info) or "stop",
-            }
-        ],
-        "usage": TokenUsage.from_meta(meta_info).to_openai(),
-    }
-
-
-def text_completion(
-    *, completion_id: str, model: str, created: int, text: str, meta_info: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason(meta_info) or "stop",
-            }
-        ],
-        "usage": TokenUsage.from_meta(meta_info).to_openai(),
-    }
-
-
-def chat_chunk(
-    *,
-    completion_id: str,
-    model: str,
-    created: int,
-    delta: dict[str, Any],
-    finish: str | None = None,
-    usage: dict[str, Any] | None = None,
-    include_choice: bool = True,
-) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": (
-            [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-            if include_choice
-            else []
-        ),
-    }
-    if usage is not None:
-        chunk["usage"] = usage
-    return chunk
-
-
-def completion_chunk(
-    *,
-    completion_id: str,
-    model: str,
-    created: int,
-    text: str,
-    finish: str | None = None,
-    usage: dict[str, Any] | None = None,
-    include_choice: bool = True,
-) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": (
-            [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-            if include_choice
-            else []
-        ),
-    }
-    if usage is not None:
-        chunk["usage"] = usage
-    return chunk
-
-
 def stream_error(message: str, status: int) -> dict[str, Any]:
     """The error event sent when a stream fails after its headers went out."""
     return {"error": {"message": message, "type": "backend_error", "param": None, "code": status}}
@@ -204,54 +112,85 @@ class ResponseFormat:
     def end(self, meta_info: dict[str, Any]) -> list[bytes]:
         return [SSE_DONE]
 
-    def _ids(self) -> dict[str, Any]:
-        return {"completion_id": self.completion_id, "model": self.model, "created": self.created}
 
+class _OpenAIFormat(ResponseFormat):
+    """Chat and completions: the same objects and events, apart from their `object`
+    names and how a choice carries its text (`_whole` for the answer, `_piece` for a
+    stream chunk; `None` is the closing chunk's empty piece)."""
 
-class ChatFormat(ResponseFormat):
+    whole_object = ""
+    chunk_object = ""
+
+    def _whole(self, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _piece(self, text: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _response(
+        self, kind: str, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        response: dict[str, Any] = {
+            "id": self.completion_id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            response["usage"] = usage
+        return response
+
+    def _event(self, piece: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, **piece, "logprobs": None, "finish_reason": finish}
+        return sse(self._response(self.chunk_object, [choice]))
+
     def complete(self, result: dict[str, Any]) -> dict[str, Any]:
-        return chat_completion(
-            **self._ids(), text=str(result.get("text", "")), meta_info=result.get("meta_info", {})
-        )
+        meta_info = result.get("meta_info", {})
+        choice = {
+            "index": 0,
+            **self._whole(str(result.get("text", ""))),
+            "logprobs": None,
+            "finish_reason": finish_reason(meta_info) or "stop",
+        }
+        usage = TokenUsage.from_meta(meta_info).to_openai()
+        return self._response(self.whole_object, [choice], usage)
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        delta = self.delta.feed(str(chunk.get("text", "")))
+        return [self._event(self._piece(delta))] if delta else []
+
+    def end(self, meta_info: dict[str, Any]) -> list[bytes]:
+        events = [self._event(self._piece(None), finish_reason(meta_info) or "stop")]
+        if self.include_usage:
+            usage = TokenUsage.from_meta(meta_info).to_openai()
+            events.append(sse(self._response(self.chunk_object, [], usage)))
+        return [*events, SSE_DONE]
+
+
+class ChatFormat(_OpenAIFormat):
+    whole_object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def _whole(self, text: str) -> dict[str, Any]:
+        return {"message": {"role": "assistant", "content": text}}
+
+    def _piece(self, text: str | None) -> dict[str, Any]:
+        return {"delta": {} if text is None else {"content": text}}
 
     def start(self) -> list[bytes]:
-        return [sse(chat_chunk(**self._ids(), delta={"role": "assistant", "content": ""}))]
-
-    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        delta = self.delta.feed(str(chunk.get("text", "")))
-        return [sse(chat_chunk(**self._ids(), delta={"content": delta}))] if delta else []
-
-    def end(self, meta_info: dict[str, Any]) -> list[bytes]:
-        events = [
-            sse(chat_chunk(**self._ids(), delta={}, finish=finish_reason(meta_info) or "stop"))
-        ]
-        if self.include_usage:
-            usage = TokenUsage.from_meta(meta_info).to_openai()
-            events.append(
-                sse(chat_chunk(**self._ids(), delta={}, usage=usage, include_choice=False))
-            )
-        return [*events, SSE_DONE]
+        return [self._event({"delta": {"role": "assistant", "content": ""}})]
 
 
-class CompletionFormat(ResponseFormat):
-    def complete(self, result: dict[str, Any]) -> dict[str, Any]:
-        return text_completion(
-            **self._ids(), text=str(result.get("text", "")), meta_info=result.get("meta_info", {})
-        )
+class CompletionFormat(_OpenAIFormat):
+    whole_object = "text_completion"
+    chunk_object = "text_completion"
 
-    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        delta = self.delta.feed(str(chunk.get("text", "")))
-        return [sse(completion_chunk(**self._ids(), text=delta))] if delta else []
+    def _whole(self, text: str) -> dict[str, Any]:
+        return {"text": text}
 
-    def end(self, meta_info: dict[str, Any]) -> list[bytes]:
-        finish = finish_reason(meta_info) or "stop"
-        events = [sse(completion_chunk(**self._ids(), text="", finish=finish))]
-        if self.include_usage:
-            usage = TokenUsage.from_meta(meta_info).to_openai()
-            events.append(
-                sse(completion_chunk(**self._ids(), text="", usage=usage, include_choice=False))
-            )
-        return [*events, SSE_DONE]
+    def _piece(self, text: str | None) -> dict[str, Any]:
+        return {"text": text or ""}
 
 
 class GenerateFormat(ResponseFormat):

@@ -82,3 +82,34 @@ def test_completion_objects() -> None:
     events = _events(fmt.chunk({"text": "xy"}) + fmt.chunk({"text": "xyz"}) + fmt.end(META))
     assert [e["choices"][0]["text"] for e in events[:-1]] == ["xy", "z", ""]
     assert "usage" not in events[-2]
+
+
+def test_chat_completion_object() -> None:
+    fmt = ChatFormat(completion_id="chatcmpl-x", model="m", created=7, include_usage=False)
+    assert fmt.complete({"text": "hi", "meta_info": META}) == {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "created": 7,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "logprobs": None,
+                "finish_reason": "length",
+            }
+        ],
+        "usage": TokenUsage.from_meta(META).to_openai(),
+    }
+    assert fmt.complete({})["choices"][0]["finish_reason"] == "stop"  # no meta_info
+
+
+def test_completion_stream_with_usage() -> None:
+    fmt = CompletionFormat(completion_id="cmpl-x", model="m", created=1, include_usage=True)
+    assert fmt.start() == []
+    events = _events(fmt.chunk({"text": "ok"}) + fmt.end({**META, "finish_reason": None}))
+    assert [e["object"] for e in events[:-1]] == ["text_completion"] * 3
+    assert events[1]["choices"] == [
+        {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
+    ]
+    assert events[2]["choices"] == [] and events[2]["usage"]["completion_tokens"] == 3

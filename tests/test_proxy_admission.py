@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from proxy_support import eventually
 
 from prism_proxy.admission import AdmissionController, QueueFullError, ShuttingDownError
 from prism_proxy.metrics import ProxyMetrics
@@ -58,21 +59,24 @@ async def test_run_loop_cancel_and_gauges_return_to_zero() -> None:
     controller = _controller("fifo", max_inflight=1)
     task = asyncio.create_task(controller.run())
     order: list[str] = []
+    done = asyncio.Event()  # holders keep their slot until the test says so
 
     async def client(rid: str, arrival: float) -> None:
         async with controller.slot(QueuedRequest(rid=rid, arrival=arrival)):
             order.append(rid)
-            await asyncio.sleep(0.005)
+            await done.wait()
 
     first = asyncio.create_task(client("a", 0.0))
-    await asyncio.sleep(0)
+    await eventually(lambda: order == ["a"])
     second = asyncio.create_task(client("b", 1.0))
     leaver = asyncio.create_task(client("c", 2.0))
-    await asyncio.sleep(0.001)
+    await eventually(lambda: controller.queue_depth == 2)
     leaver.cancel()  # still queued behind "a": must leave the queue
-    await asyncio.gather(first, second)
     with pytest.raises(asyncio.CancelledError):
         await leaver
+    assert controller.queue_depth == 1 and controller.inflight == 1
+    done.set()
+    await asyncio.gather(first, second)
     assert order == ["a", "b"]
     assert _gauge(controller, "prism:queue_depth") == 0
     assert _gauge(controller, "prism:inflight_requests") == 0

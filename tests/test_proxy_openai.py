@@ -174,11 +174,19 @@ async def test_backend_receives_reordered_token_ids(proxy_factory: ProxyFactory,
 
 
 async def test_models_and_health(proxy_factory: ProxyFactory) -> None:
-    proxy = await proxy_factory()
+    proxy = await proxy_factory(policy="klpm")
     async with _client(proxy.url) as client:
         models = await client.models.list()
     assert models.data and models.data[0].id
-    await asyncio.sleep(0)
+    async with httpx.AsyncClient() as http:
+        health = (await http.get(proxy.url + "/health")).json()
+    assert health == {
+        "status": "ok",
+        "backend_up": True,
+        "queue_depth": 0,
+        "inflight": 0,
+        "policy": "klpm",
+    }
 
 
 @pytest.mark.parametrize("policy", ["prism", "fifo", "klpm", "contextpilot"])

@@ -206,9 +206,10 @@ class BackendClient:
         return True
 
     async def probe_forever(self, interval_s: float) -> None:
+        """Probe every `interval_s` (the first probe is the caller's, at startup)."""
         while True:
-            await self.probe()
             await asyncio.sleep(interval_s)
+            await self.probe()
 
     async def drain(self) -> None:
         """Wait for the abort tasks still running (shutdown)."""

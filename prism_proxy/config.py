@@ -114,7 +114,7 @@ _HELP = {
     "protect": "DART protection budget f sent with each priority table",
     "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",
-    "health_interval_s": "seconds between backend health probes (0: no probes)",
+    "health_interval_s": "seconds between backend health probes (0: only at start)",
     "shutdown_timeout_s": "seconds to drain in-flight requests on shutdown",
     "retry_after_s": "Retry-After seconds sent with 429",
     "log_level": "debug|info|warning|error",

@@ -318,3 +318,42 @@ async def test_client_fields_that_touch_other_requests_never_reach_the_backend(
     finally:
         await proxy.stop()
         await runner.cleanup()
+
+
+async def test_health_probes_follow_the_backend_down_and_up() -> None:
+    """With `health_interval_s` set, `prism:backend_up` and `/health` follow a backend
+    whose `/model_info` starts failing, then recovers (no client traffic needed)."""
+    from aiohttp import web
+
+    healthy = [True]
+
+    async def model_info(request: web.Request) -> web.Response:
+        if healthy[0]:
+            return web.json_response({"model_path": "stub"})
+        return web.json_response({"error": {"message": "down"}}, status=500)
+
+    app = web.Application()
+    app.router.add_get("/model_info", model_info)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    proxy = await start_proxy(
+        ProxyConfig(backend=f"http://{host}:{port}", port=0, health_interval_s=0.02)
+    )
+    registry = proxy.app[state.METRICS].registry
+    try:
+        assert registry.get_sample_value("prism:backend_up") == 1  # the startup probe
+        healthy[0] = False
+        await eventually(lambda: registry.get_sample_value("prism:backend_up") == 0)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(proxy.url + "/health") as response:
+                assert response.status == 200  # the proxy itself still serves
+                assert (await response.json())["backend_up"] is False
+            healthy[0] = True
+            await eventually(lambda: registry.get_sample_value("prism:backend_up") == 1)
+            async with session.get(proxy.url + "/health") as response:
+                assert (await response.json())["backend_up"] is True
+    finally:
+        await proxy.stop()
+        await runner.cleanup()

@@ -168,11 +168,8 @@ async def start_control_site(
     app = create_control_app(core, config.token, apply_inline=apply_inline)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port if port is None else port)
-    await site.start()
-    server = site._server
-    bound = server.sockets[0].getsockname()[1] if server is not None and server.sockets else 0
-    return runner, int(bound)
+    await web.TCPSite(runner, config.host, config.port if port is None else port).start()
+    return runner, int(runner.addresses[0][1])
 
 
 class ControlThread:

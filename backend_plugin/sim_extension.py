@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from backend_plugin.config import load_config
+from backend_plugin.config import ControlConfig, load_config
 from backend_plugin.dart.anchors import AnchorError, parse_kv_hints
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
@@ -49,10 +49,14 @@ class SimTreeAdapter:
 class DartSimExtension:
     """`prism_sim.extensions.EngineExtension` running DART."""
 
-    def __init__(self, core: DartCore, config: Any = None) -> None:
+    def __init__(
+        self, core: DartCore, config: Any = None, control: ControlConfig | None = None
+    ) -> None:
         self.core = core
         self.strategy = DartStrategy(core)
         self.config = config
+        # host and token read from the environment once (`load_config`) by the factory
+        self.control = control or ControlConfig()
         self.control_port: int | None = None
         self._cache: Any = None
         self._root: Any = None  # the cache's root when last seen: a new one means a flush
@@ -110,9 +114,8 @@ class DartSimExtension:
         if port is not None:
             from backend_plugin.control_rpc import start_control_site
 
-            control = load_config().control
-            token = getattr(self.config, "control_token", None) or control.token
-            control = replace(control, port=port, token=token)
+            token = getattr(self.config, "control_token", None) or self.control.token
+            control = replace(self.control, port=port, token=token)
             runner, self.control_port = await start_control_site(
                 self.core, control, apply_inline=True
             )
@@ -127,4 +130,4 @@ class DartSimExtension:
 def create_extension(config: Any) -> DartSimExtension:
     """Factory named in `prism_sim.extensions.EXTENSION_MODULES` (config: `SimConfig`)."""
     settings = load_config()
-    return DartSimExtension(DartCore(config.eviction, settings.protect), config)
+    return DartSimExtension(DartCore(config.eviction, settings.protect), config, settings.control)

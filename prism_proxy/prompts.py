@@ -57,23 +57,24 @@ def message_text(message: ChatMessage) -> str:
 
 
 def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool) -> TokenJob:
-    """Serialize once in client order (token lengths for QAS), again at release."""
+    """QAS gets the token lengths from the serializer's caches; the prompt is serialized
+    once, at release, in the order QAS chose."""
     try:
-        first = serializer.serialize(prompt, chat=chat)
+        head_tokens = serializer.head_tokens(prompt.system, chat)
     except ValueError as exc:  # e.g. a template without a system role
         raise PromptError("prism", str(exc)) from exc
-    ids = tuple(segment.id for segment in prompt.segments)
+    lengths = serializer.skeleton_lengths(prompt)
 
     def build(order: Sequence[str]) -> Dispatch:
-        serialized = first if tuple(order) == ids else serializer.serialize(prompt, order, chat)
+        serialized = serializer.serialize(prompt, order, chat)
         return Dispatch({"input_ids": serialized.input_ids}, serialized.anchors_json())
 
     return TokenJob(
-        segments=ids,
+        segments=tuple(lengths),
         reorder=prompt.reorder,
-        prefix_key=first.prefix_key,
-        head_tokens=first.head_tokens,
-        segment_tokens=tuple(first.segment_tokens[i] for i in ids),
+        prefix_key=serializer.prefix_key(prompt.system, chat),
+        head_tokens=head_tokens,
+        segment_tokens=tuple(lengths.values()),
         build=build,
     )
 

@@ -156,7 +156,12 @@ class Serializer:
         return {s.id: len(self.segment_ids(s.id, s.text)) for s in prompt.segments}
 
     def head_tokens(self, system: str | None, chat: bool = True) -> int:
+        """Token count of the head (cached per system prompt)."""
         return len(self._frame(system, chat).head_ids)
+
+    def prefix_key(self, system: str | None, chat: bool = True) -> str:
+        """The ``prefix_key`` every request with this system prompt gets."""
+        return self._frame(system, chat).prefix_key
 
     def _frame(self, system: str | None, chat: bool) -> _Frame:
         return self._frames.get_or_make((system, chat), lambda: self._render(system, chat))

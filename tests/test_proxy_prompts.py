@@ -38,7 +38,11 @@ def test_hinted_job_chat_default_and_release_order(
     hint = PrismHint.model_validate({**HINT, "chat": hint_chat})
     job = hinted_job(serializer, hint, system=None, suffix="Which?", chat=default)
     assert job.segments == ("a", "b") and job.reorder
-    assert job.head_tokens == serializer.head_tokens(HINT["system"], chat)
+    whole = SegmentedPrompt.model_validate({**HINT, "suffix": "Which?"})
+    serialized = serializer.serialize(whole, chat=chat)
+    assert job.head_tokens == serialized.head_tokens
+    assert job.prefix_key == serialized.prefix_key
+    assert job.segment_tokens == (serialized.segment_tokens["a"], serialized.segment_tokens["b"])
     for order in (["a", "b"], ["b", "a"]):
         dispatch = job.build(order)
         assert dispatch.prompt_fields == {"input_ids": _expected(serializer, order, chat)}

@@ -140,7 +140,7 @@ async def abort_request(request: web.Request) -> web.Response:
     except BadRequest as exc:
         return error_response(str(exc))
     sched = engine.scheduler
-    live = [*sched.waiting, *sched.running, *([sched.chunked] if sched.chunked else [])]
+    live = sched.live_requests()
     if body.abort_all:
         targets = [r.rid for r in live]
     elif body.rid and sched.get(body.rid) is not None:

@@ -134,6 +134,10 @@ class Scheduler:
     def get(self, rid: str) -> SimRequest | None:
         return self._by_rid.get(rid)
 
+    def live_requests(self) -> list[SimRequest]:
+        """Every request not finished yet: waiting, in a prefill batch, chunked, running."""
+        return list(self._by_rid.values())
+
     def flush_cache(self) -> bool:
         """Empty the tree; refused (False) while any request is waiting or running."""
         if self.waiting or self.running or self.chunked is not None or self.inflight:

@@ -71,6 +71,20 @@ def test_single_request_timeline_matches_the_time_model() -> None:
     assert s.held_tokens_total == 0
 
 
+def test_live_requests_include_those_in_an_inflight_prefill() -> None:
+    s = scheduler()
+    a, b = req("a", [1] * 10), req("b", [2] * 10)
+    s.add_request(a, 0.0)
+    s.add_request(b, 0.0)
+    batch = s.next_batch(0.0)
+    assert batch is not None and batch.kind == "prefill"
+    assert not s.waiting and not s.running and s.chunked is None  # neither list holds them
+    assert {r.rid for r in s.live_requests()} == {"a", "b"}
+    s.complete_batch(batch, batch.duration_s)
+    run(s, batch.duration_s)
+    assert s.live_requests() == [] and a.finished and b.finished
+
+
 def test_cached_tokens_is_the_shared_prefix_and_full_repeat_keeps_one_token() -> None:
     s = scheduler()
     shared = list(range(1000, 1040))

@@ -199,8 +199,10 @@ class Scheduler:
         return batch
 
     def _prefill_batch(self, now: float) -> Batch | None:
+        if self.batch_is_full and self.chunked is None:
+            return None  # before scanning the queue: under overload this is most steps
         arrived = [r for r in self.waiting if r.arrival_s <= now]
-        if (self.batch_is_full or not arrived) and self.chunked is None:
+        if not arrived and self.chunked is None:
             return None
         if self.chunked is None and len(self.running) >= self.config.max_running_requests:
             self.batch_is_full = True

@@ -101,7 +101,8 @@ def new_rid() -> str:
 
 # Fields of a native /generate body that a client may not forward: they would steer
 # other requests (rid prefixes on abort, priority), or write cache metadata (kv_hints).
-_GENERATE_PROXY_OWNED = {"rid", "kv_hints", "priority"}
+_GENERATE_PROXY_OWNED = frozenset({"rid", "kv_hints", "priority"})
+_PASSTHROUGH_DROPPED = _GENERATE_PROXY_OWNED | {"prism"}
 
 
 @web.middleware
@@ -303,8 +304,7 @@ async def passthrough(
     """Admit, then send the body to the backend's `path`, minus `prism` and the fields
     only the proxy may set (a rid of its own when `set_rid`)."""
     backend = request.app[state.BACKEND]
-    hidden = _GENERATE_PROXY_OWNED | {"prism"}
-    body = {key: value for key, value in raw.items() if key not in hidden}
+    body = {key: value for key, value in raw.items() if key not in _PASSTHROUGH_DROPPED}
     rid = new_rid() if set_rid else None
     if rid is not None:
         body["rid"] = rid
@@ -437,7 +437,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-_GENERATE_OWN_FIELDS = {"text", "input_ids", "prism", "sampling_params", "stream"}
+# Fields of a native /generate body that the token path sets itself or must not forward.
+_GENERATE_NOT_FORWARDED = _PASSTHROUGH_DROPPED | {"text", "input_ids", "sampling_params", "stream"}
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -460,7 +461,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             raise PromptError("text", "either text or input_ids is required")
     except PromptError as exc:
         raise _prompt_error(exc) from None
-    extra = {k: v for k, v in raw.items() if k not in _GENERATE_OWN_FIELDS | _GENERATE_PROXY_OWNED}
+    extra = {k: v for k, v in raw.items() if k not in _GENERATE_NOT_FORWARDED}
     rid = new_rid()
     return await token_path(
         request,

@@ -62,21 +62,25 @@ class DartSimExtension:
         self._root: Any = None  # the cache's root when last seen: a new one means a flush
 
     # ---- tree hooks ----------------------------------------------------------------
-    def _hook(self, cache: Any) -> None:
-        """Follow the cache's splits and eviction passes (one cache per extension)."""
-        if self._cache is None:
-            self._cache, self._root = cache, cache.root
-            cache.split_listeners.append(self.on_split)
-            cache.evict_begin_listeners.append(self.begin_eviction)
-        elif cache is not self._cache:
+    def attach(self, cache: Any) -> None:
+        """Follow `cache`'s splits, eviction passes and evicted nodes (one cache only)."""
+        if self._cache is not None:
             raise RuntimeError("a DART extension serves one radix cache")
-        elif cache.root is not self._root:  # reset() (/flush_cache) dropped every node
+        self._cache, self._root = cache, cache.root
+        cache.split_listeners.append(self.on_split)
+        cache.evict_begin_listeners.append(self.begin_eviction)
+        cache.evict_listeners.append(self.on_evict)
+
+    def _follow(self, cache: Any) -> None:
+        if cache is not self._cache:
+            raise RuntimeError("attach(cache) the DART extension to this cache first")
+        if cache.root is not self._root:  # reset() (/flush_cache) dropped every node
             self._root = cache.root
             self.core.clear_residency()
 
     def begin_eviction(self) -> None:
         """Start of an eviction pass: apply queued updates, snapshot F_t."""
-        self._hook(self._cache)
+        self._follow(self._cache)
         self.core.begin_eviction()
 
     def on_split(self, upper: Any, lower: Any) -> None:
@@ -85,7 +89,7 @@ class DartSimExtension:
             setattr(upper, META_ATTR, meta.as_prefix())
 
     def on_insert(self, req: Any, cache: Any, key: list[int]) -> None:
-        self._hook(cache)
+        self._follow(cache)
         self.core.apply_pending()
         try:
             hints = parse_kv_hints(req.kv_hints)
@@ -108,7 +112,6 @@ class DartSimExtension:
     @contextlib.asynccontextmanager
     async def lifecycle(self, engine: Any) -> AsyncIterator[None]:
         """Serve the control RPC for the server's lifetime, if configured."""
-        self._hook(engine.cache)
         runner = None
         port = getattr(self.config, "control_port", None)
         if port is not None:

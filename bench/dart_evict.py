@@ -88,7 +88,7 @@ def sim_tree(policy: str, table: dict[str, float] | None) -> Tree:
     ext = DartSimExtension(DartCore(policy, protect=8))
     clock = [0.0]
     cache = RadixCache(ext.strategy, clock=lambda: clock[0])
-    cache.evict_listeners.append(ext.on_evict)
+    ext.attach(cache)
     if table is not None:
         ext.core.inbox.submit(PriorityUpdate(1, table, protect=8))
 

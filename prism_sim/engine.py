@@ -123,7 +123,7 @@ class SimEngine:
         hooks = [h for h in (insert_hook, self.extension and self.extension.on_insert) if h]
         self.cache = RadixCache(self.extension.strategy if self.extension else config.eviction)
         if self.extension is not None:
-            self.cache.evict_listeners.append(self.extension.on_evict)
+            self.extension.attach(self.cache)
 
         def on_insert(req: SimRequest, cache: RadixCache, key: list[int]) -> None:
             for hook in hooks:

@@ -1,11 +1,12 @@
 """Engine extensions: eviction orders that need more than `get_priority` (DART, SPEC §3).
 
-An extension is chosen by the `--eviction` name. It supplies the eviction strategy and
-may observe every insertion of a request's tokens (to place anchors from
-`req.kv_hints`), every evicted node, and run a resource for the server's lifetime (the
-control RPC). Names map to a module exposing `create_extension(config) -> EngineExtension`
-(imported on first use, so `prism_sim` never imports the plugin unless asked), or are
-registered directly with `register_extension`.
+An extension is chosen by the `--eviction` name. It supplies the eviction strategy,
+attaches to the engine's cache (splits, eviction passes, evicted nodes), observes every
+insertion of a request's tokens (to place anchors from `req.kv_hints`), and may run a
+resource for the server's lifetime (the control RPC). Names map to a module exposing
+`create_extension(config) -> EngineExtension` (imported on first use, so `prism_sim`
+never imports the plugin unless asked), or are registered directly with
+`register_extension`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from prism_sim.radix_cache import RadixCache, TreeNode
+    from prism_sim.radix_cache import RadixCache
     from prism_sim.request import SimRequest
 
 # The DART module lives in the backend plugin package (issue 5); the simulator runs it.
@@ -31,11 +32,12 @@ class EngineExtension(Protocol):
 
     strategy: Any  # an `EvictionStrategy`
 
+    def attach(self, cache: RadixCache) -> None:
+        """Called once with the engine's cache: register its listeners (splits, eviction
+        passes, evicted nodes)."""
+
     def on_insert(self, req: SimRequest, cache: RadixCache, key: list[int]) -> None:
         """After `key` (a prefix of the request's tokens) was inserted; may split nodes."""
-
-    def on_evict(self, node: TreeNode) -> None:
-        """Just before `node` is removed from the tree."""
 
     # Optional: `on_finish(req)` is called once when a request finishes or is aborted.
 

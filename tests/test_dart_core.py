@@ -63,7 +63,7 @@ def dart_sim_cache(policy: str = "dart", protect: int = 2) -> tuple[RadixCache, 
     clock = Clock()
     ext = DartSimExtension(DartCore(policy, protect=protect))
     cache = RadixCache(ext.strategy, clock=clock)
-    cache.evict_listeners.append(ext.on_evict)
+    ext.attach(cache)
     return cache, clock, ext
 
 

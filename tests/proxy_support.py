@@ -4,11 +4,13 @@ subprocess, the proxy in-process on a loopback port (so tests can also read its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import httpx
 import pytest
+from aiohttp import web
 
 from loadgen.processes import ServerProcess, run_server
 from prism_proxy.app import RunningProxy, start_proxy
@@ -26,24 +28,53 @@ def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
 ProxyFactory = Callable[..., Awaitable[RunningProxy]]
 
 
+def proxy_config(backend: str, **overrides: object) -> ProxyConfig:
+    """The tests' proxy settings: any free port, no periodic probes, a short drain."""
+    settings: dict[str, object] = {
+        "backend": backend,
+        "port": 0,
+        "health_interval_s": 0,
+        "shutdown_timeout_s": 5.0,
+    }
+    settings.update(overrides)
+    return ProxyConfig(**settings)  # type: ignore[arg-type]
+
+
 async def proxy_factory_fixture(sim: ServerProcess) -> AsyncIterator[ProxyFactory]:
     """Fixture body: `proxy_factory = pytest.fixture(proxy_factory_fixture)`."""
     started: list[RunningProxy] = []
 
     async def start(**overrides: object) -> RunningProxy:
-        settings: dict[str, object] = {
-            "backend": sim.url,
-            "port": 0,
-            "health_interval_s": 0,
-            "shutdown_timeout_s": 5.0,
-        }
-        settings.update(overrides)
-        proxy = await start_proxy(ProxyConfig(**settings))  # type: ignore[arg-type]
+        proxy = await start_proxy(proxy_config(sim.url, **overrides))
         started.append(proxy)
         return proxy
 
     yield start
     for proxy in started:
+        await proxy.stop()
+
+
+@contextlib.asynccontextmanager
+async def loopback_app(app: web.Application) -> AsyncIterator[str]:
+    """Serve `app` (a stub backend or control RPC) on 127.0.0.1, any free port, for the
+    block; yields its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(backend: str, **overrides: object) -> AsyncIterator[RunningProxy]:
+    """An in-process proxy in front of `backend` for the block (`proxy_config`)."""
+    proxy = await start_proxy(proxy_config(backend, **overrides))
+    try:
+        yield proxy
+    finally:
         await proxy.stop()
 
 

@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_server
+from proxy_support import ProxyFactory, eventually, loopback_app, proxy_factory_fixture, sim_server
 
 from loadgen.processes import free_port
 from prism_proxy import state
@@ -22,7 +22,7 @@ proxy_factory = pytest.fixture(proxy_factory_fixture)
 TOKEN = "s3cret"
 
 
-async def _control_server(received: list[dict]) -> tuple[web.AppRunner, str]:
+def _control_app(received: list[dict]) -> web.Application:
     last_epoch = [-1]
 
     async def priorities(request: web.Request) -> web.Response:
@@ -37,12 +37,7 @@ async def _control_server(received: list[dict]) -> tuple[web.AppRunner, str]:
 
     app = web.Application()
     app.router.add_post("/prism/priorities", priorities)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
+    return app
 
 
 def _chat(segments: list[str]) -> dict:
@@ -56,8 +51,7 @@ def _chat(segments: list[str]) -> dict:
 
 async def test_waves_push_dispatch_priorities(proxy_factory: ProxyFactory) -> None:
     received: list[dict] = []
-    runner, url = await _control_server(received)
-    try:
+    async with loopback_app(_control_app(received)) as url:
         proxy = await proxy_factory(control_url=url, control_token=TOKEN, protect=5)
         async with aiohttp.ClientSession() as session:
             for segments in (["alpha", "beta"], ["beta", "gamma"]):
@@ -78,8 +72,6 @@ async def test_waves_push_dispatch_priorities(proxy_factory: ProxyFactory) -> No
         registry = proxy.app[state.METRICS].registry
         assert registry.get_sample_value("prism:control_rpc_pushes_total") == len(received)
         assert registry.get_sample_value("prism:control_rpc_up") == 1
-    finally:
-        await runner.cleanup()
 
 
 async def test_dead_control_endpoint_is_counted_not_fatal(proxy_factory: ProxyFactory) -> None:

@@ -14,15 +14,15 @@ import pytest
 from proxy_support import (
     ProxyFactory,
     eventually,
+    loopback_app,
     proxy_factory_fixture,
+    running_proxy,
     sim_metric,
     sim_server,
 )
 
 from loadgen.processes import free_port
 from prism_proxy import state
-from prism_proxy.app import start_proxy
-from prism_proxy.config import ProxyConfig
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -116,28 +116,24 @@ async def test_429_when_queue_full_then_recovers(proxy_factory: ProxyFactory, si
 
 async def test_502_when_backend_is_down() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    proxy = await start_proxy(ProxyConfig(backend=dead, port=0, health_interval_s=0))
-    try:
-        async with aiohttp.ClientSession() as session:
-            for path, body in [
-                ("/v1/chat/completions", CHAT),
-                ("/v1/chat/completions", {**CHAT, "stream": True}),
-                ("/generate", {"text": "hi", "stream": True}),
-                ("/v1/completions", {"model": "m", "prompt": "hi", "n": 2}),  # passthrough
-            ]:
-                async with session.post(proxy.url + path, json=body) as response:
-                    error = await response.json()
-                assert response.status == 502, path
-                assert "unreachable" in error["error"]["message"]
-            async with session.get(proxy.url + "/v1/models") as response:
-                assert response.status == 502
-            async with session.get(proxy.url + "/health") as response:
-                assert (await response.json())["backend_up"] is False
+    async with running_proxy(dead) as proxy, aiohttp.ClientSession() as session:
+        for path, body in [
+            ("/v1/chat/completions", CHAT),
+            ("/v1/chat/completions", {**CHAT, "stream": True}),
+            ("/generate", {"text": "hi", "stream": True}),
+            ("/v1/completions", {"model": "m", "prompt": "hi", "n": 2}),  # passthrough
+        ]:
+            async with session.post(proxy.url + path, json=body) as response:
+                error = await response.json()
+            assert response.status == 502, path
+            assert "unreachable" in error["error"]["message"]
+        async with session.get(proxy.url + "/v1/models") as response:
+            assert response.status == 502
+        async with session.get(proxy.url + "/health") as response:
+            assert (await response.json())["backend_up"] is False
         registry = proxy.app[state.METRICS].registry
         assert registry.get_sample_value("prism:backend_up") == 0
         assert _gauges_zero(proxy)
-    finally:
-        await proxy.stop()
 
 
 STREAMS = {
@@ -211,15 +207,7 @@ async def test_backend_errors_map_to_clear_statuses(backend_status, proxy_status
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", failing)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    proxy = await start_proxy(
-        ProxyConfig(backend=f"http://{host}:{port}", port=0, health_interval_s=0)
-    )
-    try:
+    async with loopback_app(app) as url, running_proxy(url) as proxy:
         calls.clear()  # the startup probe
         async with (
             aiohttp.ClientSession() as session,
@@ -230,9 +218,6 @@ async def test_backend_errors_map_to_clear_statuses(backend_status, proxy_status
         assert "engine exploded" in error["message"]
         assert calls == ["/generate"]  # exactly one attempt, no retries
         assert _gauges_zero(proxy)
-    finally:
-        await proxy.stop()
-        await runner.cleanup()
 
 
 async def test_disconnect_while_backend_works_aborts(proxy_factory: ProxyFactory, sim) -> None:
@@ -289,35 +274,28 @@ async def test_client_fields_that_touch_other_requests_never_reach_the_backend(
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", backend)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    proxy = await start_proxy(
-        ProxyConfig(backend=f"http://{host}:{port}", port=0, health_interval_s=0)
-    )
     hostile = {"rid": "prism-", "kv_hints": {"prism": {"anchors": []}}, "priority": 2**62}
-    try:
-        async with aiohttp.ClientSession() as session:
-            for path, body in [
-                ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}),
-                ("/v1/chat/completions", CHAT),
-                ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 1}),
-            ]:
-                async with session.post(
-                    proxy.url + path, json={**body, **hostile, "stream": stream}
-                ) as response:
-                    text = await response.text()
-                assert response.status == 200, text
-                assert "prism-" in text  # the client's own name for its request
-        assert len(received) == 3
-        for body in received:
-            assert re.fullmatch(r"prism-[0-9a-f]{32}", body["rid"]), body["rid"]
-            assert "priority" not in body
-            assert body.get("kv_hints") is None or "protocol_version" in body["kv_hints"]
-    finally:
-        await proxy.stop()
-        await runner.cleanup()
+    async with (
+        loopback_app(app) as url,
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as session,
+    ):
+        for path, body in [
+            ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}),
+            ("/v1/chat/completions", CHAT),
+            ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 1}),
+        ]:
+            async with session.post(
+                proxy.url + path, json={**body, **hostile, "stream": stream}
+            ) as response:
+                text = await response.text()
+            assert response.status == 200, text
+            assert "prism-" in text  # the client's own name for its request
+    assert len(received) == 3
+    for body in received:
+        assert re.fullmatch(r"prism-[0-9a-f]{32}", body["rid"]), body["rid"]
+        assert "priority" not in body
+        assert body.get("kv_hints") is None or "protocol_version" in body["kv_hints"]
 
 
 async def test_health_probes_follow_the_backend_down_and_up() -> None:
@@ -334,26 +312,19 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
 
     app = web.Application()
     app.router.add_get("/model_info", model_info)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    proxy = await start_proxy(
-        ProxyConfig(backend=f"http://{host}:{port}", port=0, health_interval_s=0.02)
-    )
-    registry = proxy.app[state.METRICS].registry
-    try:
+    async with (
+        loopback_app(app) as url,
+        running_proxy(url, health_interval_s=0.02) as proxy,
+        aiohttp.ClientSession() as session,
+    ):
+        registry = proxy.app[state.METRICS].registry
         assert registry.get_sample_value("prism:backend_up") == 1  # the startup probe
         healthy[0] = False
         await eventually(lambda: registry.get_sample_value("prism:backend_up") == 0)
-        async with aiohttp.ClientSession() as session:
-            async with session.get(proxy.url + "/health") as response:
-                assert response.status == 200  # the proxy itself still serves
-                assert (await response.json())["backend_up"] is False
-            healthy[0] = True
-            await eventually(lambda: registry.get_sample_value("prism:backend_up") == 1)
-            async with session.get(proxy.url + "/health") as response:
-                assert (await response.json())["backend_up"] is True
-    finally:
-        await proxy.stop()
-        await runner.cleanup()
+        async with session.get(proxy.url + "/health") as response:
+            assert response.status == 200  # the proxy itself still serves
+            assert (await response.json())["backend_up"] is False
+        healthy[0] = True
+        await eventually(lambda: registry.get_sample_value("prism:backend_up") == 1)
+        async with session.get(proxy.url + "/health") as response:
+            assert (await response.json())["backend_up"] is True

@@ -101,8 +101,12 @@ async def test_completions_stream_and_not(proxy_factory: ProxyFactory, hinted: b
     assert whole.object == "text_completion"
     assert whole.choices[0].text and text == whole.choices[0].text
     assert whole.usage.completion_tokens == 5
-    if hinted:  # system-less head, one segment, suffix: more than the bare prompt
-        assert whole.usage.prompt_tokens > len(load_tokenizer().encode("Summary:"))
+    # Unhinted: the text as the backend tokenizes it. Hinted: no chat template by
+    # default on completions, so exactly one segment then the suffix (SPEC §1).
+    segments = [{"id": "doc-quartz", "text": DOCS["doc-quartz"]}] if hinted else []
+    prompt = SegmentedPrompt(segments=segments, suffix="Summary:")
+    expected = Serializer(load_tokenizer()).serialize(prompt, chat=False).input_ids
+    assert whole.usage.prompt_tokens == len(expected)
 
 
 async def test_passthrough_features_reach_backend_endpoint(proxy_factory: ProxyFactory) -> None:

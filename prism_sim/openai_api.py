@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -25,6 +26,8 @@ from prism_sim.http_common import (
     start_request,
 )
 from prism_sim.request import SimRequest
+
+BodyT = TypeVar("BodyT", CompletionIn, ChatCompletionIn)
 
 
 def _usage(req: SimRequest) -> dict[str, Any]:
@@ -93,34 +96,15 @@ async def _serve(
         handle.abort()
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    engine = request.app[ENGINE_KEY]
-    try:
-        body = await parse_body(request, CompletionIn)
-        prompt = body.prompt
-        if isinstance(prompt, str):
-            ids = engine.tokenizer.encode(prompt)
-        elif prompt and all(isinstance(x, int) for x in prompt):
-            ids = [int(x) for x in prompt]
-        elif len(prompt) == 1 and isinstance(prompt[0], str):
-            ids = engine.tokenizer.encode(prompt[0])
-        else:
-            raise BadRequest("prompt must be a string, one string or a list of token ids")
-        handle = start_request(
-            engine,
-            ids,
-            body.max_tokens,
-            field="max_tokens",
-            rid=body.rid,
-            priority=body.priority,
-            stream=body.stream,
-        )
-    except BadRequest as exc:
-        return error_response(str(exc))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _serve(
-        request, engine, handle, stream=body.stream, include_usage=include_usage, chat=False
-    )
+def _completion_prompt(engine: SimEngine, body: CompletionIn) -> tuple[list[int], int | None]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return engine.tokenizer.encode(prompt), body.max_tokens
+    if prompt and all(isinstance(x, int) for x in prompt):
+        return [int(x) for x in prompt], body.max_tokens
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return engine.tokenizer.encode(prompt[0]), body.max_tokens
+    raise BadRequest("prompt must be a string, one string or a list of token ids")
 
 
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -129,19 +113,30 @@ def _content_text(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[int], int | None]:
+    messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
+    try:
+        text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
+    except ValueError as exc:
+        raise BadRequest(f"chat template failed: {exc}") from None
+    return engine.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens
+
+
+async def _complete(
+    request: web.Request,
+    model: type[BodyT],
+    prompt_of: Callable[[SimEngine, BodyT], tuple[list[int], int | None]],
+    *,
+    chat: bool,
+) -> web.StreamResponse:
+    """Parse the body, queue its prompt (`prompt_of` gives the ids and max tokens), serve."""
     engine = request.app[ENGINE_KEY]
     try:
-        body = await parse_body(request, ChatCompletionIn)
-        messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
-        try:
-            text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
-        except ValueError as exc:
-            raise BadRequest(f"chat template failed: {exc}") from None
-        max_tokens = body.max_completion_tokens or body.max_tokens
+        body = await parse_body(request, model)
+        ids, max_tokens = prompt_of(engine, body)
         handle = start_request(
             engine,
-            engine.tokenizer.encode(text),
+            ids,
             max_tokens,
             field="max_tokens",
             rid=body.rid,
@@ -152,8 +147,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return error_response(str(exc))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await _serve(
-        request, engine, handle, stream=body.stream, include_usage=include_usage, chat=True
+        request, engine, handle, stream=body.stream, include_usage=include_usage, chat=chat
     )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, CompletionIn, _completion_prompt, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, ChatCompletionIn, _chat_prompt, chat=True)
 
 
 async def models(request: web.Request) -> web.Response:

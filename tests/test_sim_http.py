@@ -223,6 +223,11 @@ async def test_bad_requests_get_400(sim: Sim) -> None:
     assert status == 400 and "max_new_tokens" in body["error"]["message"]  # type: ignore[index]
     status, body = await post(sim, "/v1/completions", {"prompt": [1, 2], "max_tokens": 0})
     assert status == 400 and "max_tokens" in body["error"]["message"]  # type: ignore[index]
+    status, body = await post(sim, "/v1/completions", {"prompt": ["one", "two"]})
+    assert status == 400 and "prompt must be" in body["error"]["message"]  # type: ignore[index]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}
+    status, body = await post(sim, "/v1/chat/completions", chat)
+    assert status == 400 and "max_tokens" in body["error"]["message"]  # type: ignore[index]
     assert sim.engine.scheduler.stats.num_requests_total == 0  # nothing was queued
 
 

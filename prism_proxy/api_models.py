@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from prism_proxy.request_model import field_parts
+
 
 class SegmentHint(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -201,7 +203,7 @@ class GenerateRequest(BaseModel):
 def describe_validation_error(error: ValidationError) -> tuple[str, str]:
     """(`param`, message) naming the first offending field, e.g. `messages.0.content`."""
     first = error.errors()[0]
-    param = ".".join(str(part) for part in first.get("loc", ())) or "body"
+    param = ".".join(str(part) for part in field_parts(first.get("loc", ()))) or "body"
     return param, f"{param}: {first.get('msg', 'invalid value')}"
 
 

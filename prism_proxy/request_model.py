@@ -132,14 +132,19 @@ class SegmentedPrompt(BaseModel):
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
 
 
+def field_parts(loc: tuple[int | str, ...]) -> list[int | str]:
+    """A validation error's location without the union member tags (``str``,
+    ``list[str]``) that pydantic inserts into it: only field names and indices."""
+    return [p for p in loc if isinstance(p, int) or (p not in _TYPE_TAGS and "[" not in p)]
+
+
 def _field_path(loc: tuple[int | str, ...]) -> str:
-    """``("segments", 2, "id")`` -> ``segments[2].id``; drops union member tags such as
-    ``str`` or ``list[str]`` that pydantic inserts into the location."""
+    """``("segments", 2, "id")`` -> ``segments[2].id`` (see ``field_parts``)."""
     path = ""
-    for part in loc:
+    for part in field_parts(loc):
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part not in _TYPE_TAGS and "[" not in part:
+        else:
             path += f".{part}" if path else part
     return path
 

@@ -78,3 +78,23 @@ def test_validation_error_names_the_field() -> None:
         ChatCompletionRequest.model_validate({"model": "m", "messages": [{"content": "x"}]})
     param, message = describe_validation_error(info.value)
     assert param == "messages.0.role" and message.startswith("messages.0.role: ")
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "param"),
+    [
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": 5}]},
+            "messages.0.content",
+        ),
+        (ChatCompletionRequest, {"messages": USER, "stop": 5}, "stop"),
+        (CompletionRequest, {"prompt": 5}, "prompt"),
+    ],
+)
+def test_union_fields_are_named_without_pydantic_type_tags(model, body, param) -> None:
+    """Pydantic puts the union member (`str`, `list[str]`) into an error's location;
+    the client must see the field it sent, not `stop.str`."""
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body)
+    assert describe_validation_error(info.value)[0] == param

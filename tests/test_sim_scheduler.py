@@ -3,31 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from sim_support import profile
 
 from prism_sim.offline import TraceRequest, replay
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest, Status
 from prism_sim.schedule_policy import order_waiting
 from prism_sim.scheduler import Batch, Scheduler, SchedulerConfig
-from prism_sim.time_model import Profile
 
 FILLER = [900, 901, 902]
-
-
-def profile(**overrides: object) -> Profile:
-    base = dict(
-        name="t",
-        model_name="m",
-        prefill_overhead_s=0.01,
-        prefill_tokens_per_s=1000.0,
-        decode_overhead_s=0.005,
-        decode_per_request_s=0.001,
-        kv_capacity_tokens=100_000,
-        max_running_requests=64,
-        chunked_prefill_size=None,
-    )
-    base.update(overrides)
-    return Profile(**base)  # type: ignore[arg-type]
 
 
 def scheduler(policy: str = "fcfs", **overrides: object) -> Scheduler:

@@ -6,30 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from sim_support import profile
 
 from prism_sim.time_model import (
     PrefillItem,
-    Profile,
     decode_time_s,
     load_profile,
     prefill_time_s,
 )
-
-
-def profile(**overrides: object) -> Profile:
-    base = dict(
-        name="t",
-        model_name="m",
-        prefill_overhead_s=0.01,
-        prefill_tokens_per_s=1000.0,
-        decode_overhead_s=0.005,
-        decode_per_request_s=0.001,
-        kv_capacity_tokens=10_000,
-        max_running_requests=8,
-        chunked_prefill_size=512,
-    )
-    base.update(overrides)
-    return Profile(**base)  # type: ignore[arg-type]
 
 
 def test_prefill_is_overhead_plus_uncached_over_rate() -> None:

@@ -33,18 +33,24 @@ class BackendError(Exception):
         self.message = message
 
 
+def _error_of(body: Any) -> str | None:
+    """The message of an error object (`error` as text or `{message}`, or `message`, or
+    `detail`, as SGLang and FastAPI spell them); None if it has none."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error", body.get("message", body.get("detail")))
+    if isinstance(error, dict):
+        error = error.get("message", error)
+    return None if error is None else str(error)[:500]
+
+
 def _error_message(status: int, text: str) -> str:
     try:
         body = json.loads(text)
     except ValueError:
         return text.strip()[:500] or f"HTTP {status}"
-    if isinstance(body, dict):
-        error = body.get("error", body.get("message", body.get("detail")))
-        if isinstance(error, dict):
-            error = error.get("message", error)
-        if error is not None:
-            return str(error)[:500]
-    return text.strip()[:500]
+    message = _error_of(body)
+    return message if message is not None else text.strip()[:500]
 
 
 def parse_sse_line(line: bytes) -> dict[str, Any] | None:
@@ -151,7 +157,8 @@ class BackendClient:
                 if chunk is None:
                     continue
                 if "error" in chunk:
-                    raise BackendError(502, f"backend error: {_error_message(502, line[5:])}")
+                    message = _error_of(chunk)
+                    raise BackendError(502, f"backend error: {message or json.dumps(chunk)[:500]}")
                 yield chunk
 
     # --- passthrough -----------------------------------------------------------------

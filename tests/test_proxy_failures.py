@@ -328,3 +328,47 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
         await eventually(lambda: registry.get_sample_value("prism:backend_up") == 1)
         async with session.get(proxy.url + "/health") as response:
             assert (await response.json())["backend_up"] is True
+
+
+@pytest.mark.parametrize("chunks_before_error", [0, 1])
+async def test_error_chunk_in_a_backend_stream(chunks_before_error: int) -> None:
+    """SGLang reports a failure inside a stream as a `{"error": ...}` chunk. Before any
+    chunk went out the client gets a 502 answer; after, the stream ends with an error
+    event and `[DONE]`; either way the message arrives and the status is counted."""
+    from aiohttp import web
+
+    async def backend(request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return web.json_response({"model_path": "stub"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if chunks_before_error:
+            chunk = {"text": "partial", "meta_info": {"id": "x"}}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        error = {"error": {"message": "out of memory", "code": 500}}
+        await response.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", backend)
+    async with (
+        loopback_app(app) as url,
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as session,
+        session.post(proxy.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
+    ):
+        text = await r.text()
+        registry = proxy.app[state.METRICS].registry
+        labels = {"endpoint": "chat", "lane": "cold", "status": "502"}
+        await eventually(lambda: registry.get_sample_value("prism:requests_total", labels) == 1)
+        assert _gauges_zero(proxy)
+    if chunks_before_error:
+        assert r.status == 200
+        events = [e[6:] for e in text.split("\n\n") if e.startswith("data: ")]
+        assert json.loads(events[1])["choices"][0]["delta"] == {"content": "partial"}
+        error = json.loads(events[-2])["error"]
+        assert events[-1] == "[DONE]" and error["code"] == 502
+    else:
+        assert r.status == 502
+        error = json.loads(text)["error"]
+    assert error["message"] == "backend error: out of memory"

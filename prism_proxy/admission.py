@@ -1,17 +1,13 @@
-"""The QAS admission loop: queue, rounds, waves, releases (SPEC §2, §3).
+"""The asyncio driver of the admission core (SPEC §2, §3).
 
-    submit ──► queue (rid → Pending, arrival order) ──round──► wave ──► futures resolved
-                       ▲                                         │       in wave order
-                       └── cancel (client gone) removes it       ▼
-                                                  active (released, not finished)
-                                                         │ finish(rid)
-                                                         ▼ frees a slot
+`AdmissionCore` (pure) decides; this loop only keeps time, resolves each released
+request's future in wave order, keeps the metrics and hands P̂_t to `on_wave`:
 
-A round runs every `window_s` while requests wait and slots are free, or at once when
-a request arrives at an empty queue with a free slot. The wave size is
-`M = max_inflight − inflight`; the policy picks which requests and in what order
-(`plan_round`), and this loop only does the bookkeeping and the I/O hand-off.
-Every released request holds one slot until `finish(rid)`; `slot()` guarantees that.
+    submit ─► core.arrive ─► future ··· round due ─► core.begin_round ─► plan ─► commit
+                                                                                  │
+    handler: async with slot(...) as release:  ◄── future resolved ◄──────────────┘
+                 ... first chunk ─► first_token(rid)      (leaves pending prefill)
+             exit (done, error, client gone) ─► core.finish(rid)   (never leaks)
 """
 
 from __future__ import annotations
@@ -21,54 +17,32 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
+from prism_proxy.admission_core import (
+    AdmissionCore,
+    DuplicateRidError,
+    QueueFullError,
+    Released,
+    RoundInput,
+    ShuttingDownError,
+    Wave,
+)
 from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.pacing import PrefillPacing
 from prism_proxy.qas.policies import SchedulingPolicy
-from prism_proxy.qas.types import ActiveRequest, Lane, QueuedRequest, RoundPlan
+from prism_proxy.qas.types import QueuedRequest, RoundPlan
+
+__all__ = [
+    "AdmissionController",
+    "DuplicateRidError",
+    "QueueFullError",
+    "Release",
+    "ShuttingDownError",
+]
 
 log = logging.getLogger(__name__)
 
-
-class QueueFullError(Exception):
-    """The queue holds `max_queue` requests; the caller answers 429."""
-
-
-class DuplicateRidError(ValueError):
-    """A request with this rid is already queued or in flight; the caller answers 400."""
-
-
-class ShuttingDownError(Exception):
-    """The loop stopped before the request was released; the caller answers 503."""
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """What QAS decided for one released request."""
-
-    lane: Lane
-    skeleton: tuple[str, ...]
-    priorities: dict[str, float]
-    wait_s: float
-
-
-@dataclass(slots=True)
-class _Pending:
-    request: QueuedRequest
-    future: asyncio.Future[Release]
-    enqueued: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    """What a round plans over: Q_queue, Q_active and M, taken at one instant."""
-
-    queue: list[QueuedRequest]
-    active: list[ActiveRequest]
-    wave_size: int
-    occurrences: int
-
-
+Release = Released  # what `slot()` yields
 PushFn = Callable[[dict[str, float]], None]
 
 # Rounds over at least this many queued segment occurrences run in a worker thread.
@@ -76,82 +50,91 @@ OFFLOAD_OCCURRENCES = 2048
 
 
 class AdmissionController:
-    """Owns the queue and the active set; `run()` is the round loop (one task)."""
+    """Drives one `AdmissionCore` on the event loop; `run()` is the round loop task."""
 
     def __init__(
         self,
         policy: SchedulingPolicy,
         *,
-        max_inflight: int,
+        pacing: PrefillPacing,
         window_s: float,
         max_queue: int,
         metrics: ProxyMetrics,
         on_wave: PushFn | None = None,
         offload_occurrences: int = OFFLOAD_OCCURRENCES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.policy = policy
-        self.max_inflight = max_inflight
-        self.window_s = window_s
-        self.max_queue = max_queue
+        self.core = AdmissionCore(policy, pacing, window_s=window_s, max_queue=max_queue)
         self.metrics = metrics
         self.on_wave = on_wave
         self.offload_occurrences = offload_occurrences
-        self._queue: dict[str, _Pending] = {}
-        self._active: dict[str, ActiveRequest] = {}
+        self.clock = clock
+        self._futures: dict[str, asyncio.Future[Released]] = {}
         self._wakeup = asyncio.Event()
-        self._run_now = False
-        self._last_round = float("-inf")
-        self._closed = False
 
     # --- views -----------------------------------------------------------------------
     @property
+    def pacing(self) -> PrefillPacing:
+        return self.core.pacing
+
+    @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return self.core.queue_depth
 
     @property
     def inflight(self) -> int:
-        return len(self._active)
+        return self.core.inflight
 
     @property
-    def free_slots(self) -> int:
-        return max(0, self.max_inflight - len(self._active))
+    def pending_prefill(self) -> int:
+        return self.core.pending_prefill
+
+    def _gauges(self) -> None:
+        metrics, core = self.metrics, self.core
+        metrics.queue_depth.set(core.queue_depth)
+        metrics.inflight.set(core.inflight)
+        metrics.pending_prefill.set(core.pending_prefill)
+        metrics.prefill_batch.set(core.pacing.prefill_batch)
+        metrics.inflight_limit.set(core.pacing.backstop)
 
     # --- request side ------------------------------------------------------------------
-    def submit(self, request: QueuedRequest) -> asyncio.Future[Release]:
-        """Queue a request; its future resolves at release. Raises QueueFullError."""
-        if self._closed:
-            raise ShuttingDownError("the proxy is shutting down")
-        if len(self._queue) >= self.max_queue:
-            raise QueueFullError(f"admission queue full ({self.max_queue} requests waiting)")
-        if request.rid in self._queue or request.rid in self._active:
-            raise DuplicateRidError(f"rid {request.rid!r} is already in use")
-        future: asyncio.Future[Release] = asyncio.get_running_loop().create_future()
-        if not self._queue and self.free_slots > 0:
-            self._run_now = True  # SPEC §2: a round runs at once on an idle backend
-        self._queue[request.rid] = _Pending(request, future)
-        self.metrics.queue_depth.set(len(self._queue))
+    def submit(self, request: QueuedRequest) -> asyncio.Future[Released]:
+        """Queue a request; its future resolves at release. Raises QueueFullError,
+        DuplicateRidError or ShuttingDownError."""
+        self.core.arrive(request, self.clock())
+        future: asyncio.Future[Released] = asyncio.get_running_loop().create_future()
+        self._futures[request.rid] = future
+        self._gauges()
         self._wakeup.set()
         return future
 
     def withdraw(self, rid: str) -> None:
         """Remove a request that is still queued (its client left)."""
-        pending = self._queue.pop(rid, None)
-        if pending is not None:
-            pending.future.cancel()
-            self.metrics.queue_depth.set(len(self._queue))
+        if self.core.withdraw(rid):
+            future = self._futures.pop(rid, None)
+            if future is not None and not future.done():
+                future.cancel()
+            self._gauges()
+
+    def first_token(self, rid: str, uncached_tokens: int | None = None) -> None:
+        """The backend's first token (or first byte) of `rid` arrived."""
+        if self.core.pending_prefill:
+            self.core.first_token(rid, uncached_tokens)
+            self._gauges()
+            self._wakeup.set()
 
     def finish(self, rid: str) -> None:
-        """Release the slot of a finished (or aborted) request."""
-        if self._active.pop(rid, None) is not None:
-            self.metrics.inflight.set(len(self._active))
+        """Free the request's place (finished, aborted, failed or client gone)."""
+        if self.core.finish(rid):
+            self._gauges()
             self._wakeup.set()
 
     @contextlib.asynccontextmanager
-    async def slot(self, request: QueuedRequest) -> AsyncIterator[Release]:
-        """Wait for release, hold the slot for the block, always give it back.
+    async def slot(self, request: QueuedRequest) -> AsyncIterator[Released]:
+        """Wait for release, hold the place for the block, always give it back.
 
         Cancellation while queued withdraws the request; cancellation after release
-        (or any exit from the block) finishes it, so slots never leak.
+        (or any exit from the block) finishes it, so nothing leaks.
         """
         future = self.submit(request)
         try:
@@ -176,86 +159,65 @@ class AdmissionController:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                if not self._queue or self.free_slots == 0:
+                now = self.clock()
+                due = self.core.next_round_at(now)
+                if due is None or due > now:
                     self._wakeup.clear()
+                    timer = None if due is None else loop.call_later(due - now, self._wakeup.set)
                     await self._wakeup.wait()
+                    if timer is not None:
+                        timer.cancel()
                     continue
-                due = self._last_round + self.window_s
-                now = loop.time()
-                if not self._run_now and now < due:
-                    await asyncio.sleep(due - now)
+                round_input = self.core.begin_round(now)
+                if round_input is None:
                     continue
-                self._run_now = False
-                self._last_round = loop.time()
-                snapshot = self._snapshot()
-                if snapshot.occurrences >= self.offload_occurrences:
+                if round_input.occurrences >= self.offload_occurrences:
                     # A big round runs in a worker thread so that streams keep flowing
-                    # (the GIL is handed back every few ms); the queue may change
-                    # meanwhile, which `_release` tolerates.
-                    plan = await asyncio.to_thread(self._plan, snapshot)
+                    # (the GIL is handed back every few ms); `commit` skips requests
+                    # withdrawn meanwhile.
+                    plan = await asyncio.to_thread(self._plan, round_input)
                 else:
-                    plan = self._plan(snapshot)
-                self._release(plan, snapshot.wave_size)
+                    plan = self._plan(round_input)
+                self._commit(round_input, plan)
                 # Let released handlers start before the next round.
                 await asyncio.sleep(0)
         finally:
             self.close()
 
-    def run_round(self) -> RoundPlan | None:
-        """One QAS round inline: snapshot, plan, release the wave in order, push P̂_t."""
-        if self.free_slots == 0 or not self._queue:
+    def run_round(self) -> Wave | None:
+        """One round inline: snapshot, plan, release the wave in order, push P̂_t."""
+        round_input = self.core.begin_round(self.clock())
+        if round_input is None:
             return None
-        snapshot = self._snapshot()
-        plan = self._plan(snapshot)
-        self._release(plan, snapshot.wave_size)
-        return plan
+        return self._commit(round_input, self._plan(round_input))
 
-    def _snapshot(self) -> _Snapshot:
-        queue = [pending.request for pending in self._queue.values()]
-        return _Snapshot(
-            queue=queue,
-            active=list(self._active.values()),
-            wave_size=self.free_slots,
-            occurrences=sum(len(request.segments) for request in queue),
-        )
-
-    def _plan(self, snapshot: _Snapshot) -> RoundPlan:
+    def _plan(self, round_input: RoundInput) -> RoundPlan:
         started = time.perf_counter()
-        plan = self.policy.plan_round(snapshot.queue, snapshot.active, snapshot.wave_size)
+        plan = self.core.plan(round_input)
         self.metrics.round_seconds.observe(time.perf_counter() - started)
         return plan
 
-    def _release(self, plan: RoundPlan, wave_size: int) -> None:
-        """Resolve the wave's futures in release order (requests withdrawn meanwhile are
-        skipped), then hand P̂_t to `on_wave`."""
-        released = 0
-        now = time.monotonic()
-        for entry in plan.wave[:wave_size]:
-            pending = self._queue.pop(entry.rid, None)
-            if pending is None or pending.future.done():
+    def _commit(self, round_input: RoundInput, plan: RoundPlan) -> Wave:
+        """Resolve the wave's futures in release order, then hand P̂_t to `on_wave`."""
+        wave = self.core.commit(round_input, plan, self.clock())
+        for release in wave.released:
+            future = self._futures.pop(release.rid, None)
+            if future is None or future.done():
+                self.core.finish(release.rid)  # its client is already gone
                 continue
-            request = pending.request
-            skeleton = tuple(plan.skeletons.get(entry.rid, request.segments))
-            self._active[entry.rid] = ActiveRequest(rid=entry.rid, segments=skeleton)
-            priorities = {
-                s: plan.dispatch_priorities[s] for s in skeleton if s in plan.dispatch_priorities
-            }
-            pending.future.set_result(
-                Release(entry.lane, skeleton, priorities, now - pending.enqueued)
-            )
-            released += 1
-        self.metrics.queue_depth.set(len(self._queue))
-        self.metrics.inflight.set(len(self._active))
-        if released:
-            self.metrics.wave_size.observe(released)
-            if self.on_wave is not None and plan.dispatch_priorities:
-                self.on_wave(dict(plan.dispatch_priorities))
+            future.set_result(release)
+            self.metrics.releases.labels(release.lane.value).inc()
+        self._gauges()
+        if wave.released:
+            self.metrics.wave_size.observe(len(wave.released))
+            if self.on_wave is not None and wave.dispatch_priorities:
+                self.on_wave(dict(wave.dispatch_priorities))
+        return wave
 
     def close(self) -> None:
         """Stop admitting; fail every queued request with ShuttingDownError."""
-        self._closed = True
-        for pending in self._queue.values():
-            if not pending.future.done():
-                pending.future.set_exception(ShuttingDownError("the proxy stopped"))
-        self._queue.clear()
-        self.metrics.queue_depth.set(0)
+        for rid in self.core.close():
+            future = self._futures.pop(rid, None)
+            if future is not None and not future.done():
+                future.set_exception(ShuttingDownError("the proxy stopped"))
+        self._gauges()

@@ -25,6 +25,7 @@ from prism_proxy.config import ProxyConfig
 from prism_proxy.control_client import ControlClient
 from prism_proxy.handlers import add_routes, error_middleware
 from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import load_tokenizer
@@ -40,7 +41,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[state.CONFIG]
-    session = BackendClient.create_session(max_connections=config.max_inflight + 64)
+    session = BackendClient.create_session()
     app[state.BACKEND] = BackendClient(
         session,
         config.backend_url,
@@ -102,7 +103,7 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
     control = app.get(state.CONTROL)
     admission = AdmissionController(
         make_policy(config.policy, config.qas),
-        max_inflight=config.max_inflight,
+        pacing=PrefillPacing(config.prefill_batch, config.max_inflight),
         window_s=config.window_s,
         max_queue=config.max_queue,
         metrics=app[state.METRICS],
@@ -114,14 +115,30 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
     await _cancel(task)
 
 
+async def probe_backend(app: web.Application) -> None:
+    """One health probe; the backend's server info also sets the pacing limits."""
+    info = await app[state.BACKEND].probe()
+    if info is not None:
+        admission = app[state.ADMISSION]
+        admission.pacing.learn(BackendLimits.from_server_info(info))
+        log.debug(
+            "pacing: B=%d, backstop %d", admission.pacing.prefill_batch, admission.pacing.backstop
+        )
+
+
 async def health_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[state.CONFIG]
-    backend = app[state.BACKEND]
-    await backend.probe()
+    await probe_backend(app)
     if config.health_interval_s <= 0:
         yield
         return
-    task = asyncio.create_task(backend.probe_forever(config.health_interval_s))
+
+    async def probe_forever() -> None:
+        while True:
+            await asyncio.sleep(config.health_interval_s)
+            await probe_backend(app)
+
+    task = asyncio.create_task(probe_forever(), name="prism-backend-probe")
     yield
     await _cancel(task)
 

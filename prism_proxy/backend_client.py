@@ -88,8 +88,9 @@ class BackendClient:
         self.up: bool | None = None  # unknown until the first exchange
 
     @staticmethod
-    def create_session(max_connections: int) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0)
+    def create_session() -> aiohttp.ClientSession:
+        """No connection limit of its own: admission's backstop bounds the requests."""
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         return aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE)
 
     # --- helpers -------------------------------------------------------------------
@@ -204,19 +205,14 @@ class BackendClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("abort of %s failed: %s", rid, exc)
 
-    async def probe(self) -> bool:
-        """One health probe (`/model_info`, cheap on SGLang); updates `backend_up`."""
+    async def probe(self) -> dict[str, Any] | None:
+        """One health probe: the backend's `/get_server_info` (SGLang's batch limits),
+        or None when it does not answer; updates `backend_up`."""
         try:
-            await self.get_json("/model_info", timeout_s=5.0)
+            info = await self.get_json("/get_server_info", timeout_s=5.0)
         except BackendError:
-            return False
-        return True
-
-    async def probe_forever(self, interval_s: float) -> None:
-        """Probe every `interval_s` (the first probe is the caller's, at startup)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            await self.probe()
+            return None
+        return info if isinstance(info, dict) else {}
 
     async def drain(self) -> None:
         """Wait for the abort tasks still running (shutdown)."""

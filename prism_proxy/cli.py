@@ -27,9 +27,10 @@ def _serve(args: argparse.Namespace) -> int:
     from prism_proxy.app import create_app
 
     logging.getLogger(__name__).info(
-        "prism-proxy on %s:%d → %s (policy %s, max_inflight %d, window %.1f ms)",
-        config.host, config.port, config.backend_url, config.policy, config.max_inflight,
-        config.window_ms,
+        "prism-proxy on %s:%d → %s (policy %s, prefill batch %s, max in flight %s,"
+        " window %.1f ms)",
+        config.host, config.port, config.backend_url, config.policy,
+        config.prefill_batch or "auto", config.max_inflight or "auto", config.window_ms,
     )  # fmt: skip
     try:
         web.run_app(

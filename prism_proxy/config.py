@@ -37,7 +37,8 @@ class ProxyConfig:
     port: int = 8000
     tokenizer: str = "builtin"
     policy: str = "prism"
-    max_inflight: int = 64
+    prefill_batch: int = 0
+    max_inflight: int = 0
     window_ms: float = 10.0
     max_queue: int = 10_000
     max_body_bytes: int = 8 * 1024 * 1024
@@ -55,11 +56,12 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
             raise ConfigError(f"policy: unknown {self.policy!r}; choose one of {POLICY_NAMES}")
-        positive = ("max_inflight", "max_queue", "max_body_bytes", "backend_timeout_s")
+        positive = ("max_queue", "max_body_bytes", "backend_timeout_s")
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("window_ms", "protect", "health_interval_s", "retry_after_s"):
+        non_negative = ("prefill_batch", "max_inflight", "window_ms", "protect")
+        for name in (*non_negative, "health_interval_s", "retry_after_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
@@ -105,7 +107,10 @@ _HELP = {
     "port": "port to listen on",
     "tokenizer": "'builtin', a model directory, or 'auto' (the backend's model_path)",
     "policy": f"admission policy: {'|'.join(POLICY_NAMES)}",
-    "max_inflight": "concurrency limit: released and unfinished requests (sets the wave M)",
+    "prefill_batch": "B: released requests that may await their first token at once "
+    "(0: the backend's prefill budget / observed uncached tokens per request)",
+    "max_inflight": "backstop on released, unfinished requests (0: the backend's "
+    "max_running_requests)",
     "window_ms": "QAS round window Δt_win in milliseconds",
     "max_queue": "queued requests beyond which new ones get 429",
     "max_body_bytes": "largest request body accepted (413 above)",

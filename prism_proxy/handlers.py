@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -166,20 +166,6 @@ def _prompt_error(exc: PromptError) -> ApiError:
     return ApiError(400, str(exc), param=exc.param)
 
 
-def _queued(rid: str, job: TokenJob | None = None) -> QueuedRequest:
-    if job is None:
-        return QueuedRequest(rid=rid, arrival=time.monotonic())
-    return QueuedRequest(
-        rid=rid,
-        arrival=time.monotonic(),
-        segments=job.segments,
-        reorder=job.reorder,
-        prefix_key=job.prefix_key,
-        head_tokens=job.head_tokens,
-        segment_tokens=job.segment_tokens,
-    )
-
-
 def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
     if usage is None:
         return
@@ -222,8 +208,15 @@ async def token_path(
     fmt: ResponseFormat,
     extra_fields: dict[str, Any] | None = None,
 ) -> web.StreamResponse:
-    backend = request.app[state.BACKEND]
-    async with _admitted(request, _queued(rid, job)) as release:
+    """Admit, serialize in the released order, stream from the backend's `/generate`.
+
+    The proxy always streams from the backend, also for clients that did not ask to:
+    the first chunk is the moment the request stops pending prefill (SPEC §2 pacing).
+    Non-streaming clients get the chunks assembled into one response.
+    """
+    app = request.app
+    backend = app[state.BACKEND]
+    async with _admitted(request, job.queued(rid, time.monotonic())) as release:
         lane = release.lane.value
         dispatch = job.build(release.skeleton)
         payload: dict[str, Any] = {
@@ -238,53 +231,69 @@ async def token_path(
             payload["kv_hints"] = make_kv_hints(
                 dispatch.anchors, release.priorities, message_id=rid
             )
-        if stream:
-            return await _relay_stream(request, payload, fmt, lane, rid)
-        try:
-            result = await backend.generate(payload)
-        except asyncio.CancelledError:
-            backend.abort(rid)  # the client left while the backend was working
-            raise
-        _record_tokens(request, lane, TokenUsage.from_meta(result.get("meta_info", {})))
-        return web.json_response(fmt.complete(result))
+        chunks = backend.generate_stream(payload)
+        async with contextlib.aclosing(chunks):
+            try:
+                first = await anext(chunks, None)
+                if first is None:
+                    raise BackendError(502, "backend stream ended without a chunk")
+                _first_token(request, rid, lane, first)
+                if stream:
+                    return await _relay_stream(request, first, chunks, fmt, lane, rid)
+                fmt.assembled.feed(first)
+                async for chunk in chunks:
+                    fmt.assembled.feed(chunk)
+            except asyncio.CancelledError:
+                backend.abort(rid)  # the client left while the backend was working
+                raise
+        _record_tokens(request, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
+        return web.json_response(fmt.whole())
+
+
+def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any]) -> None:
+    """The backend's first chunk: the request leaves pending prefill; TTFT is observed."""
+    meta_info = chunk.get("meta_info") or {}
+    uncached: int | None = None
+    prompt, cached = meta_info.get("prompt_tokens"), meta_info.get("cached_tokens")
+    if isinstance(prompt, int) and isinstance(cached, int):
+        uncached = prompt - cached
+    request.app[state.ADMISSION].first_token(rid, uncached)
+    request.app[state.METRICS].ttft.labels(lane).observe(time.monotonic() - request[STARTED])
 
 
 async def _relay_stream(
-    request: web.Request, payload: dict[str, Any], fmt: ResponseFormat, lane: str, rid: str
+    request: web.Request,
+    first: dict[str, Any],
+    chunks: AsyncIterator[dict[str, Any]],
+    fmt: ResponseFormat,
+    lane: str,
+    rid: str,
 ) -> web.StreamResponse:
-    """Relay `/generate` chunks as they come; headers go out with the first chunk, so a
-    backend that fails before answering still gets a proper 502/503 status."""
+    """Relay `/generate` chunks as they come. Headers go out with the first chunk, so a
+    backend that fails before answering still gets a proper 502/503 status; a failure
+    after that ends the stream with an error event."""
     backend = request.app[state.BACKEND]
-    metrics = request.app[state.METRICS]
-    chunks = backend.generate_stream(payload)
     response = web.StreamResponse(headers=SSE_HEADERS)
     meta_info: dict[str, Any] = {}
-    async with contextlib.aclosing(chunks):
-        try:
-            chunk: dict[str, Any] | None = await anext(chunks, None)
-            metrics.ttft.labels(lane).observe(time.monotonic() - request[STARTED])
-            await response.prepare(request)
-            pending = fmt.start()  # one write per backend chunk (fewer syscalls)
-            while chunk is not None:
-                meta_info = chunk.get("meta_info") or meta_info
-                pending += fmt.chunk(chunk)
-                if pending:
-                    await response.write(b"".join(pending))
-                    pending = []
-                chunk = await anext(chunks, None)
-            await response.write(b"".join(pending + fmt.end(meta_info)))
-        except BackendError as exc:
-            if not response.prepared:
-                raise
-            request[STATUS] = exc.status
-            await response.write(sse(stream_error(exc.message, exc.status)) + SSE_DONE)
-        except asyncio.CancelledError:
-            backend.abort(rid)
-            raise
-        except ConnectionResetError:  # the client went away mid-stream
-            backend.abort(rid)
-            request[STATUS] = CLIENT_CLOSED
-            return response
+    try:
+        await response.prepare(request)
+        pending = fmt.start()  # one write per backend chunk (fewer syscalls)
+        chunk: dict[str, Any] | None = first
+        while chunk is not None:
+            meta_info = chunk.get("meta_info") or meta_info
+            pending += fmt.chunk(chunk)
+            if pending:
+                await response.write(b"".join(pending))
+                pending = []
+            chunk = await anext(chunks, None)
+        await response.write(b"".join(pending + fmt.end(meta_info)))
+    except BackendError as exc:
+        request[STATUS] = exc.status
+        await response.write(sse(stream_error(exc.message, exc.status)) + SSE_DONE)
+    except ConnectionResetError:  # the client went away mid-stream
+        backend.abort(rid)
+        request[STATUS] = CLIENT_CLOSED
+        return response
     _record_tokens(request, lane, TokenUsage.from_meta(meta_info) if meta_info else None)
     await response.write_eof()
     return response
@@ -302,22 +311,25 @@ async def passthrough(
     request: web.Request, path: str, raw: dict[str, Any], *, set_rid: bool
 ) -> web.StreamResponse:
     """Admit, then send the body to the backend's `path`, minus `prism` and the fields
-    only the proxy may set (a rid of its own when `set_rid`)."""
+    only the proxy may set (a rid of its own when `set_rid`). The request counts as
+    pending prefill until the backend's first body byte (SPEC §2)."""
     backend = request.app[state.BACKEND]
     body = {key: value for key, value in raw.items() if key not in _PASSTHROUGH_DROPPED}
     rid = new_rid() if set_rid else None
     if rid is not None:
         body["rid"] = rid
-    async with _admitted(request, _queued(rid or new_rid()), lane="passthrough"):
+    queued = QueuedRequest(rid=rid or new_rid(), arrival=time.monotonic())
+    async with _admitted(request, queued, lane="passthrough"):
         try:
             async with backend.forward(path, body) as upstream:
                 if not upstream.content_type.startswith("text/event-stream"):
                     data = await upstream.read()
+                    request.app[state.ADMISSION].first_token(queued.rid)
                     _record_tokens(request, "passthrough", _usage_of(data))
                     return web.Response(
                         body=data, status=upstream.status, content_type=upstream.content_type
                     )
-                return await _relay_lines(request, upstream)
+                return await _relay_lines(request, upstream, queued.rid)
         except (asyncio.CancelledError, _ClientGone) as exc:
             if rid is not None:
                 backend.abort(rid)
@@ -327,7 +339,7 @@ async def passthrough(
             return web.StreamResponse()
 
 
-async def _relay_lines(request: web.Request, upstream: Any) -> web.StreamResponse:
+async def _relay_lines(request: web.Request, upstream: Any, rid: str) -> web.StreamResponse:
     """Copy an upstream SSE stream line by line as it comes."""
     metrics = request.app[state.METRICS]
     response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
@@ -348,6 +360,7 @@ async def _relay_lines(request: web.Request, upstream: Any) -> web.StreamRespons
                 await response.write(sse(stream_error(message, 502)) + SSE_DONE)
                 return response
             if first:
+                request.app[state.ADMISSION].first_token(rid)
                 metrics.ttft.labels("passthrough").observe(time.monotonic() - request[STARTED])
                 first = False
             if b'"usage"' in line:

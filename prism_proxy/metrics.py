@@ -32,7 +32,11 @@ class ProxyMetrics:
     e2e_latency: Histogram
     queue_depth: Gauge
     inflight: Gauge
+    pending_prefill: Gauge
+    prefill_batch: Gauge
+    inflight_limit: Gauge
     wave_size: Histogram
+    releases: Counter
     prompt_tokens: Counter
     cached_tokens: Counter
     round_seconds: Histogram
@@ -78,8 +82,26 @@ class ProxyMetrics:
             inflight=Gauge(
                 "prism:inflight_requests", "Requests released and not finished", registry=r
             ),
+            pending_prefill=Gauge(
+                "prism:pending_prefill_requests",
+                "Released requests whose first token has not come back (SPEC §2 pacing)",
+                registry=r,
+            ),
+            prefill_batch=Gauge(
+                "prism:prefill_batch_limit",
+                "B: released requests allowed to wait for their first token at once",
+                registry=r,
+            ),
+            inflight_limit=Gauge(
+                "prism:inflight_limit",
+                "Backstop: released and unfinished requests allowed at once",
+                registry=r,
+            ),
             wave_size=Histogram(
                 "prism:wave_size", "Requests released per round", buckets=WAVE_BUCKETS, registry=r
+            ),
+            releases=Counter(
+                "prism:releases", "Requests released by QAS, by lane", lane, registry=r
             ),
             prompt_tokens=Counter(
                 "prism:prompt_tokens", "Prompt tokens reported by the backend", lane, registry=r

@@ -61,24 +61,50 @@ class TokenUsage:
         }
 
 
-class DeltaText:
-    """Turns SGLang's cumulative stream text into deltas.
+class StreamAssembler:
+    """Follows one `/generate` stream and keeps the whole answer so far.
 
-    A chunk whose text does not extend the text so far is taken as incremental
-    (`--incremental-streaming-output`) and passed on whole.
+    SGLang streams cumulative `text`/`output_ids` by default and deltas with
+    `--incremental-streaming-output`. A chunk is cumulative exactly when its
+    `output_ids` hold all `meta_info.completion_tokens` tokens (an incremental chunk
+    after the first holds fewer); without those fields, text that extends the text so
+    far is taken as cumulative. `feed` returns the new text; `result()` is what a
+    non-streaming `/generate` would have answered.
     """
 
     def __init__(self) -> None:
         self.text = ""
+        self.output_ids: list[Any] = []
+        self.meta_info: dict[str, Any] = {}
+        self._owned = False  # output_ids is our own list (not a chunk's)
 
-    def feed(self, text: str) -> str:
-        if text.startswith(self.text):
-            delta = text[len(self.text) :]
+    def _cumulative(self, ids: Any, text: str) -> bool:
+        completion_tokens = self.meta_info.get("completion_tokens")
+        if isinstance(ids, list) and isinstance(completion_tokens, int):
+            return len(ids) == completion_tokens
+        return text.startswith(self.text)
+
+    def feed(self, chunk: dict[str, Any]) -> str:
+        text = str(chunk.get("text", ""))
+        ids = chunk.get("output_ids")
+        meta_info = chunk.get("meta_info")
+        if isinstance(meta_info, dict):
+            self.meta_info = meta_info
+        if self._cumulative(ids, text):
+            delta = text[len(self.text) :] if text.startswith(self.text) else text
             self.text = text
-        else:
-            delta = text
-            self.text += text
-        return delta
+            if isinstance(ids, list):
+                self.output_ids, self._owned = ids, False
+            return delta
+        self.text += text
+        if isinstance(ids, list):
+            if not self._owned:
+                self.output_ids, self._owned = list(self.output_ids), True
+            self.output_ids.extend(ids)
+        return text
+
+    def result(self) -> dict[str, Any]:
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": self.meta_info}
 
 
 def stream_error(message: str, status: int) -> dict[str, Any]:
@@ -98,10 +124,14 @@ class ResponseFormat:
         self.model = model
         self.created = created
         self.include_usage = include_usage
-        self.delta = DeltaText()
+        self.assembled = StreamAssembler()
 
     def complete(self, result: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
+
+    def whole(self) -> dict[str, Any]:
+        """The response to a non-streaming client, from the chunks `assembled` saw."""
+        return self.complete(self.assembled.result())
 
     def start(self) -> list[bytes]:
         return []
@@ -157,7 +187,7 @@ class _OpenAIFormat(ResponseFormat):
         return self._response(self.whole_object, [choice], usage)
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        delta = self.delta.feed(str(chunk.get("text", "")))
+        delta = self.assembled.feed(chunk)
         return [self._event(self._piece(delta))] if delta else []
 
     def end(self, meta_info: dict[str, Any]) -> list[bytes]:

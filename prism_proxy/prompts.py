@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from prism_proxy.api_models import ChatMessage, PrismHint
+from prism_proxy.qas.types import QueuedRequest
 from prism_proxy.request_model import SegmentedPrompt, format_validation_error
 from prism_proxy.serializer import Serializer
 
@@ -44,6 +45,18 @@ class TokenJob:
     head_tokens: int
     segment_tokens: tuple[int, ...] | None
     build: Callable[[Sequence[str]], Dispatch]
+
+    def queued(self, rid: str, arrival: float) -> QueuedRequest:
+        """What QAS schedules for this job (SPEC §2)."""
+        return QueuedRequest(
+            rid=rid,
+            arrival=arrival,
+            segments=self.segments,
+            reorder=self.reorder,
+            prefix_key=self.prefix_key,
+            head_tokens=self.head_tokens,
+            segment_tokens=self.segment_tokens,
+        )
 
 
 def message_text(message: ChatMessage) -> str:

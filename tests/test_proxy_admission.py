@@ -9,15 +9,21 @@ from proxy_support import eventually
 
 from prism_proxy.admission import AdmissionController, QueueFullError, ShuttingDownError
 from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.pacing import PrefillPacing
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.types import QueuedRequest
 
 
-def _controller(policy: str = "fifo", **kwargs) -> AdmissionController:
-    settings = {"max_inflight": 2, "window_s": 0.001, "max_queue": 100, **kwargs}
+def _controller(
+    policy: str = "fifo", prefill_batch: int = 2, max_inflight: int = 0, **kwargs
+) -> AdmissionController:
+    settings = {"window_s": 0.001, "max_queue": 100, **kwargs}
     return AdmissionController(
-        make_policy(policy, QasParams()), metrics=ProxyMetrics.create(), **settings
+        make_policy(policy, QasParams()),
+        pacing=PrefillPacing(prefill_batch, max_inflight),
+        metrics=ProxyMetrics.create(),
+        **settings,
     )
 
 
@@ -27,21 +33,27 @@ def _gauge(controller: AdmissionController, name: str) -> float:
     return value
 
 
-async def test_waves_respect_max_inflight_and_release_in_fifo_order() -> None:
-    controller = _controller("fifo", max_inflight=2)
+async def test_waves_are_paced_by_prefill_and_release_in_fifo_order() -> None:
+    controller = _controller("fifo", prefill_batch=2)
     futures = [controller.submit(QueuedRequest(rid=f"r{i}", arrival=float(i))) for i in range(5)]
-    plan = controller.run_round()
-    assert plan is not None and [e.rid for e in plan.wave] == ["r0", "r1"]
+    wave = controller.run_round()
+    assert wave is not None and [r.rid for r in wave.released] == ["r0", "r1"]
     assert [f.done() for f in futures] == [True, True, False, False, False]
-    assert controller.run_round() is None  # no free slot: no round
-    controller.finish("r0")
+    assert controller.run_round() is None  # two pending prefill: no round
+    controller.first_token("r0")  # r0 decodes now: it no longer counts against B
     controller.run_round()
     assert [f.done() for f in futures] == [True, True, True, False, False]
-    assert controller.inflight == 2 and controller.queue_depth == 2
+    assert controller.inflight == 3 and controller.pending_prefill == 2
+    assert controller.queue_depth == 2
+    assert _gauge(controller, "prism:pending_prefill_requests") == 2
+    assert _gauge(controller, "prism:prefill_batch_limit") == 2
+    assert (
+        controller.metrics.registry.get_sample_value("prism:releases_total", {"lane": "cold"}) == 3
+    )
 
 
 async def test_prism_releases_skeleton_and_dispatch_priorities() -> None:
-    controller = _controller("prism", max_inflight=8)
+    controller = _controller("prism", prefill_batch=8)
     pushed: list[dict[str, float]] = []
     controller.on_wave = pushed.append
     a = controller.submit(QueuedRequest(rid="a", arrival=0.0, segments=("x", "hot")))
@@ -56,7 +68,7 @@ async def test_prism_releases_skeleton_and_dispatch_priorities() -> None:
 
 
 async def test_run_loop_cancel_and_gauges_return_to_zero() -> None:
-    controller = _controller("fifo", max_inflight=1)
+    controller = _controller("fifo", prefill_batch=1)
     task = asyncio.create_task(controller.run())
     order: list[str] = []
     done = asyncio.Event()  # holders keep their slot until the test says so
@@ -86,7 +98,7 @@ async def test_run_loop_cancel_and_gauges_return_to_zero() -> None:
 
 
 async def test_queue_full_and_shutdown() -> None:
-    controller = _controller("fifo", max_inflight=1, max_queue=2)
+    controller = _controller("fifo", prefill_batch=1, max_queue=2)
     first = controller.submit(QueuedRequest(rid="a", arrival=0.0))
     with pytest.raises(ValueError, match="already in use"):
         controller.submit(QueuedRequest(rid="a", arrival=0.5))
@@ -106,9 +118,9 @@ async def test_big_rounds_run_in_a_thread_and_tolerate_leavers() -> None:
     skipped at release; everyone else is released once, and the loop stays free."""
     import threading
 
-    controller = _controller("prism", max_inflight=8, offload_occurrences=0)
+    controller = _controller("prism", prefill_batch=8, offload_occurrences=0)
     loop = asyncio.get_running_loop()
-    inner = controller.policy
+    inner = controller.core.policy
     withdrawn = threading.Event()
     planner_threads: set[int] = set()
 
@@ -122,7 +134,7 @@ async def test_big_rounds_run_in_a_thread_and_tolerate_leavers() -> None:
                 withdrawn.wait(timeout=10)  # the event loop runs meanwhile
             return inner.plan_round(queue, active, wave_size)
 
-    controller.policy = LeaverDuringPlan()
+    controller.core.policy = LeaverDuringPlan()
     futures = {
         f"r{i}": controller.submit(QueuedRequest(rid=f"r{i}", arrival=float(i), segments=("s",)))
         for i in range(3)

@@ -47,7 +47,7 @@ def test_json_config_file_and_flag_path(tmp_path) -> None:
     [
         ([], {"PRISM_MAX_INFLIGHT": "many"}, "max_inflight"),
         (["--policy", "lru"], {}, "policy"),
-        (["--max-inflight", "0"], {}, "max_inflight"),
+        (["--max-inflight", "-1"], {}, "max_inflight"),
         ([], {"PRISM_K": "0"}, "k"),
     ],
 )

@@ -300,18 +300,19 @@ async def test_client_fields_that_touch_other_requests_never_reach_the_backend(
 
 async def test_health_probes_follow_the_backend_down_and_up() -> None:
     """With `health_interval_s` set, `prism:backend_up` and `/health` follow a backend
-    whose `/model_info` starts failing, then recovers (no client traffic needed)."""
+    whose `/get_server_info` starts failing, then recovers (no client traffic needed);
+    the limits it reports set the prefill pacing (SPEC §2)."""
     from aiohttp import web
 
     healthy = [True]
 
-    async def model_info(request: web.Request) -> web.Response:
+    async def server_info(request: web.Request) -> web.Response:
         if healthy[0]:
-            return web.json_response({"model_path": "stub"})
+            return web.json_response({"chunked_prefill_size": 2048, "max_running_requests": 5})
         return web.json_response({"error": {"message": "down"}}, status=500)
 
     app = web.Application()
-    app.router.add_get("/model_info", model_info)
+    app.router.add_get("/get_server_info", server_info)
     async with (
         loopback_app(app) as url,
         running_proxy(url, health_interval_s=0.02) as proxy,
@@ -319,6 +320,8 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
     ):
         registry = proxy.app[state.METRICS].registry
         assert registry.get_sample_value("prism:backend_up") == 1  # the startup probe
+        pacing = proxy.app[state.ADMISSION].pacing
+        assert (pacing.prefill_batch, pacing.backstop) == (2, 5)  # 2048 / 1024 tokens
         healthy[0] = False
         await eventually(lambda: registry.get_sample_value("prism:backend_up") == 0)
         async with session.get(proxy.url + "/health") as response:

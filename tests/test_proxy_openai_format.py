@@ -8,7 +8,7 @@ from prism_proxy.openai_format import (
     SSE_DONE,
     ChatFormat,
     CompletionFormat,
-    DeltaText,
+    StreamAssembler,
     TokenUsage,
     finish_reason,
 )
@@ -30,15 +30,42 @@ def _events(pieces: list[bytes]) -> list[dict | str]:
     return out
 
 
-def test_cumulative_text_becomes_deltas() -> None:
-    delta = DeltaText()
-    assert [delta.feed(t) for t in ["He", "Hell", "Hello", "Hello"]] == ["He", "ll", "o", ""]
+def _chunk(text: str, ids: list[int], completion_tokens: int) -> dict:
+    return {"text": text, "output_ids": ids, "meta_info": {"completion_tokens": completion_tokens}}
 
 
-def test_incremental_text_is_passed_on() -> None:
-    delta = DeltaText()
-    assert [delta.feed(t) for t in ["ab", "cd"]] == ["ab", "cd"]
-    assert delta.text == "abcd"
+def test_cumulative_stream_becomes_deltas_and_one_result() -> None:
+    assembled = StreamAssembler()
+    chunks = [_chunk("He", [1], 1), _chunk("Hell", [1, 2], 2), _chunk("Hello", [1, 2, 3], 3)]
+    assert [assembled.feed(c) for c in chunks] == ["He", "ll", "o"]
+    assert assembled.result() == {
+        "text": "Hello",
+        "output_ids": [1, 2, 3],
+        "meta_info": {"completion_tokens": 3},
+    }
+
+
+def test_incremental_stream_is_passed_on_and_accumulated() -> None:
+    # SGLang's --incremental-streaming-output: each chunk holds only its new tokens, and
+    # a delta may even start with the text so far ("a" then "ab").
+    assembled = StreamAssembler()
+    chunks = [_chunk("a", [7], 1), _chunk("ab", [7, 8], 3), _chunk("c", [9], 4)]
+    assert [assembled.feed(c) for c in chunks] == ["a", "ab", "c"]
+    assert assembled.text == "aabc" and assembled.output_ids == [7, 7, 8, 9]
+    assert chunks[0]["output_ids"] == [7]  # the chunks themselves are left alone
+
+
+def test_text_only_chunks_fall_back_to_prefix_matching() -> None:
+    assembled = StreamAssembler()
+    assert [assembled.feed({"text": t}) for t in ["He", "Hell", "Hello", "Hello"]] == [
+        "He",
+        "ll",
+        "o",
+        "",
+    ]
+    incremental = StreamAssembler()
+    assert [incremental.feed({"text": t}) for t in ["ab", "cd"]] == ["ab", "cd"]
+    assert incremental.text == "abcd"
 
 
 def test_finish_reason_mapping() -> None:

@@ -1,0 +1,174 @@
+"""Prefill pacing through real HTTP (SPEC §2): the proxy always streams from the
+backend, assembles answers for non-streaming clients, and holds requests back while
+`B` of them wait for their first token."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from proxy_support import eventually, loopback_app, running_proxy
+
+from prism_proxy import state
+from prism_proxy.tokenizer import load_tokenizer
+from prism_sim.engine import SimConfig, SimEngine
+from prism_sim.server import create_app, start_site
+
+PROMPT = "Summarise the report on the northern river crossings."
+
+
+@contextlib.asynccontextmanager
+async def _sim(incremental: bool) -> AsyncIterator[str]:
+    config = SimConfig(speed=50.0, incremental_streaming_output=incremental)
+    runner = await start_site(create_app(config, SimEngine(config)), "127.0.0.1", 0)
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+async def test_non_streaming_answers_are_assembled_from_the_backend_stream(
+    incremental: bool,
+) -> None:
+    """Whatever the backend's stream mode, a non-streaming client gets what the backend
+    answers a non-streaming `/generate` with: the same text, ids and token counts."""
+    ids = load_tokenizer("builtin").encode(PROMPT)
+    sampling = {"max_new_tokens": 9}
+    async with (
+        _sim(incremental) as sim_url,
+        running_proxy(sim_url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.post(
+            sim_url + "/generate", json={"input_ids": ids, "sampling_params": sampling}
+        ) as response:
+            direct = await response.json()
+        async with http.post(
+            proxy.url + "/generate",
+            json={"input_ids": ids, "sampling_params": sampling, "rid": "mine"},
+        ) as response:
+            assert response.status == 200
+            via_proxy = await response.json()
+        assert via_proxy["text"] == direct["text"] and via_proxy["text"]
+        assert via_proxy["output_ids"] == direct["output_ids"]
+        assert len(via_proxy["output_ids"]) == 9
+        meta, expected = via_proxy["meta_info"], direct["meta_info"]
+        assert meta["id"] == "mine"
+        assert meta["finish_reason"] == expected["finish_reason"] == {"type": "length", "length": 9}
+        for key in ("prompt_tokens", "completion_tokens"):
+            assert meta[key] == expected[key]
+        assert meta["cached_tokens"] == len(ids) - 1  # the direct call cached the prompt
+
+        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
+        chat = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=9
+        )
+        completion = await client.completions.create(model="m", prompt=PROMPT, max_tokens=9)
+        await client.close()
+        # The simulated engine answers with the same filler tokens for every prompt.
+        assert chat.choices[0].message.content == direct["text"]
+        assert completion.choices[0].text == direct["text"]
+        assert chat.choices[0].finish_reason == completion.choices[0].finish_reason == "length"
+        assert chat.usage.completion_tokens == completion.usage.completion_tokens == 9
+
+
+class HeldBackend:
+    """A `/generate` stub that answers every stream's first chunk only when told, then
+    decodes until told to finish: it shows what the proxy releases when."""
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        self.first = asyncio.Event()
+        self.finish = asyncio.Event()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/abort_request", self.abort)
+        return app
+
+    async def abort(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await self.first.wait()
+        meta = {"prompt_tokens": 10, "cached_tokens": 4, "completion_tokens": 1}
+        chunk = {"text": "a", "output_ids": [1], "meta_info": meta}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await self.finish.wait()
+        meta = {**meta, "completion_tokens": 2, "finish_reason": {"type": "length"}}
+        chunk = {"text": "ab", "output_ids": [1, 2], "meta_info": meta}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+
+async def test_pending_prefill_holds_releases_until_first_tokens() -> None:
+    backend = HeldBackend()
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    async with (
+        loopback_app(backend.app()) as url,
+        running_proxy(url, prefill_batch=2, window_ms=0) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        admission = proxy.app[state.ADMISSION]
+
+        async def call() -> dict:
+            async with http.post(proxy.url + "/generate", json=body) as response:
+                return await response.json()
+
+        calls = [asyncio.create_task(call()) for _ in range(5)]
+        await eventually(lambda: len(backend.received) == 2 and admission.queue_depth == 3)
+        await asyncio.sleep(0.05)  # give a wrong release the chance to happen
+        assert len(backend.received) == 2 and admission.pending_prefill == 2
+        assert all(b["stream"] is True for b in backend.received)  # always streamed
+
+        backend.first.set()  # every request decodes from now on: none counts against B
+        await eventually(lambda: len(backend.received) == 5)
+        await eventually(lambda: admission.pending_prefill == 0 and admission.inflight == 5)
+        assert admission.pacing.uncached_tokens < 1024  # 6 uncached tokens were reported
+        backend.finish.set()
+        answers = await asyncio.gather(*calls)
+        assert [a["text"] for a in answers] == ["ab"] * 5
+        assert admission.inflight == 0 and admission.queue_depth == 0
+
+
+async def test_a_client_leaving_while_pending_frees_its_place_at_once() -> None:
+    backend = HeldBackend()
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    async with (
+        loopback_app(backend.app()) as url,
+        running_proxy(url, prefill_batch=1, window_ms=0) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        admission = proxy.app[state.ADMISSION]
+
+        async def call() -> int:
+            async with http.post(proxy.url + "/generate", json=body) as response:
+                await response.read()
+                return response.status
+
+        leaver = asyncio.create_task(call())
+        await eventually(lambda: len(backend.received) == 1)
+        stayer = asyncio.create_task(call())
+        await eventually(lambda: admission.queue_depth == 1)
+        leaver.cancel()  # pending prefill, not one token yet
+        with contextlib.suppress(asyncio.CancelledError):
+            await leaver
+        await eventually(lambda: len(backend.received) == 2)
+        assert admission.pending_prefill == 1 and admission.inflight == 1
+        backend.first.set()
+        backend.finish.set()
+        assert await stayer == 200
+        await eventually(lambda: admission.inflight == 0 and admission.pending_prefill == 0)

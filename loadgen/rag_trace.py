@@ -2,8 +2,8 @@
 
 A pool of ``P`` passages (seeded filler of ``chunk_tokens`` tokens, or a user's corpus);
 a hot set of ``hot_set`` passages chosen from the pool by the seed, ranked 1…|R_hot|.
-Each request is hot with probability ``r_hot``: one hot passage, plus a second with
-probability ``p_second_hot``, drawn by Zipf(``alpha``) over the hot ranks without
+Each request is hot with probability ``r_hot``: ``hot_count`` hot passages (default 4;
+``-1``: uniform in 1…k per request) drawn by Zipf(``alpha``) over the hot ranks without
 repeats; its other slots hold distinct cold passages drawn uniformly. A cold request
 holds ``k`` cold passages. The ``k`` passages are shuffled. Arrivals are Poisson at
 ``qps``. All requests share one system prompt; each has its own question.
@@ -38,7 +38,7 @@ class RagTraceParams:
     passages: int = 981
     hot_set: int = 20
     r_hot: float = 0.7
-    p_second_hot: float = 0.3
+    hot_count: int = 4
     alpha: float = 1.2
     k: int = 5
     chunk_tokens: int = 128
@@ -49,12 +49,19 @@ class RagTraceParams:
     max_tokens: int = 32
     corpus: str | None = None
 
+    @property
+    def max_hot(self) -> int:
+        """The most hot passages one request holds."""
+        return self.k if self.hot_count == -1 else self.hot_count
+
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError("k must be at least 1")
-        if not 0.0 <= self.r_hot <= 1.0 or not 0.0 <= self.p_second_hot <= 1.0:
-            raise ValueError("r_hot and p_second_hot are probabilities")
-        if self.hot_set < (2 if self.p_second_hot > 0 and self.k >= 2 else 1):
+        if not 0.0 <= self.r_hot <= 1.0:
+            raise ValueError("r_hot is a probability")
+        if self.hot_count != -1 and not 1 <= self.hot_count <= self.k:
+            raise ValueError("hot_count must be in 1…k, or -1 (uniform in 1…k)")
+        if self.hot_set < self.max_hot:
             raise ValueError("hot_set too small for the hot passages a request draws")
         if self.corpus is None and self.passages - self.hot_set < self.k:
             raise ValueError("need at least k cold passages (passages - hot_set >= k)")
@@ -92,9 +99,9 @@ def build_rag_trace(
         hot = bool(choice_rng.random() < params.r_hot)
         chosen: list[int] = []
         if hot:
-            num_hot = 1
-            if params.k >= 2 and choice_rng.random() < params.p_second_hot:
-                num_hot = 2
+            num_hot = params.hot_count
+            if num_hot == -1:
+                num_hot = int(choice_rng.integers(1, params.k + 1))
             chosen = [hot_ids[r] for r in draw_without_repeats(choice_rng, weights, num_hot)]
         chosen += sample_distinct(choice_rng, cold_ids, params.k - len(chosen))
         chosen = [chosen[int(i)] for i in choice_rng.permutation(len(chosen))]

@@ -59,20 +59,42 @@ def test_rag_hot_fraction_and_zipf_ranks(rag) -> None:
     assert abs(len(hot) / len(requests) - 0.7) < 0.04
     hot_ids = {sid for r in hot for sid in r.meta["hot_ranks"]}
     assert all(r.meta["hot_ranks"] == {} for r in requests if not r.hot)
-    counts = Counter(len(r.meta["hot_ranks"]) for r in hot)
-    assert set(counts) <= {1, 2}
-    assert abs(counts[2] / len(hot) - 0.3) < 0.05  # a second hot passage w.p. 0.3
+    assert all(len(r.meta["hot_ranks"]) == 4 for r in hot)  # SPEC §6: hot_count = 4
     assert len(hot_ids) <= 20
-    # Inclusion probability of rank i in a hot request: p_i (first draw) plus
-    # 0.3 · Σ_{j≠i} p_j · p_i / (1 − p_j) (second draw, renormalised without j).
-    p = zipf_weights(20, 1.2)
-    expected = p + 0.3 * np.array(
-        [sum(p[j] * p[i] / (1 - p[j]) for j in range(20) if j != i) for i in range(20)]
-    )
     observed = Counter(rank for r in hot for rank in r.meta["hot_ranks"].values())
+    expected = _inclusion_probabilities(zipf_weights(20, 1.2), draws=4)
     for rank in range(1, 21):
         assert abs(observed[rank] / len(hot) - expected[rank - 1]) < 0.035, rank
     assert observed[1] > observed[2] > observed[4] > observed[10]
+
+
+def _inclusion_probabilities(p: np.ndarray, draws: int) -> np.ndarray:
+    """P(rank i among `draws` Zipf draws without repeats): every ordered draw sequence,
+    each draw renormalised over the ranks not drawn yet."""
+    inclusion = np.zeros(len(p))
+
+    def walk(chosen: tuple[int, ...], prob: float) -> None:
+        if len(chosen) == draws:
+            inclusion[list(chosen)] += prob
+            return
+        rest = 1.0 - sum(p[j] for j in chosen)
+        for i in range(len(p)):
+            if i not in chosen:
+                walk((*chosen, i), prob * p[i] / rest)
+
+    walk((), 1.0)
+    return inclusion
+
+
+def test_rag_hot_count_uniform() -> None:
+    params = RagTraceParams(passages=120, hot_set=20, num_requests=2000, hot_count=-1)
+    _, requests = build_rag_trace(params, 3, load_tokenizer("builtin"))
+    counts = Counter(len(r.meta["hot_ranks"]) for r in requests if r.hot)
+    assert set(counts) == {1, 2, 3, 4, 5}
+    total = sum(counts.values())
+    assert all(abs(n / total - 0.2) < 0.04 for n in counts.values())  # ~1400 hot: sd 0.011
+    with pytest.raises(ValueError, match="hot_count"):
+        RagTraceParams(k=3, hot_count=4)
 
 
 def test_rag_poisson_gaps(rag) -> None:
@@ -112,6 +134,7 @@ def test_rag_determinism(tokenizer, tmp_path: Path) -> None:
 def test_trace_file_lines(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     argv = ["trace", "rag", "--passages", "40", "--hot-set", "5", "--num-requests", "10"]
+    argv += ["--hot-count", "2"]
     assert main([*argv, "--k", "3", "--max-tokens", "8", "--out", str(out)]) == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines[0]["type"] == "header" and lines[0]["params"]["k"] == 3
@@ -140,7 +163,7 @@ def test_corpus_chunks(tokenizer, tmp_path: Path) -> None:
     assert ARTICLES[1]["body"] in chunks
     out = tmp_path / "t.jsonl"
     argv = ["trace", "rag", "--corpus", str(path), "--hot-set", "3", "--num-requests", "20"]
-    assert main([*argv, "--k", "2", "--out", str(out)]) == 0
+    assert main([*argv, "--k", "2", "--hot-count", "1", "--out", str(out)]) == 0
     trace = read_trace(out)
     assert trace.header.params["pool_size"] == len(chunks)
     assert all(s.text in chunks for r in trace.requests for s in r.segments)

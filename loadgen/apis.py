@@ -6,8 +6,11 @@
 * ``openai`` — plain OpenAI chat: system message, then the segments and the suffix
   concatenated into the user message.
 * ``sglang`` — SGLang's native ``/generate`` with the whole prompt as ``text``.
+* ``native`` — SGLang's native ``/generate`` with ``input_ids``: the token ids the proxy
+  sends under ``fifo`` (its serializer, the client's segment order). The no-proxy
+  baselines use it, so every policy serves exactly the same prompts.
 
-All three stream. ``StreamEvent`` is what a parsed ``data:`` line tells the replay.
+All four stream. ``StreamEvent`` is what a parsed ``data:`` line tells the replay.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen.trace_format import TraceRequest
+from prism_proxy.api_models import PrismHint
+from prism_proxy.prompts import TokenJob, hinted_job
+from prism_proxy.serializer import Serializer
 
-API_NAMES = ("prism", "openai", "sglang")
+API_NAMES = ("prism", "openai", "sglang", "native")
 
 
 @dataclass(frozen=True)
@@ -31,8 +37,47 @@ class StreamEvent:
     error: str | None = None
 
 
-def build_request(api: str, request: TraceRequest, model: str) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body for ``request`` on a target speaking ``api``."""
+def prism_hint(request: TraceRequest) -> dict[str, Any]:
+    """The body's ``prism`` object: the request's segment hints (SPEC §1)."""
+    return {
+        "system": request.system,
+        "segments": [{"id": s.id, "text": s.text} for s in request.segments],
+        "suffix": request.suffix,
+        "reorder": request.reorder,
+    }
+
+
+def token_job(request: TraceRequest, serializer: Serializer) -> TokenJob:
+    """What the proxy makes of ``request`` sent with ``--api prism`` (chat endpoint)."""
+    return hinted_job(
+        serializer,
+        PrismHint.model_validate(prism_hint(request)),
+        system=None,
+        suffix=None,
+        chat=True,
+    )
+
+
+def client_order_ids(request: TraceRequest, serializer: Serializer) -> list[int]:
+    """The token ids of ``request`` serialized in the client's segment order."""
+    job = token_job(request, serializer)
+    return list(job.build(job.segments).prompt_fields["input_ids"])
+
+
+def build_request(
+    api: str, request: TraceRequest, model: str, serializer: Serializer | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body for ``request`` on a target speaking ``api`` (``native``
+    needs the ``serializer`` of the trace's tokenizer)."""
+    if api == "native":
+        if serializer is None:
+            raise ValueError("api 'native' needs a serializer")
+        return "/generate", {
+            "rid": request.rid,
+            "input_ids": client_order_ids(request, serializer),
+            "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0.0},
+            "stream": True,
+        }
     if api == "sglang":
         return "/generate", {
             "rid": request.rid,
@@ -53,12 +98,7 @@ def build_request(api: str, request: TraceRequest, model: str) -> tuple[str, dic
         "stream_options": {"include_usage": True},
     }
     if api == "prism":
-        body["prism"] = {
-            "system": request.system,
-            "segments": [{"id": s.id, "text": s.text} for s in request.segments],
-            "suffix": request.suffix,
-            "reorder": request.reorder,
-        }
+        body["prism"] = prism_hint(request)
     elif api != "openai":
         raise ValueError(f"unknown api {api!r}; expected one of {', '.join(API_NAMES)}")
     return "/v1/chat/completions", body
@@ -74,7 +114,7 @@ def parse_event(api: str, chunk: dict[str, Any]) -> StreamEvent:
         error = chunk["error"]
         message = error.get("message") if isinstance(error, dict) else error
         return StreamEvent(error=str(message))
-    if api == "sglang":
+    if api in ("sglang", "native"):
         meta = chunk.get("meta_info") or {}
         return StreamEvent(
             has_content=bool(chunk.get("text")),

@@ -4,6 +4,7 @@ prism-loadgen trace rag   --out FILE [--qps 50 --seed 0 ...]   zipf_hotspot (SPE
 prism-loadgen trace agent --out FILE [--qps 40 ...]            agent_prefix (SPEC §6)
 prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out FILE
 prism-loadgen sweep  --out DIR [--policies ... --qps 40,50,60,70,80 --speed F]
+prism-loadgen simulate --out DIR [same flags as sweep]          the twin, modeled time
 prism-loadgen report --results DIR
 prism-loadgen demo   [--out DIR]
 """
@@ -103,6 +104,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return run_sweep_from_args(args)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from loadgen.sweep import run_sweep_from_args
+
+    return run_sweep_from_args(args, engine="twin")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from loadgen.report import write_report
 
@@ -163,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="policies × QPS on fresh sim + proxy; report")
     add_sweep_flags(sweep)
     sweep.set_defaults(func=cmd_sweep)
+
+    simulate = sub.add_parser(
+        "simulate", help="the same sweep in the twin: proxy + engine in modeled time"
+    )
+    add_sweep_flags(simulate)
+    simulate.set_defaults(func=cmd_simulate)
 
     report = sub.add_parser("report", help="table and plots from a sweep's results dir")
     report.add_argument("--results", required=True)

@@ -95,14 +95,15 @@ async def _read_stream(response: aiohttp.ClientResponse, api: str, on_first: Any
 async def send_one(
     session: aiohttp.ClientSession,
     config: ReplayConfig,
-    model: str,
     request: TraceRequest,
+    call: tuple[str, dict[str, Any]],
     scheduled_at: float,
 ) -> RequestRecord:
-    """Send one request, stream its answer, and measure it (modeled time)."""
+    """Send one request (``call`` = its path and body), stream its answer, and measure
+    it (modeled time)."""
     loop = asyncio.get_running_loop()
     scale = config.time_scale
-    path, body = build_request(config.api, request, model)
+    path, body = call
     sent_at = loop.time()
     first_at: list[float] = []
     lane: str | None = None
@@ -143,6 +144,14 @@ async def send_one(
     )
 
 
+def _serializer(trace: Trace) -> Any:
+    """The proxy's serializer over the trace's own tokenizer (``--api native``)."""
+    from prism_proxy.serializer import Serializer
+    from prism_proxy.tokenizer import load_tokenizer
+
+    return Serializer(load_tokenizer(trace.header.tokenizer or "builtin"))
+
+
 def _progress_bar(total: int, enabled: bool | None) -> Any:
     if enabled is None:
         enabled = sys.stderr.isatty()
@@ -161,14 +170,17 @@ async def replay(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         model = config.model or await discover_model(session, config.target)
+        serializer = _serializer(trace) if config.api == "native" else None
+        # Bodies are built before the clock starts: no client work on the send path.
+        calls = [build_request(config.api, r, model, serializer) for r in trace.requests]
         tasks: list[asyncio.Task[RequestRecord]] = []
         start = loop.time()
-        for request in trace.requests:
+        for request, call in zip(trace.requests, calls, strict=True):
             scheduled = start + request.arrival / config.time_scale
             delay = scheduled - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(send_one(session, config, model, request, scheduled))
+            task = asyncio.create_task(send_one(session, config, request, call, scheduled))
             if bar is not None:
                 task.add_done_callback(lambda _t: bar.update(1))
             tasks.append(task)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.sweep import BASELINES, POLICIES
+from loadgen.variants import ALL_POLICIES, BASELINES
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def load_results(results_dir: Path) -> dict[str, dict[float, dict[str, Any]]]:
 
 
 def _label_key(label: str) -> tuple[int, str]:
-    return (POLICIES.index(label) if label in POLICIES else len(POLICIES), label)
+    known = ALL_POLICIES
+    return (known.index(label) if label in known else len(known), label)
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -93,6 +94,8 @@ def comparison_table(results: dict[str, dict[float, dict[str, Any]]]) -> str:
         "",
         f"Strongest baseline (lowest mean P99 TTFT): {strongest or '—'}.",
         "",
+        verdict(mean_p99, {lb: _mean(hit[lb]) for lb in labels}, strongest),
+        "",
         "**Exact-prefix hit rate (cached / prompt tokens) by offered QPS**",
         "",
         f"| policy | {head} | mean |",
@@ -102,6 +105,39 @@ def comparison_table(results: dict[str, dict[float, dict[str, Any]]]) -> str:
         cells = " | ".join(_pct(v) for v in hit[lb])
         lines.append(f"| {lb} | {cells} | {_pct(_mean(hit[lb]))} |")
     return "\n".join(lines)
+
+
+def _change_words(new: float, old: float) -> str:
+    change = 100 * (new - old) / old
+    return f"{abs(change):.1f} % {'lower' if change < 0 else 'higher'}"
+
+
+def verdict(
+    mean_p99: dict[str, float | None],
+    mean_hit: dict[str, float | None],
+    strongest: str | None,
+) -> str:
+    """Which line has the lowest mean P99 TTFT, and how prism compares, in words."""
+    ranked = sorted((v, lb) for lb, v in mean_p99.items() if v is not None)
+    if not ranked:
+        return "No line completed a request."
+    best_p99, best = ranked[0]
+    words = [f"**Winner on mean P99 TTFT: {best}** ({_s(best_p99)} s)."]
+    prism_p99, prism_hit = mean_p99.get("prism"), mean_hit.get("prism")
+    if prism_p99 is not None:
+        for name in dict.fromkeys(["fifo", strongest]):
+            other = mean_p99.get(name) if name else None
+            if name and name != "prism" and other:
+                words.append(
+                    f"prism's mean P99 TTFT is {_change_words(prism_p99, other)} than {name}'s"
+                    f" ({_s(prism_p99)} s vs {_s(other)} s)."
+                )
+    best_hit = max(((v, lb) for lb, v in mean_hit.items() if v is not None), default=None)
+    if best_hit is not None:
+        words.append(f"Highest mean hit rate: {best_hit[1]} ({_pct(best_hit[0])}).")
+        if prism_hit is not None and best_hit[1] != "prism":
+            words.append(f"prism's is {_pct(prism_hit)}.")
+    return " ".join(words)
 
 
 def detail_table(results: dict[str, dict[float, dict[str, Any]]]) -> str:

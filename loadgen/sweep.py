@@ -1,26 +1,35 @@
-"""The paper's comparison: every policy × every QPS on a fresh engine and proxy (issue 6).
+"""The paper's comparison: every variant × every QPS, each on a fresh engine (issue 6, 10).
 
-For each variant and QPS: start a fresh simulated engine (``python -m prism_sim``, empty
-cache; ``--eviction dart`` with the control RPC for PRISM, ``lru`` for the baselines,
-SPEC §5), a fresh proxy (``python -m prism_proxy serve --policy …``), replay the trace
-open-loop through the proxy (``--api prism``), tear both down. Results land in
-``<out>/results/<label>_qps<λ>.json``; the report (table + plots) in ``<out>``.
+Two engines run the same sweep and write the same results and report:
+
+* ``sweep`` — the real stack in real time: for each point a fresh simulated engine
+  (``python -m prism_sim``, empty cache, the variant's eviction and schedule policy; the
+  control RPC for ``prism``), a fresh proxy (``python -m prism_proxy serve --policy …``)
+  unless the variant is native SGLang, and one open-loop replay (``--api prism``
+  through the proxy, ``--api native`` straight to the engine), then both are torn down.
+* ``simulate`` — the twin (``loadgen.twin``): the same admission core, policies,
+  serializer, scheduler, radix cache and DART in one deterministic modeled-time run.
+
+Results land in ``<out>/results/<label>_qps<λ>.json``; the report (table + plots) in
+``<out>``.
 
 Speed. ``--speed F`` runs the engine's clock F× faster and replays with time scale F
 (results stay in modeled seconds); the proxy's QAS window is scaled by 1/F too, so it
-stays 10 ms of modeled time.
+stays 10 ms of modeled time. The twin has no wall clock: ``--speed`` does not apply.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,20 +37,10 @@ from typing import Any
 import httpx
 
 from loadgen.processes import free_port, run_server
+from loadgen.variants import ALL_POLICIES, Variant, make_variants
 
-BASELINES = ("fifo", "klpm", "contextpilot")
-POLICIES = (*BASELINES, "prism")
 DEFAULT_QPS = (40.0, 50.0, 60.0, 70.0, 80.0)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One line of the comparison: a proxy policy, the engine's eviction and q_cold."""
-
-    label: str
-    policy: str
-    eviction: str
-    q_cold: int | None = None
+ENGINES = ("sim", "twin")
 
 
 @dataclass(frozen=True)
@@ -60,23 +59,16 @@ class SweepConfig:
     tau2_dir: str | None = None
     sim_args: tuple[str, ...] = ()
     proxy_args: tuple[str, ...] = ()
+    engine: str = "sim"  # "sim": the real stack in real time; "twin": modeled time
+    kv_capacity_tokens: int | None = None
+    # zipf_hotspot overrides (None: SPEC §6's defaults)
+    hot_count: int | None = None
+    alpha: float | None = None
+    r_hot: float | None = None
 
-
-def make_variants(
-    policies: list[str], evictions: list[str], q_colds: list[int]
-) -> tuple[Variant, ...]:
-    """Baselines on LRU, PRISM on DART, then DART ablations and q_cold values for PRISM."""
-    variants = []
-    for policy in policies:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-        variants.append(Variant(policy, policy, "dart" if policy == "prism" else "lru"))
-    for eviction in evictions:
-        if eviction != "dart" or "prism" not in policies:
-            variants.append(Variant(f"prism[{eviction}]", "prism", eviction))
-    for q_cold in q_colds:
-        variants.append(Variant(f"prism[q_cold={q_cold}]", "prism", "dart", q_cold))
-    return tuple(variants)
+    def trace_overrides(self) -> dict[str, Any]:
+        names = ("hot_count", "alpha", "r_hot")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
 def trace_path(config: SweepConfig, qps: float) -> Path:
@@ -101,7 +93,12 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
 
     tokenizer = load_tokenizer(config.tokenizer)
     if config.workload == "rag":
-        params = RagTraceParams(num_requests=config.num_requests, qps=qps, corpus=config.corpus)
+        params = RagTraceParams(
+            num_requests=config.num_requests,
+            qps=qps,
+            corpus=config.corpus,
+            **config.trace_overrides(),
+        )
         header, requests = build_rag_trace(params, config.seed, tokenizer, config.tokenizer)
     else:
         agent = AgentTraceParams(
@@ -120,12 +117,16 @@ def sim_command(config: SweepConfig, variant: Variant, control_port: int, token:
         f"{config.speed:g}",
         "--eviction",
         variant.eviction,
+        "--schedule-policy",
+        variant.schedule_policy,
         "--seed",
         str(config.seed),
         "--tokenizer",
         config.tokenizer,
     ]
-    if variant.policy == "prism":
+    if config.kv_capacity_tokens is not None:
+        args += ["--kv-capacity-tokens", str(config.kv_capacity_tokens)]
+    if variant.pushes_priorities:
         args += ["--control-port", str(control_port), "--control-token", token]
     return [*args, *config.sim_args]
 
@@ -133,6 +134,7 @@ def sim_command(config: SweepConfig, variant: Variant, control_port: int, token:
 def proxy_command(
     config: SweepConfig, variant: Variant, backend: str, control_port: int, token: str
 ) -> list[str]:
+    assert variant.policy is not None
     args = [
         "serve",
         "--backend",
@@ -146,10 +148,12 @@ def proxy_command(
         "--log-level",
         "warning",
     ]
-    if variant.policy == "prism":
+    if variant.pushes_priorities:
         args += ["--control-url", f"http://127.0.0.1:{control_port}", "--control-token", token]
     if variant.q_cold is not None:
         args += ["--q-cold", str(variant.q_cold)]
+    if variant.prefill_batch is not None:
+        args += ["--prefill-batch", str(variant.prefill_batch)]
     return [*args, *config.proxy_args]
 
 
@@ -188,9 +192,9 @@ def metric_totals(text: str) -> dict[str, float]:
     return totals
 
 
-def run_point(config: SweepConfig, variant: Variant, qps: float) -> Path:
-    """One fresh engine + proxy, one replay; returns the results path."""
-    from loadgen.replay import ReplayConfig, replay, write_results
+def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, Any]:
+    """One point on the real stack: fresh engine (+ proxy), one replay; the results."""
+    from loadgen.replay import ReplayConfig, replay
     from loadgen.trace_format import read_trace
 
     trace = read_trace(ensure_trace(config, qps))
@@ -198,38 +202,84 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> Path:
     token = secrets.token_hex(16)
     control_port = free_port()
     sim_args = sim_command(config, variant, control_port, token)
-    with run_server("prism_sim", sim_args, log_dir=logs, name=f"sim-{variant.label}") as sim:
-        proxy_args = proxy_command(config, variant, sim.url, control_port, token)
-        with run_server(
-            "prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{variant.label}"
-        ) as proxy:
-            replay_config = ReplayConfig(
-                target=proxy.url, api="prism", time_scale=config.speed, progress=False
+    proxy_args: list[str] = []
+    sim_name = f"sim-{variant.label}"
+    with (
+        run_server("prism_sim", sim_args, log_dir=logs, name=sim_name) as sim,
+        contextlib.ExitStack() as stack,
+    ):
+        target, api = sim.url, "native"
+        if variant.policy is not None:
+            proxy_args = proxy_command(config, variant, sim.url, control_port, token)
+            proxy = stack.enter_context(
+                run_server("prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{variant.label}")
             )
-            results = asyncio.run(replay(trace, replay_config))
-            results["engine_state"] = engine_state(sim.url)
-            results["proxy_metrics"] = proxy_counters(proxy.url)
+            target, api = proxy.url, "prism"
+        replay_config = ReplayConfig(
+            target=target, api=api, time_scale=config.speed, progress=False
+        )
+        results = asyncio.run(replay(trace, replay_config))
+        results["engine_state"] = engine_state(sim.url)
+        if variant.policy is not None:
+            results["proxy_metrics"] = proxy_counters(target)
     results["variant"] = {
         **asdict(variant),
         "qps": qps,
+        "engine": "sim",
         "speed": config.speed,
         "profile": config.profile,
         "sim_args": sim_args,
         "proxy_args": proxy_args,
     }
-    path = result_path(config, variant, qps)
-    write_results(path, results)
-    return path
+    return results
+
+
+def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[str, Any]:
+    """One point in the twin (modeled time, deterministic); the results."""
+    from loadgen.trace_format import read_trace
+    from loadgen.twin import TwinSetup, simulate
+    from prism_proxy.qas.params import QasParams
+    from prism_proxy.tokenizer import load_tokenizer
+
+    trace = read_trace(ensure_trace(config, qps))
+    qas = QasParams() if variant.q_cold is None else QasParams(q_cold=variant.q_cold)
+    setup = TwinSetup(
+        policy=variant.policy,
+        eviction=variant.eviction,
+        schedule_policy=variant.schedule_policy,
+        qas=qas,
+        prefill_batch=variant.prefill_batch or 0,
+        window_s=config.window_ms / 1000.0,
+        profile=config.profile,
+        kv_capacity_tokens=config.kv_capacity_tokens,
+        seed=config.seed,
+    )
+    results = simulate(trace, setup, load_tokenizer(config.tokenizer))
+    results["variant"] = {
+        **asdict(variant),
+        "qps": qps,
+        "engine": "twin",
+        "profile": config.profile,
+    }
+    return results
+
+
+PointRunner = Callable[[SweepConfig, Variant, float], dict[str, Any]]
+RUNNERS: dict[str, PointRunner] = {"sim": run_point, "twin": run_point_twin}
 
 
 def run_sweep(config: SweepConfig, command: str) -> list[Path]:
-    """Every variant at every QPS, then the report; returns the result files."""
+    """Every variant at every QPS on `config.engine`, writing each result as it comes;
+    returns the result files (the report is the caller's)."""
+    from loadgen.replay import write_results
+
     config.out.mkdir(parents=True, exist_ok=True)
     for stale in (config.out / "results").glob("*.json"):
         stale.unlink()  # results/ is this sweep's own output: the report reads all of it
     manifest = {
         "command": command,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "engine": config.engine,
         "variants": [asdict(v) for v in config.variants],
         "qps": list(config.qps),
         "speed": config.speed,
@@ -237,17 +287,22 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         "seed": config.seed,
         "profile": config.profile,
         "workload": config.workload,
+        "kv_capacity_tokens": config.kv_capacity_tokens,
+        "trace_overrides": config.trace_overrides(),
         "git_commit": _git_commit(),
     }
     (config.out / "sweep.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    run = RUNNERS[config.engine]
     paths = []
     for qps in config.qps:
         ensure_trace(config, qps)
     for variant in config.variants:
         for qps in config.qps:
             started = time.monotonic()
-            path = run_point(config, variant, qps)
-            summary = json.loads(path.read_text())["summary"]
+            results = run(config, variant, qps)
+            path = result_path(config, variant, qps)
+            write_results(path, results)
+            summary = results["summary"]
             print(
                 f"{variant.label:>18} @ {qps:g} QPS: p99 TTFT "
                 f"{_fmt_s(summary['p99_ttft_ms'])}, hit {_fmt_pct(summary['hit_rate'])}, "
@@ -283,31 +338,45 @@ def _csv(text: str) -> list[str]:
 
 def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument(
+        "--policies",
+        default=",".join(ALL_POLICIES),
+        help=f"comma-separated, from {','.join(ALL_POLICIES)}",
+    )
     parser.add_argument("--qps", default=",".join(f"{q:g}" for q in DEFAULT_QPS))
     parser.add_argument(
         "--evictions", default="", help="DART ablations run with prism: lru,lru+active,lfu,dart"
     )
     parser.add_argument("--q-cold", default="", help="q_cold values run with prism (+dart)")
+    parser.add_argument(
+        "--prefill-batches", default="", help="fixed B values run with each proxy policy listed"
+    )
     parser.add_argument("--workload", choices=("rag", "agent"), default="rag")
     parser.add_argument("--num-requests", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speed", type=float, default=1.0, help="engine clock speed factor F")
     parser.add_argument("--profile", default="a800-qwen3-4b")
+    parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine KV pool")
     parser.add_argument("--tokenizer", default="builtin")
     parser.add_argument("--corpus", default=None, help="MultiHop-RAG corpus.json (rag only)")
     parser.add_argument("--tau2-dir", default=None, help="tau2 package dir (agent only)")
+    parser.add_argument("--hot-count", type=int, default=None, help="zipf_hotspot hot_count")
+    parser.add_argument("--alpha", type=float, default=None, help="zipf_hotspot Zipf α")
+    parser.add_argument("--r-hot", type=float, default=None, help="zipf_hotspot r_hot")
     parser.add_argument("--window-ms", type=float, default=10.0, help="QAS window (modeled)")
     parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
     parser.add_argument("--no-report", action="store_true")
 
 
-def run_sweep_from_args(args: argparse.Namespace) -> int:
-    config = SweepConfig(
+def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig:
+    return SweepConfig(
         out=Path(args.out),
         variants=make_variants(
-            _csv(args.policies), _csv(args.evictions), [int(q) for q in _csv(args.q_cold)]
+            _csv(args.policies),
+            _csv(args.evictions),
+            [int(q) for q in _csv(args.q_cold)],
+            [int(b) for b in _csv(args.prefill_batches)],
         ),
         qps=tuple(float(q) for q in _csv(args.qps)),
         workload=args.workload,
@@ -321,13 +390,25 @@ def run_sweep_from_args(args: argparse.Namespace) -> int:
         tau2_dir=args.tau2_dir,
         sim_args=tuple(a for arg in args.sim_arg for a in shlex.split(arg)),
         proxy_args=tuple(a for arg in args.proxy_arg for a in shlex.split(arg)),
+        engine=engine,
+        kv_capacity_tokens=args.kv_capacity_tokens,
+        hot_count=args.hot_count,
+        alpha=args.alpha,
+        r_hot=args.r_hot,
     )
+
+
+def run_sweep_from_args(args: argparse.Namespace, engine: str = "sim") -> int:
+    config = sweep_config_from_args(args, engine)
+    if engine == "twin" and (config.sim_args or config.proxy_args):
+        raise ValueError("--sim-arg/--proxy-arg apply to the real stack, not the twin")
     command = "prism-loadgen " + shlex.join(sys.argv[1:])
     run_sweep(config, command)
     if not args.no_report:
         from loadgen.report import write_report
 
-        paths = write_report(config.out / "results", out_dir=config.out)
+        title = "PRISM sweep (twin, modeled time)" if engine == "twin" else "PRISM sweep"
+        paths = write_report(config.out / "results", out_dir=config.out, title=title)
         print(paths.table_text)
         for path in paths.files:
             print(f"wrote {path}")

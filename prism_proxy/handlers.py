@@ -26,7 +26,6 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from backend_plugin.dart.anchors import make_kv_hints
 from prism_proxy import state
 from prism_proxy.admission import DuplicateRidError, QueueFullError, ShuttingDownError
 from prism_proxy.api_models import (
@@ -218,19 +217,13 @@ async def token_path(
     backend = app[state.BACKEND]
     async with _admitted(request, job.queued(rid, time.monotonic())) as release:
         lane = release.lane.value
-        dispatch = job.build(release.skeleton)
-        payload: dict[str, Any] = {
-            **(extra_fields or {}),
-            **dispatch.prompt_fields,
-            "rid": rid,
-            "sampling_params": sampling_params,
-        }
-        if dispatch.anchors:
-            # SGLang 0.5.23 only accepts kv_hints as a versioned envelope (a bare
-            # {"prism": ...} is a 400); the DART plugin and prism-sim read this form.
-            payload["kv_hints"] = make_kv_hints(
-                dispatch.anchors, release.priorities, message_id=rid
-            )
+        payload = job.payload(
+            release.skeleton,
+            rid=rid,
+            priorities=release.priorities,
+            sampling_params=sampling_params,
+            extra_fields=extra_fields,
+        )
         chunks = backend.generate_stream(payload)
         async with contextlib.aclosing(chunks):
             try:

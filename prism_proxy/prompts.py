@@ -9,12 +9,13 @@ hints are one private piece (cold lane, SPEC §1).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from backend_plugin.dart.anchors import make_kv_hints
 from prism_proxy.api_models import ChatMessage, PrismHint
 from prism_proxy.qas.types import QueuedRequest
 from prism_proxy.request_model import SegmentedPrompt, format_validation_error
@@ -45,6 +46,30 @@ class TokenJob:
     head_tokens: int
     segment_tokens: tuple[int, ...] | None
     build: Callable[[Sequence[str]], Dispatch]
+
+    def payload(
+        self,
+        order: Sequence[str],
+        *,
+        rid: str,
+        priorities: Mapping[str, float],
+        sampling_params: dict[str, Any],
+        extra_fields: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The backend `/generate` body (minus `stream`) of this job released in
+        `order` with the dispatch priorities of its segments (SPEC §4)."""
+        dispatch = self.build(order)
+        payload: dict[str, Any] = {
+            **(extra_fields or {}),
+            **dispatch.prompt_fields,
+            "rid": rid,
+            "sampling_params": sampling_params,
+        }
+        if dispatch.anchors:
+            # SGLang 0.5.23 only accepts kv_hints as a versioned envelope (a bare
+            # {"prism": ...} is a 400); the DART plugin and prism-sim read this form.
+            payload["kv_hints"] = make_kv_hints(dispatch.anchors, priorities, message_id=rid)
+        return payload
 
     def queued(self, rid: str, arrival: float) -> QueuedRequest:
         """What QAS schedules for this job (SPEC §2)."""

@@ -7,8 +7,9 @@ returns a `RequestHandle` the HTTP handlers follow token by token (SPEC §7).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -102,6 +103,65 @@ class RequestHandle:
             self.engine.loop.abort(self.req.rid)
 
 
+@dataclass
+class EngineCore:
+    """A simulated engine without HTTP or clock: radix cache, DART extension (if the
+    eviction order needs one) and scheduler, wired together (SPEC §7).
+
+    The real-time engine (`SimEngine`) and the modeled-time twin (`loadgen.twin`) both
+    build theirs here, so they run the same code. `finish_hooks` are called once per
+    request when it finishes or is aborted.
+    """
+
+    profile: Profile
+    cache: RadixCache
+    extension: Any
+    scheduler: Scheduler
+    finish_hooks: list[Callable[[SimRequest], None]]
+
+    @classmethod
+    def build(
+        cls,
+        config: SimConfig,
+        tokenizer: Tokenizer,
+        *,
+        insert_hook: InsertHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> EngineCore:
+        profile = config.resolved_profile()
+        specials = {tokenizer.eos_token_id}
+        filler = [t for t in tokenizer.encode(FILLER_TEXT) if t not in specials]
+        shift = config.seed % len(filler)
+        extension = load_extension(config.eviction, config)
+        hooks = [h for h in (insert_hook, extension and extension.on_insert) if h]
+        cache = RadixCache(extension.strategy if extension else config.eviction, clock=clock)
+        if extension is not None:
+            extension.attach(cache)
+
+        def on_insert(req: SimRequest, cache: RadixCache, key: list[int]) -> None:
+            for hook in hooks:
+                hook(req, cache, key)
+
+        scheduler = Scheduler(
+            SchedulerConfig.from_profile(profile, config.schedule_policy, config.eviction),
+            profile,
+            cache,
+            filler[shift:] + filler[:shift],
+            insert_hook=on_insert if hooks else None,
+        )
+        finish_hooks: list[Callable[[SimRequest], None]] = []
+        ext_on_finish = getattr(extension, "on_finish", None)
+        if ext_on_finish is not None:
+            finish_hooks.append(ext_on_finish)
+
+        def on_finish(req: SimRequest) -> None:
+            for hook in finish_hooks:
+                hook(req)
+
+        scheduler.on_finish = on_finish
+        return cls(profile, cache, extension, scheduler, finish_hooks)
+
+
 class SimEngine:
     """One simulated SGLang server's state (no HTTP here)."""
 
@@ -112,40 +172,15 @@ class SimEngine:
         insert_hook: InsertHook | None = None,
     ) -> None:
         self.config = config
-        self.profile = config.resolved_profile()
         self.tokenizer = tokenizer or load_tokenizer(config.tokenizer)
+        core = EngineCore.build(config, self.tokenizer, insert_hook=insert_hook)
+        self.profile, self.cache, self.scheduler = core.profile, core.cache, core.scheduler
+        self.extension = core.extension
         self.model_name = config.served_model_name or self.profile.model_name
         self.model_path = config.tokenizer or self.profile.model_name
-        specials = {self.tokenizer.eos_token_id}
-        filler = [t for t in self.tokenizer.encode(FILLER_TEXT) if t not in specials]
-        shift = config.seed % len(filler)
-        self.extension = load_extension(config.eviction, config)
-        hooks = [h for h in (insert_hook, self.extension and self.extension.on_insert) if h]
-        self.cache = RadixCache(self.extension.strategy if self.extension else config.eviction)
-        if self.extension is not None:
-            self.extension.attach(self.cache)
-
-        def on_insert(req: SimRequest, cache: RadixCache, key: list[int]) -> None:
-            for hook in hooks:
-                hook(req, cache, key)
-
-        self.scheduler = Scheduler(
-            SchedulerConfig.from_profile(self.profile, config.schedule_policy, config.eviction),
-            self.profile,
-            self.cache,
-            filler[shift:] + filler[:shift],
-            insert_hook=on_insert if hooks else None,
-        )
         self.loop = EngineLoop(self.scheduler, speed=config.speed)
         self.metrics = EngineMetrics(self.scheduler, self.model_name, self.loop.now)
-        ext_on_finish = getattr(self.extension, "on_finish", None)
-
-        def on_finish(req: SimRequest) -> None:
-            self.metrics.observe_finished(req)
-            if ext_on_finish is not None:
-                ext_on_finish(req)
-
-        self.scheduler.on_finish = on_finish
+        core.finish_hooks.insert(0, self.metrics.observe_finished)
 
     def start(
         self,

@@ -244,7 +244,9 @@ def test_parse_openai_stream_chunks() -> None:
     assert (last.prompt_tokens, last.completion_tokens, last.cached_tokens) == (50, 3, 20)
     assert parse_event("sglang", {"error": {"message": "boom"}}).error == "boom"
     _, requests = build_rag_trace(
-        RagTraceParams(passages=20, hot_set=4, num_requests=1, k=2), 0, load_tokenizer("builtin")
+        RagTraceParams(passages=20, hot_set=4, num_requests=1, k=2, hot_count=1),
+        0,
+        load_tokenizer("builtin"),
     )
     path, body = build_request("prism", requests[0], "m")
     assert path == "/v1/chat/completions" and body["stream"] is True

@@ -9,20 +9,28 @@ import pytest
 
 from loadgen.cli import main
 from loadgen.report import comparison_table, load_results, write_report
-from loadgen.sweep import make_variants
+from loadgen.variants import make_variants
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_variants() -> None:
-    variants = make_variants(["fifo", "prism"], ["lru", "lru+active", "dart"], [0, 4])
-    assert [(v.label, v.policy, v.eviction, v.q_cold) for v in variants] == [
-        ("fifo", "fifo", "lru", None),
-        ("prism", "prism", "dart", None),
-        ("prism[lru]", "prism", "lru", None),
-        ("prism[lru+active]", "prism", "lru+active", None),
-        ("prism[q_cold=0]", "prism", "dart", 0),
-        ("prism[q_cold=4]", "prism", "dart", 4),
+    variants = make_variants(
+        ["fifo", "prism", "sglang-lpm"], ["lru", "lru+active", "dart"], [0, 4], [16]
+    )
+    assert [
+        (v.label, v.policy, v.eviction, v.q_cold, v.schedule_policy, v.prefill_batch)
+        for v in variants
+    ] == [
+        ("fifo", "fifo", "lru", None, "fcfs", None),
+        ("prism", "prism", "dart", None, "fcfs", None),
+        ("sglang-lpm", None, "lru", None, "lpm", None),  # native: no proxy
+        ("prism[lru]", "prism", "lru", None, "fcfs", None),
+        ("prism[lru+active]", "prism", "lru+active", None, "fcfs", None),
+        ("prism[q_cold=0]", "prism", "dart", 0, "fcfs", None),
+        ("prism[q_cold=4]", "prism", "dart", 4, "fcfs", None),
+        ("fifo[B=16]", "fifo", "lru", None, "fcfs", 16),
+        ("prism[B=16]", "prism", "dart", None, "fcfs", 16),
     ]
     with pytest.raises(ValueError, match="unknown policy"):
         make_variants(["lifo"], [], [])
@@ -58,6 +66,9 @@ def test_report_from_results(tmp_path: Path) -> None:
     # prism's mean P99 is (1.5+3)/2 = 2.25 s; klpm's (2+4)/2 = 3 s: −25 %; fifo's 6 s: −62.5 %.
     assert "| prism | 1.50 | 3.00 | 2.25 | -25.0% | -62.5% |" in text
     assert "Strongest baseline (lowest mean P99 TTFT): klpm." in text
+    assert "**Winner on mean P99 TTFT: prism** (2.25 s)." in text
+    assert "prism's mean P99 TTFT is 62.5 % lower than fifo's (2.25 s vs 6.00 s)." in text
+    assert "prism's mean P99 TTFT is 25.0 % lower than klpm's" in text
     assert "| prism | 50.0% | 50.0% | 50.0% |" in text
     paths = write_report(results, out_dir=tmp_path)
     names = sorted(p.name for p in paths.files)
@@ -83,17 +94,24 @@ def test_report_from_results(tmp_path: Path) -> None:
 
 
 def test_small_sweep_end_to_end(tmp_path: Path) -> None:
-    """Two policies × one QPS on fresh engines and proxies, then the report."""
+    """Two proxy policies and native SGLang × one QPS on fresh engines (and proxies),
+    then the report."""
     out = tmp_path / "sweep"
-    argv = ["sweep", "--out", str(out), "--policies", "fifo,prism", "--qps", "40"]
+    argv = ["sweep", "--out", str(out), "--policies", "fifo,prism,sglang-hrrn", "--qps", "40"]
     assert main([*argv, "--num-requests", "24", "--speed", "4", "--seed", "3"]) == 0
     manifest = json.loads((out / "sweep.json").read_text())
     assert manifest["command"].startswith("prism-loadgen ") and manifest["speed"] == 4.0
     docs = {p.name: json.loads(p.read_text()) for p in (out / "results").glob("*.json")}
-    assert sorted(docs) == ["fifo_qps40.json", "prism_qps40.json"]
+    assert sorted(docs) == ["fifo_qps40.json", "prism_qps40.json", "sglang-hrrn_qps40.json"]
     for name, doc in docs.items():
         assert doc["summary"]["completed"] == 24, name
-        assert doc["config"]["api"] == "prism" and doc["config"]["time_scale"] == 4.0
+        assert doc["config"]["time_scale"] == 4.0
+        assert doc["config"]["api"] == ("native" if name.startswith("sglang") else "prism")
+    native = docs["sglang-hrrn_qps40.json"]["variant"]
+    assert (
+        native["proxy_args"] == []
+        and native["sim_args"][native["sim_args"].index("--schedule-policy") + 1] == "hrrn"
+    )
     assert docs["prism_qps40.json"]["variant"]["eviction"] == "dart"
     assert docs["fifo_qps40.json"]["variant"]["eviction"] == "lru"
     assert "--control-url" in docs["prism_qps40.json"]["variant"]["proxy_args"]

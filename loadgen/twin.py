@@ -1,0 +1,265 @@
+"""The twin: proxy admission and the simulated engine in one deterministic run in
+modeled time (`prism-loadgen simulate`, issue 10).
+
+It drives the same objects as the real stack, with a discrete-event clock instead of
+sockets and sleeps:
+
+* the proxy's `AdmissionCore` (queue, rounds, waves, prefill pacing) and policies;
+* the proxy's serializer and `TokenJob.payload`, so each request carries the very
+  `input_ids` and `kv_hints` the proxy would send;
+* prism-sim's `EngineCore` (scheduler, radix cache, DART extension), with the
+  dispatch-batch priorities applied the moment a wave is released (the simulator's
+  control RPC applies them inline too).
+
+Without a policy it is native SGLang: requests go to the engine at their arrival,
+serialized in the client's order (what `--api native` sends), and the engine's own
+`schedule_policy` orders them.
+
+Event order at one instant: a finished batch (its first tokens and finishes reach the
+core), then arrivals, then a due round (its wave reaches the engine), then the next
+batch if the engine is idle. The proxy↔engine hop costs no time here; on the real
+stack it costs a few milliseconds (docs/results/README.md compares the two).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from backend_plugin.dart.priority import PriorityUpdate
+from loadgen.apis import client_order_ids, token_job
+from loadgen.summary import RequestRecord, summarize
+from loadgen.trace_format import Trace, TraceRequest
+from prism_proxy.admission_core import AdmissionCore, Wave
+from prism_proxy.pacing import BackendLimits, PrefillPacing
+from prism_proxy.prompts import TokenJob
+from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.policies import make_policy
+from prism_proxy.serializer import Serializer
+from prism_proxy.tokenizer import Tokenizer
+from prism_sim.engine import EngineCore, SimConfig
+from prism_sim.request import SimRequest
+from prism_sim.time_model import DEFAULT_PROFILE
+
+
+@dataclass(frozen=True)
+class TwinSetup:
+    """One twin run: the proxy's settings (`policy=None`: no proxy) and the engine's."""
+
+    policy: str | None
+    eviction: str = "lru"
+    schedule_policy: str = "fcfs"
+    qas: QasParams = field(default_factory=QasParams)
+    prefill_batch: int = 0
+    max_inflight: int = 0
+    window_s: float = 0.010
+    protect: int = 8
+    profile: str = DEFAULT_PROFILE
+    kv_capacity_tokens: int | None = None
+    seed: int = 0
+
+    def sim_config(self) -> SimConfig:
+        return SimConfig(
+            profile=self.profile,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            schedule_policy=self.schedule_policy,
+            eviction=self.eviction,
+            seed=self.seed,
+        )
+
+
+@dataclass
+class _Tracked:
+    request: TraceRequest
+    job: TokenJob | None = None
+    sim: SimRequest | None = None
+    lane: str | None = None
+    error: str | None = None
+
+
+class Twin:
+    """State of one run; `run()` plays the whole trace."""
+
+    def __init__(self, trace: Trace, setup: TwinSetup, tokenizer: Tokenizer) -> None:
+        self.trace = trace
+        self.setup = setup
+        self.now = 0.0
+        self.engine = EngineCore.build(setup.sim_config(), tokenizer, clock=lambda: self.now)
+        self.scheduler = self.engine.scheduler
+        self.serializer = Serializer(tokenizer)
+        self.core: AdmissionCore | None = None
+        if setup.policy is not None:
+            pacing = PrefillPacing(setup.prefill_batch, setup.max_inflight)
+            pacing.learn(BackendLimits.from_server_info(self._server_info()))
+            self.core = AdmissionCore(
+                make_policy(setup.policy, setup.qas),
+                pacing,
+                window_s=setup.window_s,
+                max_queue=len(trace.requests) + 1,
+            )
+        dart = getattr(self.engine.extension, "core", None)
+        self.dart = dart if setup.policy == "prism" else None  # only prism pushes P̂_t
+        self.epoch = 0
+        self.tracked: dict[str, _Tracked] = {}
+        self.waves: list[int] = []
+
+    def _server_info(self) -> dict[str, Any]:
+        """What prism-sim's `/get_server_info` reports about its batches."""
+        config = self.scheduler.config
+        return {
+            "chunked_prefill_size": config.chunked_prefill_size or -1,
+            "max_running_requests": config.max_running_requests,
+        }
+
+    # --- proxy side ------------------------------------------------------------------
+    def _arrive(self, request: TraceRequest) -> None:
+        tracked = _Tracked(request)
+        self.tracked[request.rid] = tracked
+        if self.core is None:
+            ids = client_order_ids(request, self.serializer)
+            self._submit(tracked, SimRequest(request.rid, ids, request.max_tokens, self.now))
+            return
+        tracked.job = token_job(request, self.serializer)
+        self.core.arrive(tracked.job.queued(request.rid, request.arrival), self.now)
+
+    def _release(self, wave: Wave) -> None:
+        if self.dart is not None and wave.released and wave.dispatch_priorities:
+            self.epoch += 1
+            update = PriorityUpdate(self.epoch, dict(wave.dispatch_priorities), self.setup.protect)
+            self.dart.inbox.submit(update)
+            self.dart.apply_pending()
+        self.waves.append(len(wave.released))
+        for release in wave.released:
+            tracked = self.tracked[release.rid]
+            assert tracked.job is not None
+            payload = tracked.job.payload(
+                release.skeleton,
+                rid=release.rid,
+                priorities=release.priorities,
+                sampling_params={"max_new_tokens": tracked.request.max_tokens},
+            )
+            tracked.lane = release.lane.value
+            sim = SimRequest(
+                release.rid,
+                payload["input_ids"],
+                tracked.request.max_tokens,
+                self.now,
+                kv_hints=payload.get("kv_hints"),
+            )
+            self._submit(tracked, sim)
+
+    def _submit(self, tracked: _Tracked, sim: SimRequest) -> None:
+        tracked.sim = sim
+        sim.listener = self._on_progress
+        try:
+            self.scheduler.add_request(sim, self.now)
+        except ValueError as exc:  # too long for the KV pool: the backend's 400
+            tracked.error = f"HTTP 400: {exc}"
+            if self.core is not None:
+                self.core.finish(sim.rid)
+
+    def _on_progress(self, sim: SimRequest) -> None:
+        """A token or the finish of `sim` (called by the scheduler)."""
+        if self.core is None:
+            return
+        if len(sim.output_ids) == 1 or (sim.finished and not sim.output_ids):
+            self.core.first_token(sim.rid, len(sim.input_ids) - sim.cached_tokens)
+        if sim.finished:
+            self.core.finish(sim.rid)
+
+    # --- the event loop --------------------------------------------------------------
+    def run(self) -> list[RequestRecord]:
+        requests = self.trace.requests
+        scheduler, core = self.scheduler, self.core
+        batch = None
+        batch_end = math.inf
+        i = 0
+        while True:
+            next_arrival = requests[i].arrival if i < len(requests) else math.inf
+            due = core.next_round_at(self.now) if core is not None else None
+            next_round = math.inf if due is None else due
+            t = min(batch_end, next_arrival, next_round)
+            if t == math.inf:
+                break
+            self.now = max(self.now, t)
+            if batch is not None and batch_end <= self.now:
+                scheduler.complete_batch(batch, self.now)
+                batch, batch_end = None, math.inf
+            while i < len(requests) and requests[i].arrival <= self.now:
+                self._arrive(requests[i])
+                i += 1
+            if core is not None:
+                due = core.next_round_at(self.now)
+                if due is not None and due <= self.now:
+                    wave = core.run_round(self.now)
+                    if wave is not None:
+                        self._release(wave)
+            if batch is None:
+                batch = scheduler.next_batch(self.now)
+                if batch is not None:
+                    batch_end = self.now + batch.duration_s
+        return [self._record(t) for t in self.tracked.values()]
+
+    def _record(self, tracked: _Tracked) -> RequestRecord:
+        request, sim = tracked.request, tracked.sim
+        ok = (
+            tracked.error is None
+            and sim is not None
+            and sim.first_token_s is not None
+            and sim.finish_s is not None
+        )
+        error = tracked.error or (None if ok else "not served")
+        return RequestRecord(
+            rid=request.rid,
+            arrival_s=request.arrival,
+            send_lag_ms=0.0,
+            success=ok,
+            ttft_ms=(sim.first_token_s - request.arrival) * 1e3 if ok and sim else None,
+            e2e_latency_ms=(sim.finish_s - request.arrival) * 1e3 if ok and sim else None,
+            prompt_tokens=len(sim.input_ids) if sim else None,
+            completion_tokens=len(sim.output_ids) if sim else None,
+            cached_tokens=sim.cached_tokens if sim else None,
+            hot=request.hot,
+            lane=tracked.lane,
+            status=200 if ok else None,
+            error=error,
+        )
+
+    def engine_state(self) -> dict[str, Any]:
+        stats = self.scheduler.stats
+        return {
+            "evicted_tokens_total": self.engine.cache.evicted_tokens_total,
+            "prefill_batches": stats.prefill_batches,
+            "decode_steps": stats.decode_steps,
+            "kv_overcommit_tokens": stats.kv_overcommit_tokens,
+            "radix_eviction_policy": self.setup.eviction,
+            "modeled_time_s": self.now,
+        }
+
+
+def simulate(trace: Trace, setup: TwinSetup, tokenizer: Tokenizer) -> dict[str, Any]:
+    """Play `trace` through the twin; the results document of `loadgen.replay`."""
+    twin = Twin(trace, setup, tokenizer)
+    records = twin.run()
+    finished = [r.arrival_s + (r.e2e_latency_ms or 0.0) / 1e3 for r in records if r.success]
+    duration_s = max(finished, default=0.0)
+    qps = trace.header.params.get("qps")
+    pacing = twin.core.pacing if twin.core is not None else None
+    waves = twin.waves
+    return {
+        "config": {"twin": {**asdict(setup), "qas": asdict(setup.qas)}},
+        "trace": trace.header.to_json(),
+        "summary": summarize(records, duration_s, float(qps) if qps else None),
+        "requests": [r.to_json() for r in records],
+        "engine_state": twin.engine_state(),
+        "proxy_state": None
+        if pacing is None
+        else {
+            "prefill_batch_final": pacing.prefill_batch,
+            "backstop": pacing.backstop,
+            "uncached_tokens_ewma": pacing.uncached_tokens,
+            "rounds_with_release": len(waves),
+            "mean_wave_size": sum(waves) / len(waves) if waves else 0.0,
+        },
+    }

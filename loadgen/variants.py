@@ -1,0 +1,70 @@
+"""The lines of a comparison: proxy policies, native SGLang, and PRISM's ablations
+(SPEC §5).
+
+* Proxy policies (`fifo`, `klpm`, `contextpilot`, `prism`): the engine behind the proxy
+  runs FCFS; the baselines on LRU eviction, `prism` on DART with the control RPC.
+* Native SGLang (`sglang-fcfs`, `sglang-lpm`, `sglang-hrrn`): no proxy in the path; the
+  client sends each prompt serialized in its own order (`--api native`), and the
+  engine's `--schedule-policy` orders them, on LRU: what a user would run instead.
+* Ablations of `prism`: another eviction order (`prism[lru]`), cold-lane quota
+  (`prism[q_cold=4]`), and any proxy policy at a fixed prefill batch `B`
+  (`fifo[B=16]`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROXY_BASELINES = ("fifo", "klpm", "contextpilot")
+NATIVE = ("sglang-fcfs", "sglang-lpm", "sglang-hrrn")
+BASELINES = (*PROXY_BASELINES, *NATIVE)
+POLICIES = (*PROXY_BASELINES, "prism")
+ALL_POLICIES = (*POLICIES, *NATIVE)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One line: a proxy policy (None: no proxy), the engine's eviction order and
+    schedule policy, and the proxy's overrides (None: its defaults)."""
+
+    label: str
+    policy: str | None
+    eviction: str
+    q_cold: int | None = None
+    schedule_policy: str = "fcfs"
+    prefill_batch: int | None = None
+
+    @property
+    def pushes_priorities(self) -> bool:
+        """Only `prism` sends P̂_t to DART's control RPC."""
+        return self.policy == "prism"
+
+
+def base_variant(name: str) -> Variant:
+    """The plain line of a policy name (`prism`, `fifo`, `sglang-lpm`, ...)."""
+    if name in NATIVE:
+        return Variant(name, None, "lru", schedule_policy=name.removeprefix("sglang-"))
+    if name in POLICIES:
+        return Variant(name, name, "dart" if name == "prism" else "lru")
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES)}")
+
+
+def make_variants(
+    policies: list[str],
+    evictions: list[str],
+    q_colds: list[int],
+    prefill_batches: list[int] | None = None,
+) -> tuple[Variant, ...]:
+    """The named policies, then PRISM's eviction and q_cold ablations, then every
+    proxy policy of the list at each fixed `B`."""
+    variants = [base_variant(name) for name in policies]
+    for eviction in evictions:
+        if eviction != "dart" or "prism" not in policies:
+            variants.append(Variant(f"prism[{eviction}]", "prism", eviction))
+    for q_cold in q_colds:
+        variants.append(Variant(f"prism[q_cold={q_cold}]", "prism", "dart", q_cold))
+    for batch in prefill_batches or []:
+        for base in [v for v in variants[: len(policies)] if v.policy is not None]:
+            label = f"{base.label}[B={batch}]"
+            variants.append(Variant(label, base.policy, base.eviction, prefill_batch=batch))
+    return tuple(variants)

@@ -153,6 +153,24 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
             ),
             Panel(
+                "Prefill pacing",
+                "short",
+                (
+                    ("pending prefill", "sum(prism:pending_prefill_requests)"),
+                    ("B (limit)", "max(prism:prefill_batch_limit)"),
+                    ("backstop", "max(prism:inflight_limit)"),
+                ),
+                "Released requests still waiting for their first token against B (SPEC §2"
+                " prefill pacing): a round releases only while pending < B.",
+            ),
+            Panel(
+                "Releases by lane (requests/s)",
+                "reqps",
+                (("{{lane}}", f"sum by (lane) (rate(prism:releases_total[{RATE}]))"),),
+                "Requests QAS released per lane: hot (bucketed), cold (oldest first).",
+                stacked=True,
+            ),
+            Panel(
                 "Lane mix (requests/s)",
                 "reqps",
                 (("{{lane}}", f"sum by (lane) (rate(prism:requests_total[{RATE}]))"),),

@@ -39,6 +39,7 @@ from prism_proxy.qas.policies import make_policy
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import Tokenizer
 from prism_sim.engine import EngineCore, SimConfig
+from prism_sim.native_api import batch_limits
 from prism_sim.request import SimRequest
 from prism_sim.time_model import DEFAULT_PROFILE
 
@@ -91,7 +92,7 @@ class Twin:
         self.core: AdmissionCore | None = None
         if setup.policy is not None:
             pacing = PrefillPacing(setup.prefill_batch, setup.max_inflight)
-            pacing.learn(BackendLimits.from_server_info(self._server_info()))
+            pacing.learn(BackendLimits.from_server_info(batch_limits(self.scheduler)))
             self.core = AdmissionCore(
                 make_policy(setup.policy, setup.qas),
                 pacing,
@@ -103,14 +104,6 @@ class Twin:
         self.epoch = 0
         self.tracked: dict[str, _Tracked] = {}
         self.waves: list[int] = []
-
-    def _server_info(self) -> dict[str, Any]:
-        """What prism-sim's `/get_server_info` reports about its batches."""
-        config = self.scheduler.config
-        return {
-            "chunked_prefill_size": config.chunked_prefill_size or -1,
-            "max_running_requests": config.max_running_requests,
-        }
 
     # --- proxy side ------------------------------------------------------------------
     def _arrive(self, request: TraceRequest) -> None:

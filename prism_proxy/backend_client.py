@@ -206,10 +206,11 @@ class BackendClient:
             log.warning("abort of %s failed: %s", rid, exc)
 
     async def probe(self) -> dict[str, Any] | None:
-        """One health probe: the backend's `/get_server_info` (SGLang's batch limits),
-        or None when it does not answer; updates `backend_up`."""
+        """One health probe: the backend's `/server_info` (SGLang's batch limits; its
+        old name `/get_server_info` logs a deprecation warning on every call), or None
+        when it does not answer; updates `backend_up`."""
         try:
-            info = await self.get_json("/get_server_info", timeout_s=5.0)
+            info = await self.get_json("/server_info", timeout_s=5.0)
         except BackendError:
             return None
         return info if isinstance(info, dict) else {}

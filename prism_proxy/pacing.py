@@ -6,7 +6,7 @@
 
 * **Prefill budget**: the tokens one backend prefill batch takes: SGLang's
   `chunked_prefill_size`, or `max_prefill_tokens` when chunking is off (`-1`), read
-  from `/get_server_info`; 8192 until the backend has said.
+  from `/server_info`; 8192 until the backend has said.
 * **Uncached tokens per request**: an exponential moving average (weight 1/16) of
   `prompt_tokens − cached_tokens` that the backend reports with each first token;
   1024 before the first report, so B starts at 8 for an 8k budget.
@@ -42,7 +42,8 @@ class BackendLimits:
 
         `chunked_prefill_size` ≤ 0 means chunking is off: the batch budget is then
         `max_prefill_tokens`. `max_running_requests` is a server argument that may be
-        null; the scheduler's resolved value sits in `internal_states`.
+        null; the scheduler's resolved value is `internal_states[0]
+        .effective_max_running_requests_per_dp` (SGLang 0.5.23, prism-sim alike).
         """
         states = info.get("internal_states")
         state = states[0] if isinstance(states, list) and states else {}
@@ -56,7 +57,9 @@ class BackendLimits:
 
         chunk = info.get("chunked_prefill_size")
         budget = positive(chunk) if positive(chunk) else positive(info.get("max_prefill_tokens"))
-        running = positive(state.get("max_running_requests"), info.get("max_running_requests"))
+        running = positive(
+            state.get("effective_max_running_requests_per_dp"), info.get("max_running_requests")
+        )
         return cls(budget, running)
 
 

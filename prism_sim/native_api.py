@@ -26,6 +26,7 @@ from prism_sim.http_common import (
     start_request,
 )
 from prism_sim.request import SimRequest
+from prism_sim.scheduler import Scheduler
 
 
 def meta_info(engine: SimEngine, req: SimRequest) -> dict[str, Any]:
@@ -203,6 +204,16 @@ async def model_info(request: web.Request) -> web.Response:
     return web.json_response(model_info_body(request.app[ENGINE_KEY]))
 
 
+def batch_limits(scheduler: Scheduler) -> dict[str, Any]:
+    """The batch limits `/server_info` reports (SGLang's field names)."""
+    config = scheduler.config
+    return {
+        "max_running_requests": config.max_running_requests,
+        "max_total_num_tokens": config.kv_capacity_tokens,
+        "chunked_prefill_size": config.chunked_prefill_size or -1,
+    }
+
+
 async def server_info(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     cfg, profile, sched = engine.config, engine.profile, engine.scheduler
@@ -217,9 +228,7 @@ async def server_info(request: web.Request) -> web.Response:
         "profile": profile.name,
         "schedule_policy": sched.config.schedule_policy,
         "radix_eviction_policy": cfg.eviction,
-        "max_running_requests": sched.config.max_running_requests,
-        "max_total_num_tokens": sched.config.kv_capacity_tokens,
-        "chunked_prefill_size": sched.config.chunked_prefill_size or -1,
+        **batch_limits(sched),
         "page_size": 1,
         "speed": cfg.speed,
         "random_seed": cfg.seed,
@@ -229,6 +238,7 @@ async def server_info(request: web.Request) -> web.Response:
         "internal_states": [
             {
                 "num_running_reqs": sched.num_running,
+                "effective_max_running_requests_per_dp": sched.config.max_running_requests,
                 "num_queue_reqs": len(sched.waiting),
                 "num_used_tokens": sched.used_tokens,
                 "evictable_size": engine.cache.evictable_size(),

@@ -116,7 +116,8 @@ def test_pacing_rule_follows_the_backend_and_observed_uncached_tokens() -> None:
     pacing = PrefillPacing()
     # Nothing reported yet: an 8192-token budget over 1024 tokens per request.
     assert pacing.prefill_batch == 8 and pacing.backstop == 1024
-    info = {"chunked_prefill_size": 4096, "internal_states": [{"max_running_requests": 48}]}
+    states = [{"effective_max_running_requests_per_dp": 48}]  # SGLang 0.5.23's field
+    info = {"chunked_prefill_size": 4096, "max_running_requests": None, "internal_states": states}
     pacing.learn(BackendLimits.from_server_info(info))
     assert pacing.prefill_batch == 4 and pacing.backstop == 48
     for _ in range(200):  # the moving average converges on what the backend reports

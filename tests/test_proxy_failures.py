@@ -300,7 +300,7 @@ async def test_client_fields_that_touch_other_requests_never_reach_the_backend(
 
 async def test_health_probes_follow_the_backend_down_and_up() -> None:
     """With `health_interval_s` set, `prism:backend_up` and `/health` follow a backend
-    whose `/get_server_info` starts failing, then recovers (no client traffic needed);
+    whose `/server_info` starts failing, then recovers (no client traffic needed);
     the limits it reports set the prefill pacing (SPEC §2)."""
     from aiohttp import web
 
@@ -312,7 +312,7 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
         return web.json_response({"error": {"message": "down"}}, status=500)
 
     app = web.Application()
-    app.router.add_get("/get_server_info", server_info)
+    app.router.add_get("/server_info", server_info)
     async with (
         loopback_app(app) as url,
         running_proxy(url, health_interval_s=0.02) as proxy,

@@ -15,15 +15,24 @@ Without a policy it is native SGLang: requests go to the engine at their arrival
 serialized in the client's order (what `--api native` sends), and the engine's own
 `schedule_policy` orders them.
 
-Event order at one instant: a finished batch (its first tokens and finishes reach the
-core), then arrivals, then a due round (its wave reaches the engine), then the next
-batch if the engine is idle. The proxy↔engine hop costs no time here; on the real
-stack it costs a few milliseconds (docs/results/README.md compares the two).
+Messages between the proxy (or a native client) and the engine take `hop_s` (1 ms by
+default, about a loopback HTTP message under load here): a released request reaches
+the engine one hop after its round, a first token or a finish reaches the core one hop
+after the engine produced it, and a client's TTFT counts that last hop. The hop
+matters: with none, each wave would reach the engine the instant the previous prefill
+ended, and prefill (which SGLang runs before decode) would starve decoding; on the real
+stack the engine starts a decode step in between.
+
+Event order at one instant: a finished batch, then deliveries (in the order they were
+sent), then arrivals, then a due round, then the next batch if the engine is idle.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,6 +68,7 @@ class TwinSetup:
     profile: str = DEFAULT_PROFILE
     kv_capacity_tokens: int | None = None
     seed: int = 0
+    hop_s: float = 0.001
 
     def sim_config(self) -> SimConfig:
         return SimConfig(
@@ -104,6 +114,14 @@ class Twin:
         self.epoch = 0
         self.tracked: dict[str, _Tracked] = {}
         self.waves: list[int] = []
+        # Messages in flight: (delivery time, send order, action).
+        self._deliveries: list[tuple[float, int, Callable[[], None]]] = []
+        self._sent = itertools.count()
+
+    def _send(self, action: Callable[[], None]) -> None:
+        """Deliver `action` one hop from now."""
+        when = self.now + self.setup.hop_s
+        heapq.heappush(self._deliveries, (when, next(self._sent), action))
 
     # --- proxy side ------------------------------------------------------------------
     def _arrive(self, request: TraceRequest) -> None:
@@ -111,7 +129,8 @@ class Twin:
         self.tracked[request.rid] = tracked
         if self.core is None:
             ids = client_order_ids(request, self.serializer)
-            self._submit(tracked, SimRequest(request.rid, ids, request.max_tokens, self.now))
+            sim = SimRequest(request.rid, ids, request.max_tokens, self.now)
+            self._send(lambda: self._submit(tracked, sim))
             return
         tracked.job = token_job(request, self.serializer)
         self.core.arrive(tracked.job.queued(request.rid, request.arrival), self.now)
@@ -140,7 +159,7 @@ class Twin:
                 self.now,
                 kv_hints=payload.get("kv_hints"),
             )
-            self._submit(tracked, sim)
+            self._send(lambda tracked=tracked, sim=sim: self._submit(tracked, sim))
 
     def _submit(self, tracked: _Tracked, sim: SimRequest) -> None:
         tracked.sim = sim
@@ -150,21 +169,24 @@ class Twin:
         except ValueError as exc:  # too long for the KV pool: the backend's 400
             tracked.error = f"HTTP 400: {exc}"
             if self.core is not None:
-                self.core.finish(sim.rid)
+                self._send(lambda: self.core.finish(sim.rid))
 
     def _on_progress(self, sim: SimRequest) -> None:
-        """A token or the finish of `sim` (called by the scheduler)."""
-        if self.core is None:
+        """A token or the finish of `sim` (called by the scheduler): the news reaches
+        the core one hop later."""
+        core = self.core
+        if core is None:
             return
         if len(sim.output_ids) == 1 or (sim.finished and not sim.output_ids):
-            self.core.first_token(sim.rid, len(sim.input_ids) - sim.cached_tokens)
+            uncached = len(sim.input_ids) - sim.cached_tokens
+            self._send(lambda: core.first_token(sim.rid, uncached))
         if sim.finished:
-            self.core.finish(sim.rid)
+            self._send(lambda: core.finish(sim.rid))
 
     # --- the event loop --------------------------------------------------------------
     def run(self) -> list[RequestRecord]:
         requests = self.trace.requests
-        scheduler, core = self.scheduler, self.core
+        scheduler, core, deliveries = self.scheduler, self.core, self._deliveries
         batch = None
         batch_end = math.inf
         i = 0
@@ -172,13 +194,16 @@ class Twin:
             next_arrival = requests[i].arrival if i < len(requests) else math.inf
             due = core.next_round_at(self.now) if core is not None else None
             next_round = math.inf if due is None else due
-            t = min(batch_end, next_arrival, next_round)
+            next_delivery = deliveries[0][0] if deliveries else math.inf
+            t = min(batch_end, next_delivery, next_arrival, next_round)
             if t == math.inf:
                 break
             self.now = max(self.now, t)
             if batch is not None and batch_end <= self.now:
                 scheduler.complete_batch(batch, self.now)
                 batch, batch_end = None, math.inf
+            while deliveries and deliveries[0][0] <= self.now:
+                heapq.heappop(deliveries)[2]()
             while i < len(requests) and requests[i].arrival <= self.now:
                 self._arrive(requests[i])
                 i += 1
@@ -203,13 +228,14 @@ class Twin:
             and sim.finish_s is not None
         )
         error = tracked.error or (None if ok else "not served")
+        hop = self.setup.hop_s
         return RequestRecord(
             rid=request.rid,
             arrival_s=request.arrival,
             send_lag_ms=0.0,
             success=ok,
-            ttft_ms=(sim.first_token_s - request.arrival) * 1e3 if ok and sim else None,
-            e2e_latency_ms=(sim.finish_s - request.arrival) * 1e3 if ok and sim else None,
+            ttft_ms=(sim.first_token_s + hop - request.arrival) * 1e3 if ok and sim else None,
+            e2e_latency_ms=(sim.finish_s + hop - request.arrival) * 1e3 if ok and sim else None,
             prompt_tokens=len(sim.input_ids) if sim else None,
             completion_tokens=len(sim.output_ids) if sim else None,
             cached_tokens=sim.cached_tokens if sim else None,

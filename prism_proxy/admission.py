@@ -28,7 +28,7 @@ from prism_proxy.admission_core import (
     Wave,
 )
 from prism_proxy.metrics import ProxyMetrics
-from prism_proxy.pacing import PrefillPacing
+from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.qas.policies import SchedulingPolicy
 from prism_proxy.qas.types import QueuedRequest, RoundPlan
 
@@ -96,6 +96,12 @@ class AdmissionController:
         metrics.pending_prefill.set(core.pending_prefill)
         metrics.prefill_batch.set(core.pacing.prefill_batch)
         metrics.inflight_limit.set(core.pacing.backstop)
+
+    def learn_backend(self, limits: BackendLimits) -> None:
+        """The backend reported its batch limits: B and the backstop may change."""
+        self.core.pacing.learn(limits)
+        self._gauges()
+        self._wakeup.set()  # more room may let a round run now
 
     # --- request side ------------------------------------------------------------------
     def submit(self, request: QueuedRequest) -> asyncio.Future[Released]:

@@ -120,7 +120,7 @@ async def probe_backend(app: web.Application) -> None:
     info = await app[state.BACKEND].probe()
     if info is not None:
         admission = app[state.ADMISSION]
-        admission.pacing.learn(BackendLimits.from_server_info(info))
+        admission.learn_backend(BackendLimits.from_server_info(info))
         log.debug(
             "pacing: B=%d, backstop %d", admission.pacing.prefill_batch, admission.pacing.backstop
         )

@@ -322,6 +322,8 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
         assert registry.get_sample_value("prism:backend_up") == 1  # the startup probe
         pacing = proxy.app[state.ADMISSION].pacing
         assert (pacing.prefill_batch, pacing.backstop) == (2, 5)  # 2048 / 1024 tokens
+        assert registry.get_sample_value("prism:prefill_batch_limit") == 2
+        assert registry.get_sample_value("prism:inflight_limit") == 5
         healthy[0] = False
         await eventually(lambda: registry.get_sample_value("prism:backend_up") == 0)
         async with session.get(proxy.url + "/health") as response:

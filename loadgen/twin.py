@@ -247,6 +247,7 @@ class Twin:
 
     def engine_state(self) -> dict[str, Any]:
         stats = self.scheduler.stats
+        dart = getattr(self.engine.extension, "core", None)
         return {
             "evicted_tokens_total": self.engine.cache.evicted_tokens_total,
             "prefill_batches": stats.prefill_batches,
@@ -254,6 +255,7 @@ class Twin:
             "kv_overcommit_tokens": stats.kv_overcommit_tokens,
             "radix_eviction_policy": self.setup.eviction,
             "modeled_time_s": self.now,
+            "dart": None if dart is None else dart.stats().as_dict(),
         }
 
 

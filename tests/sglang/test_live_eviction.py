@@ -1,0 +1,136 @@
+"""DART's eviction order in a real SGLang server under memory pressure (issue 11, SPEC §3).
+
+Two live servers with 2,048 KV tokens, one under DART and one under the plugin's `lru`
+order, get the same requests: S+R+p1, then S+U+p2 (system head S = 20 tokens, documents
+R and U = 100 each, private suffixes 10), anchors in `kv_hints` as the proxy sends them,
+the table {R: 100} (U unranked) pushed through the control RPC, then one private filler
+request that needs ~100 tokens more than are free. DART evicts the private suffixes,
+then the unranked U, and keeps R; LRU evicts the oldest path, p1 then R, and keeps U.
+The plugin's eviction counters and the `cached_tokens` of two probes show it.
+
+The test sends `/generate` itself, as the proxy would (same `make_kv_hints`), so that it
+controls the table exactly; the proxy's own pushes are covered by test_live_proxy.py.
+The last test kills the LRU server while the proxy streams from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from live_support import LiveServer, eventually
+
+from backend_plugin.dart.anchors import make_kv_hints
+from prism_proxy import state
+
+pytestmark = pytest.mark.sglang
+
+SYSTEM = list(range(100, 120))
+DOCS = {"R": list(range(200, 300)), "U": list(range(400, 500))}
+PRIVATE_TOKENS = 10  # the tests' eviction counts assume 10
+TREE_TOKENS = len(SYSTEM) + 2 * (100 + PRIVATE_TOKENS)  # after the two requests
+
+
+def private(number: int) -> list[int]:
+    return list(range(1000 + 20 * number, 1000 + 20 * number + PRIVATE_TOKENS))
+
+
+def request(doc: str, number: int) -> tuple[list[int], dict]:
+    """The ids of S + doc + private suffix and their anchors (SPEC §1)."""
+    ids = SYSTEM + DOCS[doc] + private(number)
+    anchors = [
+        {"kind": "system", "segment_id": None, "offset": len(SYSTEM)},
+        {"kind": "segment", "segment_id": doc, "offset": len(SYSTEM) + len(DOCS[doc])},
+        {"kind": "private", "segment_id": None, "offset": len(ids)},
+    ]
+    return ids, make_kv_hints(anchors, {}, message_id=f"{doc}{number}")
+
+
+def evicted(live: LiveServer) -> dict[str, int]:
+    return live.stats()["evicted_tokens"]
+
+
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {kind: after[kind] - before[kind] for kind in after}
+
+
+@pytest.mark.parametrize(
+    ("server", "kept", "lost", "classes"),
+    [
+        # DART: both private suffixes (20), then the unranked document U.
+        ("tight_dart", "R", "U", {"private": 20, "segment": 100, "protected": 0}),
+        # LRU: the oldest path: p1, then R (a leaf once p1 is gone), which DART's
+        # counters class as protected: F_t = {S, R} for the table {R: 100}, f = 2.
+        ("tight_lru", "U", "R", {"private": 10, "segment": 0, "protected": 100}),
+    ],
+)
+def test_ranked_document_survives_pressure_and_lru_flips_it(
+    live: dict[str, LiveServer], server: str, kept: str, lost: str, classes: dict[str, int]
+) -> None:
+    live_server = live[server]
+    live_server.fresh()
+    for number, doc in enumerate(("R", "U"), start=1):
+        ids, hints = request(doc, number)
+        assert live_server.generate(ids, kv_hints=hints)["meta_info"]["cached_tokens"] == (
+            0 if doc == "R" else len(SYSTEM)
+        )
+    table = {"epoch": 1, "table": {"R": 100.0}, "protect": 2}
+    assert live_server.control("POST", "/prism/priorities", json=table).status_code == 200
+    stats = live_server.stats()
+    assert stats["anchors_resident"] == 5  # S, R, p1, U, p2: anchors came through kv_hints
+    before = evicted(live_server)
+
+    # A private filler ~100 tokens larger than the free pool forces one eviction pass.
+    free = live_server.max_total_tokens - TREE_TOKENS
+    filler = list(range(3000, 3000 + free + 98))
+    assert live_server.generate(filler)["meta_info"]["cached_tokens"] == 0
+    moved = delta(evicted(live_server), before)
+    assert moved == classes
+
+    # Probe the survivor first: the other probe needs ~100 tokens and evicts in its turn.
+    ids, _ = request(kept, 3)
+    assert live_server.generate(ids)["meta_info"]["cached_tokens"] == len(SYSTEM) + 100
+    assert delta(evicted(live_server), before) == moved  # that probe fit without evicting
+    ids, _ = request(lost, 4)
+    assert live_server.generate(ids)["meta_info"]["cached_tokens"] == len(SYSTEM)
+
+
+async def test_backend_killed_mid_stream_ends_the_stream_and_leaks_nothing(
+    live: dict[str, LiveServer], live_proxy_factory
+) -> None:
+    """SGLang dies while the proxy streams from it: the client gets an error event and
+    `[DONE]`, and the proxy's queue, in-flight and pending counts return to 0. (Runs
+    last in this module: it stops `tight_lru` for good.)"""
+    live_server = live["tight_lru"]
+    live_server.fresh()
+    proxy = await live_proxy_factory(live_server)
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 1800,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    events: list[object] = []
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(proxy.url + "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status == 200
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+            if len(events) == 3:  # streaming for real: kill the server now
+                await asyncio.to_thread(live_server.server.stop, 30.0)
+    assert events[-1] == "[DONE]"
+    error = events[-2]
+    assert isinstance(error, dict) and error["error"]["code"] == 502, error
+    admission = proxy.app[state.ADMISSION]
+    await eventually(lambda: admission.inflight == 0)
+    assert admission.queue_depth == 0
+    assert admission.inflight == 0 and admission.pending_prefill == 0

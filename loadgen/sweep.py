@@ -60,6 +60,8 @@ class SweepConfig:
     sim_args: tuple[str, ...] = ()
     proxy_args: tuple[str, ...] = ()
     engine: str = "sim"  # "sim": the real stack in real time; "twin": modeled time
+    backend: str = "sim"  # real stack's engine: prism-sim, or "sglang-cpu" (real SGLang)
+    sglang_python: str = ".venv-sglang/bin/python"
     kv_capacity_tokens: int | None = None
     # zipf_hotspot overrides (None: SPEC §6's defaults)
     hot_count: int | None = None
@@ -126,7 +128,39 @@ def sim_command(config: SweepConfig, variant: Variant, control_port: int, token:
     ]
     if config.kv_capacity_tokens is not None:
         args += ["--kv-capacity-tokens", str(config.kv_capacity_tokens)]
-    if variant.pushes_priorities:
+    if has_control_rpc(config, variant):
+        args += ["--control-port", str(control_port), "--control-token", token]
+    return [*args, *config.sim_args]
+
+
+def has_control_rpc(config: SweepConfig, variant: Variant) -> bool:
+    """Whether the line's engine serves DART's control RPC and the proxy pushes to it:
+    `prism`'s lines, except on a real SGLang running its own LRU cache (no plugin)."""
+    stock = config.backend == "sglang-cpu" and variant.eviction == "lru"
+    return variant.pushes_priorities and not stock
+
+
+SGLANG_CPU_KV_TOKENS = 65536  # the tiny model's KV is ~256 B/token: room for the trace
+
+
+def sglang_cpu_command(
+    config: SweepConfig, variant: Variant, control_port: int, token: str
+) -> list[str]:
+    """Arguments of `backend_plugin.cpu_server.serve`: a real SGLang on this CPU.
+
+    Lines on plain LRU (the baselines, native SGLang, `prism[lru]`) run SGLang's own
+    radix cache (SPEC §5); the other orders run the DART plugin with that order."""
+    stock = variant.eviction == "lru"
+    args = [
+        "--eviction",
+        "stock" if stock else variant.eviction,
+        "--max-total-tokens",
+        str(config.kv_capacity_tokens or SGLANG_CPU_KV_TOKENS),
+        "--seed",
+        str(config.seed),
+        f"--sglang-arg=--schedule-policy {variant.schedule_policy}",
+    ]
+    if has_control_rpc(config, variant):
         args += ["--control-port", str(control_port), "--control-token", token]
     return [*args, *config.sim_args]
 
@@ -148,7 +182,7 @@ def proxy_command(
         "--log-level",
         "warning",
     ]
-    if variant.pushes_priorities:
+    if has_control_rpc(config, variant):
         args += ["--control-url", f"http://127.0.0.1:{control_port}", "--control-token", token]
     if variant.q_cold is not None:
         args += ["--q-cold", str(variant.q_cold)]
@@ -201,13 +235,21 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
     logs = config.out / "logs"
     token = secrets.token_hex(16)
     control_port = free_port()
-    sim_args = sim_command(config, variant, control_port, token)
+    if config.backend == "sglang-cpu":
+        module, python, timeout_s = "backend_plugin.cpu_server.serve", config.sglang_python, 300.0
+        sim_args = sglang_cpu_command(config, variant, control_port, token)
+    else:
+        module, python, timeout_s = "prism_sim", sys.executable, 60.0
+        sim_args = sim_command(config, variant, control_port, token)
     proxy_args: list[str] = []
-    sim_name = f"sim-{variant.label}"
+    engine_name = f"{config.backend}-{variant.label}"
     with (
-        run_server("prism_sim", sim_args, log_dir=logs, name=sim_name) as sim,
+        run_server(
+            module, sim_args, log_dir=logs, name=engine_name, python=python,
+            startup_timeout_s=timeout_s,
+        ) as sim,
         contextlib.ExitStack() as stack,
-    ):
+    ):  # fmt: skip
         target, api = sim.url, "native"
         if variant.policy is not None:
             proxy_args = proxy_command(config, variant, sim.url, control_port, token)
@@ -225,7 +267,7 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
     results["variant"] = {
         **asdict(variant),
         "qps": qps,
-        "engine": "sim",
+        "engine": config.backend,
         "speed": config.speed,
         "profile": config.profile,
         "sim_args": sim_args,
@@ -279,7 +321,7 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
     manifest = {
         "command": command,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "engine": config.engine,
+        "engine": config.engine if config.engine == "twin" else config.backend,
         "variants": [asdict(v) for v in config.variants],
         "qps": list(config.qps),
         "speed": config.speed,
@@ -364,6 +406,17 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=None, help="zipf_hotspot Zipf α")
     parser.add_argument("--r-hot", type=float, default=None, help="zipf_hotspot r_hot")
     parser.add_argument("--window-ms", type=float, default=10.0, help="QAS window (modeled)")
+    parser.add_argument(
+        "--backend",
+        choices=("sim", "sglang-cpu"),
+        default="sim",
+        help="sweep only: prism-sim, or a real SGLang on this CPU (make sglang-cpu)",
+    )
+    parser.add_argument(
+        "--sglang-python",
+        default=".venv-sglang/bin/python",
+        help="python of the SGLang environment (--backend sglang-cpu)",
+    )
     parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
     parser.add_argument("--no-report", action="store_true")
@@ -391,6 +444,8 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
         sim_args=tuple(a for arg in args.sim_arg for a in shlex.split(arg)),
         proxy_args=tuple(a for arg in args.proxy_arg for a in shlex.split(arg)),
         engine=engine,
+        backend=args.backend,
+        sglang_python=args.sglang_python,
         kv_capacity_tokens=args.kv_capacity_tokens,
         hot_count=args.hot_count,
         alpha=args.alpha,
@@ -400,8 +455,12 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
 
 def run_sweep_from_args(args: argparse.Namespace, engine: str = "sim") -> int:
     config = sweep_config_from_args(args, engine)
-    if engine == "twin" and (config.sim_args or config.proxy_args):
-        raise ValueError("--sim-arg/--proxy-arg apply to the real stack, not the twin")
+    if engine == "twin" and (config.sim_args or config.proxy_args or config.backend != "sim"):
+        raise ValueError("--sim-arg/--proxy-arg/--backend apply to the real stack, not the twin")
+    if config.backend == "sglang-cpu" and not Path(config.sglang_python).exists():
+        raise ValueError(f"{config.sglang_python} not found: run `make sglang-venv` first")
+    if config.backend == "sglang-cpu" and config.speed != 1.0:
+        raise ValueError("--backend sglang-cpu runs in real time: --speed must be 1")
     command = "prism-loadgen " + shlex.join(sys.argv[1:])
     run_sweep(config, command)
     if not args.no_report:

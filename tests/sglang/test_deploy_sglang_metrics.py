@@ -29,6 +29,15 @@ def load_builder() -> ModuleType:
     return module
 
 
+def dashboard_sglang_metrics() -> set[str]:
+    """The `sglang:*` sample names the Grafana dashboard's queries use."""
+    builder = load_builder()
+    queried: set[str] = set()
+    for expr in builder.expressions(builder.build_dashboard()):
+        queried |= {n for n in builder.metric_names(expr) if n.startswith("sglang:")}
+    return queried
+
+
 class _Recorder:
     """Stands in for a prometheus_client metric class; records the exported sample names
     the real class would produce (counters gain `_total`, histograms three series)."""
@@ -82,10 +91,24 @@ def sglang_declared_samples(server_args: Any) -> set[str]:
 def test_dashboard_sglang_metrics_are_declared_by_sglang(published_server_args: Any) -> None:
     declared = sglang_declared_samples(published_server_args)
     assert "sglang:num_running_reqs" in declared  # the recorder saw SGLang's metrics
-    builder = load_builder()
-    queried = set()
-    for expr in builder.expressions(builder.build_dashboard()):
-        queried |= {n for n in builder.metric_names(expr) if n.startswith("sglang:")}
+    queried = dashboard_sglang_metrics()
     assert len(queried) >= 6
     missing = sorted(queried - declared)
     assert not missing, f"the dashboard queries what SGLang 0.5.23 does not export: {missing}"
+
+
+def test_dashboard_sglang_metrics_are_exported_by_a_live_server(live: dict[str, Any]) -> None:
+    """The same names scraped from a real SGLang 0.5.23 (`--enable-metrics`) on this CPU
+    after it served and evicted: the tight differential server (tests/sglang/live_support.py)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = live["stock"]
+    ids = list(range(100, 100 + server.max_total_tokens - 8))
+    server.generate(ids)
+    server.generate(list(range(2000, 2000 + server.max_total_tokens - 8)))  # evicts
+    text = httpx.get(server.url + "/metrics", timeout=10.0).text
+    exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    queried = dashboard_sglang_metrics()
+    assert len(queried) >= 6
+    assert not queried - exported, f"not exported: {sorted(queried - exported)}"

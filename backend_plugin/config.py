@@ -6,11 +6,15 @@ PRISM_CONTROL_PORT     control RPC port of dp rank 0; rank r listens on port + r
                        (unset: no control RPC)
 PRISM_CONTROL_HOST     bind address (default 127.0.0.1)
 PRISM_CONTROL_TOKEN    bearer token the RPC requires
-PRISM_CONTROL_OPEN=1   run the RPC without a token (explicit opt-in)
+PRISM_CONTROL_OPEN=1   run the RPC without a token (explicit opt-in; loopback only)
+PRISM_CONTROL_ALLOW_REMOTE=1
+                       allow a bind address other than loopback (explicit opt-in;
+                       the token is then required)
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,13 +37,38 @@ class ControlConfig:
     host: str = DEFAULT_CONTROL_HOST
     token: str | None = None
     allow_open: bool = False
+    allow_remote: bool = False
 
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port < 65536:
             raise ControlConfigError(f"control port out of range: {self.port}")
 
+    @property
+    def loopback(self) -> bool:
+        """Whether the bind address is loopback only (a name other than `localhost` is
+        taken as reachable from elsewhere)."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
     def check_auth(self) -> None:
-        """Refuse an unauthenticated RPC unless it was asked for explicitly."""
+        """Refuse an unauthenticated RPC unless it was asked for explicitly, and any RPC
+        on a non-loopback address unless that was asked for too (then with a token)."""
+        if not self.loopback:
+            if not self.allow_remote:
+                raise ControlConfigError(
+                    f"the PRISM control RPC binds to loopback unless asked: host {self.host!r}"
+                    " needs PRISM_CONTROL_ALLOW_REMOTE=1"
+                )
+            if not self.token:
+                raise ControlConfigError(
+                    f"the PRISM control RPC on {self.host!r} (not loopback) needs a token"
+                    " (PRISM_CONTROL_TOKEN / --control-token); PRISM_CONTROL_OPEN applies to"
+                    " loopback only"
+                )
         if not self.token and not self.allow_open:
             raise ControlConfigError(
                 "the PRISM control RPC needs a token (PRISM_CONTROL_TOKEN / --control-token);"
@@ -66,5 +95,6 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:
             host=env.get("PRISM_CONTROL_HOST", DEFAULT_CONTROL_HOST),
             token=env.get("PRISM_CONTROL_TOKEN") or None,
             allow_open=env.get("PRISM_CONTROL_OPEN", "") == "1",
+            allow_remote=env.get("PRISM_CONTROL_ALLOW_REMOTE", "") == "1",
         ),
     )

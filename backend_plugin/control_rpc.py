@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,7 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from backend_plugin.config import ControlConfig
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import EvictionClass
-from backend_plugin.dart.priority import DEFAULT_PROTECT, PriorityUpdate, StaleEpochError
+from backend_plugin.dart.priority import (
+    DEFAULT_PROTECT,
+    MAX_EPOCH,
+    PriorityUpdate,
+    StaleEpochError,
+)
 
 CORE_KEY = web.AppKey("prism_dart_core", DartCore)
 INLINE_KEY = web.AppKey("prism_apply_inline", bool)
@@ -48,7 +53,7 @@ class PriorityBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    epoch: int = Field(ge=0)
+    epoch: int = Field(ge=0, le=MAX_EPOCH)
     table: dict[str, float]
     protect: int = Field(default=DEFAULT_PROTECT, ge=0)
 
@@ -72,7 +77,8 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def _priorities(request: web.Request) -> web.Response:
     try:
-        body = PriorityBody.model_validate(json.loads(await request.read()))
+        # orjson: strict JSON, nesting <= 1024 (no RecursionError on "[[[[...").
+        body = PriorityBody.model_validate(orjson.loads(await request.read()))
     except (ValueError, ValidationError) as exc:  # JSONDecodeError is a ValueError
         return _error(400, "malformed priority update", detail=str(exc)[:2000])
     core = request.app[CORE_KEY]

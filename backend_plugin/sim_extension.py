@@ -109,16 +109,20 @@ class DartSimExtension:
         self.core.request_finished(req.rid)
 
     # ---- server lifetime ------------------------------------------------------------
+    def control_settings(self) -> ControlConfig:
+        """The environment's control settings with the engine's port and token."""
+        port = getattr(self.config, "control_port", None)
+        token = getattr(self.config, "control_token", None) or self.control.token
+        return replace(self.control, port=port, token=token)
+
     @contextlib.asynccontextmanager
     async def lifecycle(self, engine: Any) -> AsyncIterator[None]:
         """Serve the control RPC for the server's lifetime, if configured."""
         runner = None
-        port = getattr(self.config, "control_port", None)
-        if port is not None:
+        control = self.control_settings()
+        if control.port is not None:
             from backend_plugin.control_rpc import start_control_site
 
-            token = getattr(self.config, "control_token", None) or self.control.token
-            control = replace(self.control, port=port, token=token)
             runner, self.control_port = await start_control_site(
                 self.core, control, apply_inline=True
             )
@@ -131,6 +135,14 @@ class DartSimExtension:
 
 
 def create_extension(config: Any) -> DartSimExtension:
-    """Factory named in `prism_sim.extensions.EXTENSION_MODULES` (config: `SimConfig`)."""
+    """Factory named in `prism_sim.extensions.EXTENSION_MODULES` (config: `SimConfig`).
+    A control RPC that could not start (no token, a remote bind not allowed) fails here,
+    when the engine is built, not when the server starts."""
     settings = load_config()
-    return DartSimExtension(DartCore(config.eviction, settings.protect), config, settings.control)
+    extension = DartSimExtension(
+        DartCore(config.eviction, settings.protect), config, settings.control
+    )
+    control = extension.control_settings()
+    if control.port is not None:
+        control.check_auth()
+    return extension

@@ -8,15 +8,31 @@ optional `prism` object carries segment hints (SPEC §1):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from prism_proxy.request_model import field_parts
+from prism_proxy.request_model import (
+    MinP,
+    Penalty,
+    RepetitionPenalty,
+    SamplingParams,
+    Seed,
+    Temperature,
+    TokenCount,
+    TopK,
+    TopP,
+    check_token_range,
+    field_parts,
+)
+
+# Client bodies are JSON: types are checked strictly ("stream": "yes" is not a boolean,
+# 1 is not a string) and numbers must be finite.
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 
 
 class SegmentHint(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     id: str
     text: str
@@ -29,7 +45,7 @@ class PrismHint(BaseModel):
     (true for chat completions, false for completions and `/generate`).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     system: str | None = None
     segments: list[SegmentHint] = Field(default_factory=list)
@@ -37,42 +53,73 @@ class PrismHint(BaseModel):
     reorder: bool = True
     chat: bool | None = None
 
+    def chars(self) -> int:
+        """Characters of text the hint carries (for the prompt-size limit)."""
+        pieces = (self.system or "", self.suffix or "", *(s.text for s in self.segments))
+        return sum(map(len, pieces))
+
+
+def prompt_size(prompt: Any, hint: PrismHint | None) -> int:
+    """Characters of prompt text (token ids count one each), batches summed, plus the
+    hint's text: what the prompt-size limit counts."""
+    size = hint.chars() if hint is not None else 0
+    if not prompt:
+        return size
+    if isinstance(prompt, str) or isinstance(prompt[0], int):
+        return size + len(prompt)
+    return size + sum(len(p) for p in prompt)
+
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **STRICT)
 
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    def chars(self) -> int:
+        content = self.content
+        if isinstance(content, str):
+            return len(content)
+        return sum(len(str(part.get("text", ""))) for part in content or ())
+
 
 class _SamplingFields(BaseModel):
     """Sampling fields shared by chat and completions (OpenAI + SGLang extensions)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **STRICT)
 
     model: str = ""
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
+    max_tokens: TokenCount | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
     n: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = Field(default=None, ge=0)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    min_tokens: TokenCount | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     rid: str | None = None
     prism: PrismHint | None = None
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> Self:
+        check_token_range(self.min_tokens, self.max_new_tokens)
+        return self
 
     def unknown_fields_reason(self) -> str | None:
         """Fields the token path does not know (e.g. `chat_template_kwargs`) send a
@@ -109,7 +156,7 @@ class _SamplingFields(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -148,10 +195,15 @@ class ChatCompletionRequest(_SamplingFields):
             return self.max_completion_tokens
         return self.max_tokens
 
+    def prompt_chars(self) -> int:
+        """Characters of prompt text (messages and hints): the prompt-size limit."""
+        hinted = self.prism.chars() if self.prism is not None else 0
+        return hinted + sum(m.chars() for m in self.messages)
+
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=0)
+    max_tokens: TokenCount | None = 16
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -174,6 +226,9 @@ class CompletionRequest(_SamplingFields):
             return "batch prompt" if len(self.prompt) != 1 else None
         return None
 
+    def prompt_chars(self) -> int:
+        return prompt_size(self.prompt, self.prism)
+
     def single_prompt(self) -> str | list[int]:
         """The one prompt of a non-batch request (text or token ids)."""
         prompt = self.prompt
@@ -182,29 +237,54 @@ class CompletionRequest(_SamplingFields):
         return prompt  # type: ignore[return-value]
 
 
+class NativeSamplingParams(SamplingParams):
+    """`/generate`'s `sampling_params`: the fields the proxy knows are checked as SGLang
+    checks them; the others (SGLang has more) go to the backend unchanged."""
+
+    model_config = ConfigDict(extra="allow", frozen=False)
+
+    n: int | None = Field(default=None, ge=1)
+
+
 class GenerateRequest(BaseModel):
     """SGLang-native `/generate`; unknown fields are forwarded unchanged."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **STRICT)
 
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | None = None
+    sampling_params: NativeSamplingParams | None = None
     stream: bool = False
     rid: str | None = None
     prism: PrismHint | None = None
 
+    @model_validator(mode="after")
+    def _one_prompt(self) -> Self:
+        if self.text is not None and self.input_ids is not None:
+            raise ValueError("give either text or input_ids, not both")
+        return self
+
     def passthrough_reason(self) -> str | None:
         if isinstance(self.text, list) or (self.input_ids and isinstance(self.input_ids[0], list)):
             return "batch"
+        if self.sampling_params is not None and (self.sampling_params.n or 1) > 1:
+            return "n"
         return None
+
+    def prompt_chars(self) -> int:
+        return prompt_size(self.text if self.text is not None else self.input_ids, self.prism)
+
+    def backend_sampling_params(self) -> dict[str, Any]:
+        """`sampling_params` for the backend: as given, SGLang's field names."""
+        return {} if self.sampling_params is None else self.sampling_params.to_sglang()
 
 
 def describe_validation_error(error: ValidationError) -> tuple[str, str]:
     """(`param`, message) naming the first offending field, e.g. `messages.0.content`."""
     first = error.errors()[0]
     param = ".".join(str(part) for part in field_parts(first.get("loc", ()))) or "body"
-    return param, f"{param}: {first.get('msg', 'invalid value')}"
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return param, f"{param}: {message}"
 
 
 def openai_error(message: str, *, kind: str, param: str | None = None, code: Any = None) -> dict:

@@ -143,13 +143,30 @@ async def health_ctx(app: web.Application) -> AsyncIterator[None]:
     await _cancel(task)
 
 
+async def log_drain(app: web.Application) -> None:
+    """On shutdown: say what is being drained (aiohttp then waits for the handlers)."""
+    admission = app[state.ADMISSION]
+    log.info(
+        "shutting down: no new connections; draining %d in flight and %d queued (up to %.0f s)",
+        admission.inflight,
+        admission.queue_depth,
+        app[state.CONFIG].shutdown_timeout_s,
+    )
+
+
+async def log_stopped(app: web.Application) -> None:
+    log.info("stopped")
+
+
 def create_app(config: ProxyConfig) -> web.Application:
     """The proxy's aiohttp application (no I/O until it starts)."""
     # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
     app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
     app[state.CONFIG] = config
     app[state.METRICS] = ProxyMetrics.create()
+    app.on_shutdown.append(log_drain)
     app.cleanup_ctx.extend([backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx])
+    app.on_cleanup.append(log_stopped)
     add_routes(app)
     return app
 

@@ -16,12 +16,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 
 from prism_proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 
 READ_BUFSIZE = 4 * 1024 * 1024  # long cumulative stream chunks must fit in one line
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class BackendError(Exception):
@@ -46,8 +48,8 @@ def _error_of(body: Any) -> str | None:
 
 def _error_message(status: int, text: str) -> str:
     try:
-        body = json.loads(text)
-    except ValueError:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
         return text.strip()[:500] or f"HTTP {status}"
     message = _error_of(body)
     return message if message is not None else text.strip()[:500]
@@ -61,7 +63,7 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None:
     data = line[5:].strip()
     if not data or data == b"[DONE]":
         return None
-    return json.loads(data)
+    return orjson.loads(data)
 
 
 class BackendClient:
@@ -106,10 +108,13 @@ class BackendClient:
         self.metrics.backend_up.set(1 if up else 0)
 
     def _unreachable(self, exc: BaseException) -> BackendError:
+        """The client learns that the backend failed, never where it lives (the log
+        says)."""
         self._up(False)
+        log.debug("backend %s: %r", self.base_url, exc)
         if isinstance(exc, TimeoutError):
-            return BackendError(503, f"backend {self.base_url} timed out")
-        return BackendError(502, f"backend {self.base_url} unreachable: {exc}")
+            return BackendError(503, "backend timed out")
+        return BackendError(502, "backend unreachable")
 
     async def _check(self, response: aiohttp.ClientResponse) -> None:
         if response.status < 400:
@@ -127,8 +132,12 @@ class BackendClient:
     @contextlib.asynccontextmanager
     async def _post(self, path: str, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
         try:
+            data = orjson.dumps(body)
+        except (orjson.JSONEncodeError, TypeError) as exc:  # e.g. nested beyond 254 levels
+            raise BackendError(400, f"body: cannot be forwarded: {exc}") from None
+        try:
             async with self.session.post(
-                self.base_url + path, json=body, timeout=self.timeout
+                self.base_url + path, data=data, headers=JSON_HEADERS, timeout=self.timeout
             ) as response:
                 await self._check(response)
                 yield response

@@ -42,6 +42,7 @@ class ProxyConfig:
     window_ms: float = 10.0
     max_queue: int = 10_000
     max_body_bytes: int = 8 * 1024 * 1024
+    max_prompt_chars: int = 1_000_000
     control_url: str | None = None
     control_token: str | None = None
     protect: int = 8
@@ -56,7 +57,7 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
             raise ConfigError(f"policy: unknown {self.policy!r}; choose one of {POLICY_NAMES}")
-        positive = ("max_queue", "max_body_bytes", "backend_timeout_s")
+        positive = ("max_queue", "max_body_bytes", "max_prompt_chars", "backend_timeout_s")
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
@@ -114,6 +115,8 @@ _HELP = {
     "window_ms": "QAS round window Δt_win in milliseconds",
     "max_queue": "queued requests beyond which new ones get 429",
     "max_body_bytes": "largest request body accepted (413 above)",
+    "max_prompt_chars": "largest prompt: characters of text (token ids count one each) over "
+    "messages, prompt and hints (413 above)",
     "control_url": "base URL of the DART control RPC (unset: no pushes)",
     "control_token": "bearer token for the control RPC",
     "protect": "DART protection budget f sent with each priority table",

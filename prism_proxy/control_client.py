@@ -3,9 +3,12 @@
 `push(table)` never blocks and never raises: it replaces the pending table and wakes
 one sender task, so at most one request is in flight and only the newest table is sent
 (a slow or dead endpoint cannot pile up work). Epochs increase monotonically, also
-across proxy restarts (they start from the wall clock in milliseconds), so the plugin's
-"stale epoch" check never rejects a fresh proxy. After a failure the sender backs off
-(0.5 s doubling to 10 s) and skips the tables in between; the newest is sent next.
+across proxy restarts (they start from the wall clock in milliseconds). A 409 (stale
+epoch: another proxy, or a push from elsewhere, got ahead) is a failure: it is counted
+and logged, and the client resynchronises: it jumps past the RPC's current epoch and
+sends the same table again, or, when no epoch is left above it, resets the RPC's table
+first. After any other failure the sender backs off (0.5 s doubling to 10 s) and skips
+the tables in between; the newest is sent next.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import aiohttp
+import orjson
 
+from backend_plugin.dart.priority import MAX_EPOCH
 from prism_proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
@@ -69,26 +75,52 @@ class ControlClient:
                 await asyncio.sleep(self._backoff_s)
 
     async def _send(self, table: dict[str, float]) -> bool:
-        self.epoch += 1
-        body = {"epoch": self.epoch, "table": table, "protect": self.protect}
-        try:
-            async with self.session.post(
-                self.url + "/prism/priorities", json=body, headers=self.headers,
-                timeout=self.timeout,
-            ) as response:  # fmt: skip
-                await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return self._failed(f"{type(exc).__name__}: {exc}")
+        status, answer = await self._post_table(table)
+        if status == 409:
+            current = answer.get("current_epoch") if isinstance(answer, dict) else None
+            self._failed(f"epoch {self.epoch} rejected as stale (RPC at {current})")
+            if not await self._resync(current):
+                return False
+            status, answer = await self._post_table(table)
         if status == 200:
             self.metrics.control_pushes.inc()
             self.metrics.control_up.set(1)
             return True
-        if status == 409:  # stale epoch: another proxy pushed newer; not an outage
-            log.debug("control RPC rejected epoch %d as stale", self.epoch)
-            self.metrics.control_up.set(1)
+        return False if status is None else self._failed(f"HTTP {status}")
+
+    async def _post_table(self, table: dict[str, float]) -> tuple[int | None, Any]:
+        """One push with the next epoch: (status, JSON answer); (None, None) when the
+        RPC could not be reached (already counted as a failure)."""
+        self.epoch += 1
+        body = {"epoch": self.epoch, "table": table, "protect": self.protect}
+        return await self._call("/prism/priorities", body)
+
+    async def _call(self, path: str, body: dict[str, Any]) -> tuple[int | None, Any]:
+        try:
+            async with self.session.post(
+                self.url + path, json=body, headers=self.headers, timeout=self.timeout
+            ) as response:
+                data = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._failed(f"{type(exc).__name__}: {exc}")
+            return None, None
+        try:
+            return status, orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return status, None
+
+    async def _resync(self, current: Any) -> bool:
+        """Move past the RPC's epoch; if none is left above it, reset the RPC's table
+        (which forgets its epoch) and start again from the wall clock, as a new proxy."""
+        if isinstance(current, int) and not isinstance(current, bool) and current < MAX_EPOCH:
+            self.epoch = max(self.epoch, current)
             return True
-        return self._failed(f"HTTP {status}")
+        status, _ = await self._call("/prism/reset", {})
+        if status != 200:
+            return False if status is None else self._failed(f"reset: HTTP {status}")
+        self.epoch = int(time.time() * 1000)
+        return True
 
     def _failed(self, reason: str) -> bool:
         self.metrics.control_failures.inc()

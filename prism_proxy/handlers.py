@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import aiohttp
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
@@ -63,6 +64,7 @@ STATUS = web.RequestKey("status", int)  # overrides the HTTP status for metrics
 STARTED = web.RequestKey("started", float)
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 CLIENT_CLOSED = 499  # metrics status of requests whose client went away
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -149,8 +151,9 @@ async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, 
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
     try:
-        raw = json.loads(data)
-    except ValueError as exc:
+        # orjson: strict JSON (no lone surrogates, no NaN/Infinity), nesting <= 1024.
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"body: invalid JSON: {exc}", param="body") from None
     if not isinstance(raw, dict):
         raise ApiError(400, "body: expected a JSON object", param="body")
@@ -163,6 +166,48 @@ async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, 
 
 def _prompt_error(exc: PromptError) -> ApiError:
     return ApiError(400, str(exc), param=exc.param)
+
+
+# Prompts at least this large are tokenized and serialized in a worker thread (the
+# tokenizer releases the GIL for long texts), so one big request never stalls the loop.
+OFFLOAD_CHARS = 32_768
+
+
+async def off_loop(size_chars: int, work: Callable[[], T]) -> T:
+    """`work()` here for a small prompt, in a worker thread for a large one."""
+    if size_chars >= OFFLOAD_CHARS:
+        return await asyncio.to_thread(work)
+    return work()
+
+
+async def make_job(
+    request: web.Request, size_chars: int, build: Callable[[], TokenJob]
+) -> TokenJob:
+    """Build a request's token job: 413 above `max_prompt_chars`, 400 for a bad prompt,
+    off the event loop when large."""
+    limit = request.app[state.CONFIG].max_prompt_chars
+    if size_chars > limit:
+        raise ApiError(
+            413,
+            f"prompt: {size_chars} characters (token ids count one each) exceed the "
+            f"limit of {limit}",
+            param="prompt",
+        )
+    try:
+        job = await off_loop(size_chars, build)
+    except PromptError as exc:
+        raise _prompt_error(exc) from None
+    return replace(job, size_chars=size_chars)
+
+
+def checked_ids(ids: Sequence[int], vocab_size: int, param: str) -> list[int]:
+    """Token ids the served model can embed: 0 <= id < vocab size (else 400)."""
+    for index, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise PromptError(
+                f"{param}.{index}", f"token id {token} is outside the vocabulary [0, {vocab_size})"
+            )
+    return list(ids)
 
 
 def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
@@ -217,12 +262,15 @@ async def token_path(
     backend = app[state.BACKEND]
     async with _admitted(request, job.queued(rid, time.monotonic())) as release:
         lane = release.lane.value
-        payload = job.payload(
-            release.skeleton,
-            rid=rid,
-            priorities=release.priorities,
-            sampling_params=sampling_params,
-            extra_fields=extra_fields,
+        payload = await off_loop(
+            job.size_chars,
+            lambda: job.payload(
+                release.skeleton,
+                rid=rid,
+                priorities=release.priorities,
+                sampling_params=sampling_params,
+                extra_fields=extra_fields,
+            ),
         )
         chunks = backend.generate_stream(payload)
         async with contextlib.aclosing(chunks):
@@ -368,8 +416,8 @@ async def _relay_lines(request: web.Request, upstream: Any, rid: str) -> web.Str
 
 def _usage_of(data: bytes) -> TokenUsage | None:
     try:
-        body = json.loads(data)
-    except ValueError:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
         return None
     return TokenUsage.from_openai(body.get("usage")) if isinstance(body, dict) else None
 
@@ -388,18 +436,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if body.passthrough_reason() is not None:
         return await passthrough(request, "/v1/chat/completions", raw, set_rid=(body.n or 1) == 1)
     tokenizer = request.app[state.TOKENIZER]
-    try:
+    serializer = request.app[state.SERIALIZER]
+
+    def build() -> TokenJob:
         if body.prism is not None:
             system, suffix = chat_defaults(body.messages)
-            job = hinted_job(
-                request.app[state.SERIALIZER], body.prism, system=system, suffix=suffix, chat=True
-            )
-        else:
-            messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
-            ids = tokenizer.encode(tokenizer.render_chat(messages))
-            job = private_job({"input_ids": ids}, len(ids))
-    except PromptError as exc:
-        raise _prompt_error(exc) from None
+            return hinted_job(serializer, body.prism, system=system, suffix=suffix, chat=True)
+        messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
+        ids = tokenizer.encode(tokenizer.render_chat(messages))
+        return private_job({"input_ids": ids}, len(ids))
+
+    try:
+        job = await make_job(request, body.prompt_chars(), build)
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
         return await passthrough(request, "/v1/chat/completions", raw, set_rid=True)
@@ -420,18 +468,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.passthrough_reason() is not None:
         return await passthrough(request, "/v1/completions", raw, set_rid=(body.n or 1) == 1)
     prompt = body.single_prompt()
-    try:
+    serializer = request.app[state.SERIALIZER]
+    vocab_size = request.app[state.TOKENIZER].vocab_size
+
+    def build() -> TokenJob:
         if body.prism is not None:
             text = prompt if isinstance(prompt, str) else None
-            job = hinted_job(
-                request.app[state.SERIALIZER], body.prism, system=None, suffix=text, chat=False
-            )
-        elif isinstance(prompt, str):
-            job = private_job({"text": prompt}, None)
-        else:
-            job = private_job({"input_ids": list(prompt)}, len(prompt))
-    except PromptError as exc:
-        raise _prompt_error(exc) from None
+            return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
+        if isinstance(prompt, str):
+            return private_job({"text": prompt}, None)
+        ids = checked_ids(prompt, vocab_size, "prompt")
+        return private_job({"input_ids": ids}, len(ids))
+
+    job = await make_job(request, body.prompt_chars(), build)
     rid = new_rid()
     return await token_path(
         request,
@@ -452,28 +501,28 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body, raw = await read_body(request, GenerateRequest)
     if body.passthrough_reason() is not None:
         return await passthrough(request, "/generate", raw, set_rid=False)
-    try:
+    serializer = request.app[state.SERIALIZER]
+    vocab_size = request.app[state.TOKENIZER].vocab_size
+
+    def build() -> TokenJob:
         if body.prism is not None:
             text = body.text if isinstance(body.text, str) else None
-            job = hinted_job(
-                request.app[state.SERIALIZER], body.prism, system=None, suffix=text, chat=False
-            )
-        elif body.input_ids is not None:
-            ids = [int(i) for i in body.input_ids]  # type: ignore[arg-type]
-            job = private_job({"input_ids": ids}, len(ids))
-        elif isinstance(body.text, str):
-            job = private_job({"text": body.text}, None)
-        else:
-            raise PromptError("text", "either text or input_ids is required")
-    except PromptError as exc:
-        raise _prompt_error(exc) from None
+            return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
+        if body.input_ids is not None:
+            ids = checked_ids(body.input_ids, vocab_size, "input_ids")  # type: ignore[arg-type]
+            return private_job({"input_ids": ids}, len(ids))
+        if isinstance(body.text, str):
+            return private_job({"text": body.text}, None)
+        raise PromptError("text", "either text or input_ids is required")
+
+    job = await make_job(request, body.prompt_chars(), build)
     extra = {k: v for k, v in raw.items() if k not in _GENERATE_NOT_FORWARDED}
     rid = new_rid()
     return await token_path(
         request,
         job,
         rid=rid,
-        sampling_params=dict(body.sampling_params or {}),
+        sampling_params=body.backend_sampling_params(),
         stream=body.stream,
         fmt=_format(GenerateFormat, body.rid or rid, "", "", False),
         extra_fields=extra,

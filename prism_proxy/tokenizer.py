@@ -30,6 +30,9 @@ from prism_proxy.builtin_tokenizer import ensure_builtin
 BUILTIN = "builtin"
 
 
+LONG_TEXT_CHARS = 8192
+
+
 class ChatTemplateError(ValueError):
     """The chat template is missing, or it raised (``raise_exception``) while rendering."""
 
@@ -104,7 +107,13 @@ class Tokenizer:
         self._template = compile_chat_template(chat_template) if chat_template else None
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` with no special tokens added."""
+        """Token ids of ``text`` with no special tokens added.
+
+        A long text goes through ``encode_batch``, which releases the GIL while the
+        Rust tokenizer works (``encode`` holds it: a 4 MB text stalled every other thread
+        for ~3 s), so a caller in a worker thread leaves the event loop free."""
+        if len(text) >= LONG_TEXT_CHARS:
+            return self._backend.encode_batch([text], add_special_tokens=False)[0].ids
         return self._backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

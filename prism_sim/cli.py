@@ -17,7 +17,7 @@ from prism_sim.schedule_policy import POLICIES
 from prism_sim.time_model import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
-    from prism_sim.engine import SimConfig
+    from prism_sim.engine import SimConfig, SimEngine
 
 log = logging.getLogger("prism_sim")
 
@@ -65,10 +65,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
-async def serve(config: SimConfig) -> None:
+async def serve(config: SimConfig, engine: SimEngine) -> None:
     from prism_sim.server import create_app, start_site
 
-    app = create_app(config)
+    app = create_app(config, engine)
     runner = await start_site(app, config.host, config.port)
     log.info("prism-sim listening on http://%s:%d", config.host, config.port)
     stop = asyncio.Event()
@@ -78,8 +78,12 @@ async def serve(config: SimConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
+        log.info(
+            "prism-sim stopping: aborting %d live requests", len(engine.scheduler.live_requests())
+        )
     finally:
         await runner.cleanup()
+        log.info("prism-sim stopped")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,15 +96,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"prism-sim: unknown --eviction {args.eviction!r} (known: {sorted(known)})",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.control_port is not None and args.eviction.lower() not in EXTENSION_MODULES:
+        print(f"prism-sim: --control-port serves DART's control RPC: it needs --eviction "
+              f"{' or '.join(sorted(EXTENSION_MODULES))}", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         config = config_from_args(args)
-    except ValueError as exc:
+        from prism_sim.engine import SimEngine
+
+        engine = SimEngine(config)  # profile, tokenizer and control settings checked here
+    except (ValueError, FileNotFoundError) as exc:
         print(f"prism-sim: {exc}", file=sys.stderr)
         return 2
     try:
         import uvloop
 
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, engine))
     except ImportError:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, engine))
     return 0

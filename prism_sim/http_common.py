@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
@@ -27,14 +29,37 @@ class BadRequest(Exception):
 
 
 async def parse_body(request: web.Request, model: type[ModelT]) -> ModelT:
+    """Strict JSON (orjson: no lone surrogates, no NaN, nesting <= 1024) into `model`."""
     try:
-        raw = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raw = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
         raise BadRequest(f"invalid JSON body: {exc}") from None
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         raise BadRequest(str(exc)) from None
+
+
+# Prompt texts at least this long are tokenized in a worker thread (the tokenizer
+# releases the GIL for long texts): a large prompt does not stall the engine's loop.
+OFFLOAD_CHARS = 32_768
+
+
+async def encode(engine: SimEngine, text: str) -> list[int]:
+    if len(text) >= OFFLOAD_CHARS:
+        return await asyncio.to_thread(engine.tokenizer.encode, text)
+    return engine.tokenizer.encode(text)
+
+
+def check_token_ids(engine: SimEngine, ids: list[int]) -> list[int]:
+    """SGLang's model would index its embedding with these: 0 <= id < vocab size."""
+    vocab_size = engine.tokenizer.vocab_size
+    for index, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise BadRequest(
+                f"input_ids[{index}]: token id {token} is outside the vocabulary [0, {vocab_size})"
+            )
+    return ids
 
 
 def start_request(

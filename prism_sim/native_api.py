@@ -19,6 +19,8 @@ from prism_sim.engine import VERSION, RequestHandle, SimEngine
 from prism_sim.http_common import (
     ENGINE_KEY,
     BadRequest,
+    check_token_ids,
+    encode,
     error_response,
     open_sse,
     parse_body,
@@ -50,17 +52,17 @@ def _nth(value: Any, index: int) -> Any:
     return value[index] if isinstance(value, list) else value
 
 
-def _prompts(body: GenerateIn, engine: SimEngine) -> tuple[list[list[int]], bool]:
+async def _prompts(body: GenerateIn, engine: SimEngine) -> tuple[list[list[int]], bool]:
     """Token ids of each prompt and whether the request was a batch."""
     if (body.text is None) == (body.input_ids is None):
         raise BadRequest("Either text or input_ids should be provided.")
     if body.text is not None:
         texts = body.text if isinstance(body.text, list) else [body.text]
-        return [engine.tokenizer.encode(t) for t in texts], isinstance(body.text, list)
+        return [await encode(engine, t) for t in texts], isinstance(body.text, list)
     ids = body.input_ids or []
     if ids and isinstance(ids[0], list):
-        return [list(x) for x in ids], True  # type: ignore[arg-type]
-    return [list(ids)], False  # type: ignore[arg-type]
+        return [check_token_ids(engine, list(x)) for x in ids], True  # type: ignore[arg-type]
+    return [check_token_ids(engine, list(ids))], False  # type: ignore[arg-type]
 
 
 def _start(engine: SimEngine, body: GenerateIn, ids: list[int], index: int) -> RequestHandle:
@@ -89,7 +91,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     try:
         body = await parse_body(request, GenerateIn)
-        prompts, is_batch = _prompts(body, engine)
+        prompts, is_batch = await _prompts(body, engine)
         if is_batch and body.stream:
             raise BadRequest("streaming is not supported for batch requests")
         handles: list[RequestHandle] = []

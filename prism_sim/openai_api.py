@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -18,6 +18,8 @@ from prism_sim.engine import RequestHandle, SimEngine
 from prism_sim.http_common import (
     ENGINE_KEY,
     BadRequest,
+    check_token_ids,
+    encode,
     error_response,
     finish_reason_name,
     open_sse,
@@ -96,14 +98,14 @@ async def _serve(
         handle.abort()
 
 
-def _completion_prompt(engine: SimEngine, body: CompletionIn) -> tuple[list[int], int | None]:
+async def _completion_prompt(engine: SimEngine, body: CompletionIn) -> tuple[list[int], int | None]:
     prompt = body.prompt
     if isinstance(prompt, str):
-        return engine.tokenizer.encode(prompt), body.max_tokens
+        return await encode(engine, prompt), body.max_tokens
     if prompt and all(isinstance(x, int) for x in prompt):
-        return [int(x) for x in prompt], body.max_tokens
+        return check_token_ids(engine, [int(x) for x in prompt]), body.max_tokens
     if len(prompt) == 1 and isinstance(prompt[0], str):
-        return engine.tokenizer.encode(prompt[0]), body.max_tokens
+        return await encode(engine, prompt[0]), body.max_tokens
     raise BadRequest("prompt must be a string, one string or a list of token ids")
 
 
@@ -113,19 +115,19 @@ def _content_text(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
 
 
-def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[int], int | None]:
+async def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[int], int | None]:
     messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
     try:
         text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
     except ValueError as exc:
         raise BadRequest(f"chat template failed: {exc}") from None
-    return engine.tokenizer.encode(text), body.max_completion_tokens or body.max_tokens
+    return await encode(engine, text), body.max_completion_tokens or body.max_tokens
 
 
 async def _complete(
     request: web.Request,
     model: type[BodyT],
-    prompt_of: Callable[[SimEngine, BodyT], tuple[list[int], int | None]],
+    prompt_of: Callable[[SimEngine, BodyT], Awaitable[tuple[list[int], int | None]]],
     *,
     chat: bool,
 ) -> web.StreamResponse:
@@ -133,7 +135,7 @@ async def _complete(
     engine = request.app[ENGINE_KEY]
     try:
         body = await parse_body(request, model)
-        ids, max_tokens = prompt_of(engine, body)
+        ids, max_tokens = await prompt_of(engine, body)
         handle = start_request(
             engine,
             ids,

@@ -53,11 +53,9 @@ def run_scenario(eviction: str, tmp_path) -> tuple[dict[str, int], dict | None]:
         "1",
         "--speed",
         "50",
-        "--control-port",
-        str(control_port),
-        "--control-token",
-        TOKEN,
     ]
+    if eviction == "dart":  # prism-sim refuses a control port without DART
+        args += ["--control-port", str(control_port), "--control-token", TOKEN]
     with (
         run_server("prism_sim", args, log_dir=tmp_path, name=f"sim-{eviction}") as server,
         httpx.Client(base_url=server.url, timeout=30) as client,
@@ -76,7 +74,7 @@ def run_scenario(eviction: str, tmp_path) -> tuple[dict[str, int], dict | None]:
         generate(client, "fresh", [5000 + k for k in range(40)])
         cached = {
             seg: generate(
-                client, f"probe{seg}", SYSTEM + SEGMENTS[seg] + [9000 + k for k in range(3)]
+                client, f"probe{seg}", SYSTEM + SEGMENTS[seg] + [7000 + k for k in range(3)]
             )["cached_tokens"]
             for seg in "AB"
         }

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 DEFAULT_PROTECT = 8
+# Epochs are integers in [0, MAX_EPOCH] (2**53 - 1: exact in every JSON parser). The
+# proxy starts from the wall clock in milliseconds (~1.8e12), far below.
+MAX_EPOCH = 2**53 - 1
 
 
 class StaleEpochError(ValueError):
@@ -37,6 +40,8 @@ class PriorityUpdate:
     protect: int = DEFAULT_PROTECT
 
     def __post_init__(self) -> None:
+        if not 0 <= self.epoch <= MAX_EPOCH:
+            raise ValueError(f"epoch must be in [0, {MAX_EPOCH}]")
         if self.protect < 0:
             raise ValueError("protect must be >= 0")
         for seg, score in self.table.items():

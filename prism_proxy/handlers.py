@@ -37,6 +37,7 @@ from prism_proxy.api_models import (
     openai_error,
 )
 from prism_proxy.backend_client import BackendError
+from prism_proxy.memory import release_free_memory
 from prism_proxy.openai_format import (
     SSE_DONE,
     ChatFormat,
@@ -176,7 +177,10 @@ OFFLOAD_CHARS = 32_768
 async def off_loop(size_chars: int, work: Callable[[], T]) -> T:
     """`work()` here for a small prompt, in a worker thread for a large one."""
     if size_chars >= OFFLOAD_CHARS:
-        return await asyncio.to_thread(work)
+        try:
+            return await asyncio.to_thread(work)
+        finally:
+            release_free_memory()
     return work()
 
 

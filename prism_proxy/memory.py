@@ -1,0 +1,34 @@
+"""Give freed heap memory back to the OS after a large request (issue 12).
+
+A large prompt is parsed, tokenized (in a worker thread) and serialized in a few
+hundred MB of short-lived allocations. CPython and the tokenizer free them, but glibc
+keeps the freed pages in its arenas (one per thread that allocated), so the process's
+RSS would stay at its peak: a 1 MB prompt left the proxy at ~200 MB instead of ~65 MB.
+`malloc_trim(0)` returns those free pages; it costs about a millisecond and runs only
+after large prompts. A no-op where the C library has no `malloc_trim` (not glibc).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Callable
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name).malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Return the heap's free pages to the OS (glibc `malloc_trim(0)`), if possible."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -48,8 +48,13 @@ def meta_info(engine: SimEngine, req: SimRequest) -> dict[str, Any]:
     return meta
 
 
-def _nth(value: Any, index: int) -> Any:
-    return value[index] if isinstance(value, list) else value
+def _nth(value: Any, index: int, field: str) -> Any:
+    """A per-prompt field: the list's `index`th entry, or the one value for all."""
+    if not isinstance(value, list):
+        return value
+    if index >= len(value):
+        raise BadRequest(f"{field}: a list needs one entry per prompt (got {len(value)})")
+    return value[index]
 
 
 async def _prompts(body: GenerateIn, engine: SimEngine) -> tuple[list[list[int]], bool]:
@@ -66,14 +71,14 @@ async def _prompts(body: GenerateIn, engine: SimEngine) -> tuple[list[list[int]]
 
 
 def _start(engine: SimEngine, body: GenerateIn, ids: list[int], index: int) -> RequestHandle:
-    params = _nth(body.sampling_params, index) or SamplingParamsIn()
+    params = _nth(body.sampling_params, index, "sampling_params") or SamplingParamsIn()
     return start_request(
         engine,
         ids,
         params.max_new_tokens,
         field="max_new_tokens",
-        rid=_nth(body.rid, index),
-        kv_hints=_nth(body.kv_hints, index),
+        rid=_nth(body.rid, index, "rid"),
+        kv_hints=_nth(body.kv_hints, index, "kv_hints"),
         priority=body.priority,
         stream=body.stream,
     )

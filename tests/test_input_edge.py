@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import aiohttp
 import pytest
@@ -182,3 +183,30 @@ def test_control_rpc_binds_to_loopback_unless_told_otherwise() -> None:
     with pytest.raises(ControlConfigError, match="needs a token"):  # open only on loopback
         ControlConfig(port=1, host="0.0.0.0", allow_remote=True, allow_open=True).check_auth()
     ControlConfig(port=1, host="127.0.0.1", allow_open=True).check_auth()
+
+
+async def test_a_large_prompt_is_tokenized_off_the_event_loop(sim_url, monkeypatch) -> None:
+    """The structure behind the bound `bench.large_prompt` measures (/health waited at
+    most ~50 ms during 1 MB prompts): a prompt of 32k characters or more is tokenized in
+    a worker thread, a small one on the loop, and /health answers meanwhile."""
+    async with running_proxy(sim_url) as proxy, aiohttp.ClientSession() as http:
+        tokenizer = proxy.app[state.TOKENIZER]
+        encode = tokenizer.encode
+        threads: list[tuple[int, int]] = []  # (characters, thread)
+
+        def recording_encode(text: str) -> list[int]:
+            threads.append((len(text), threading.get_ident()))
+            return encode(text)
+
+        monkeypatch.setattr(tokenizer, "encode", recording_encode)
+        loop_thread = threading.get_ident()
+        for chars in (100, 200_000):
+            body = {**CHAT, "messages": [{"role": "user", "content": "word " * (chars // 5)}]}
+            big = asyncio.create_task(http.post(proxy.url + "/v1/chat/completions", json=body))
+            async with http.get(proxy.url + "/health") as health:
+                assert health.status == 200
+            async with await big as response:
+                assert response.status == 200
+        small, large = threads
+        assert small[0] < 1000 and small[1] == loop_thread
+        assert large[0] > 200_000 and large[1] != loop_thread

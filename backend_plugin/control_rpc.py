@@ -4,22 +4,30 @@
                             200 accepted | 409 stale epoch | 400 malformed | 401
     POST /prism/reset       forget the table (DART orders like LRU until the next push)
     GET  /prism/stats       JSON stats
+    GET  /prism/residency?generation=G&since=V   (both optional)
+                            {generation, version, full, resident: [seg], gone: [seg]}:
+                            the segments changed after V if G is this DART instance
+                            and V still answerable, else the full resident set;
+                            400 when `since` is not a non-negative integer
     GET  /prism/health      {"status": "ok"} (no auth: it reveals nothing)
     GET  /prism/metrics     Prometheus text: prism:dart_evicted_tokens_total{class},
                             prism:dart_protected_tokens, prism:dart_anchors_resident,
-                            prism:dart_priority_epoch
+                            prism:dart_priority_epoch, prism:dart_segments_resident,
+                            prism:dart_residency_version
 
 Every route but health needs `Authorization: Bearer <token>`. The handlers never touch
 the tree: an accepted update is queued in the core's inbox (staleness is decided at
-once) and the tree's owner applies it between tree operations. In SGLang the app runs
-on its own event loop in a daemon thread of the scheduler process (`ControlThread`);
-the simulator serves it on its own loop (`start_control_site`).
+once) and the tree's owner applies it between tree operations; residency is read from
+the core's `ResidencyLog` under its own lock. In SGLang the app runs on its own event
+loop in a daemon thread of the scheduler process (`ControlThread`); the simulator
+serves it on its own loop (`start_control_site`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -105,6 +113,19 @@ async def _stats(request: web.Request) -> web.Response:
     return web.json_response(payload)
 
 
+_SINCE = re.compile(r"[0-9]{1,19}")  # bounded: versions are far below 10^19
+
+
+async def _residency(request: web.Request) -> web.Response:
+    query = request.query
+    raw = query.get("since")
+    if raw is not None and _SINCE.fullmatch(raw) is None:
+        return _error(400, "since must be a non-negative integer", since=raw[:100])
+    since = int(raw) if raw is not None else None
+    report = request.app[CORE_KEY].residency_summary(query.get("generation"), since)
+    return web.Response(body=orjson.dumps(report.as_dict()), content_type="application/json")
+
+
 async def _health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -141,6 +162,16 @@ class DartCollector(Collector):
             "Epoch of the applied priority table (-1: none)",
             value=-1 if stats.epoch is None else stats.epoch,
         )
+        yield GaugeMetricFamily(
+            "prism:dart_segments_resident",
+            "Reusable segments with resident tokens (system prompt excluded)",
+            value=stats.segments_resident,
+        )
+        yield GaugeMetricFamily(
+            "prism:dart_residency_version",
+            "Residency changes recorded by this DART instance",
+            value=stats.residency_version,
+        )
 
 
 def create_control_app(
@@ -161,6 +192,7 @@ def create_control_app(
     app.router.add_post("/prism/priorities", _priorities)
     app.router.add_post("/prism/reset", _reset)
     app.router.add_get("/prism/stats", _stats)
+    app.router.add_get("/prism/residency", _residency)
     app.router.add_get("/prism/health", _health)
     app.router.add_get("/prism/metrics", _metrics)
     return app

@@ -2,6 +2,7 @@
 
 prism-loadgen trace rag   --out FILE [--qps 50 --seed 0 ...]   zipf_hotspot (SPEC §6)
 prism-loadgen trace agent --out FILE [--qps 40 ...]            agent_prefix (SPEC §6)
+prism-loadgen trace reorder --out FILE [--qps 2 ...]           reorder_replay (issue 13)
 prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out FILE
 prism-loadgen sweep  --out DIR [--policies ... --qps 40,50,60,70,80 --speed F]
 prism-loadgen simulate --out DIR [same flags as sweep]          the twin, modeled time
@@ -22,6 +23,7 @@ from typing import Any
 from loadgen.agent_trace import AgentTraceParams, build_agent_trace
 from loadgen.apis import API_NAMES
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.reorder_trace import ReorderTraceParams, build_reorder_trace
 from loadgen.trace_format import read_trace, write_trace
 
 
@@ -54,6 +56,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.workload == "rag":
         params = _params_from_args(RagTraceParams, args)
         header, requests = build_rag_trace(params, args.seed, tokenizer, name)
+    elif args.workload == "reorder":
+        params = _params_from_args(ReorderTraceParams, args)
+        header, requests = build_reorder_trace(params, args.seed, tokenizer, name)
     else:
         params = _params_from_args(AgentTraceParams, args)
         header, requests = build_agent_trace(params, args.seed, tokenizer, name)
@@ -140,7 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     agent = trace_sub.add_parser("agent", help="agent_prefix trace (SPEC §6)")
     _add_dataclass_flags(agent, AgentTraceParams, skip=("tau2_dir",))
     agent.add_argument("--tau2-dir", default=None, help="tau2 package dir (default: installed)")
-    for p in (rag, agent):
+    reorder = trace_sub.add_parser(
+        "reorder", help="reorder_replay: earlier document sets again in a new order"
+    )
+    _add_dataclass_flags(reorder, ReorderTraceParams, skip=())
+    for p in (rag, agent, reorder):
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tokenizer", default="builtin", help="'builtin' or a model dir")
         p.add_argument("--out", required=True, help="output JSONL path")

@@ -38,6 +38,7 @@ import httpx
 
 from loadgen.processes import free_port, run_server
 from loadgen.variants import ALL_POLICIES, Variant, make_variants
+from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS
 
 DEFAULT_QPS = (40.0, 50.0, 60.0, 70.0, 80.0)
 ENGINES = ("sim", "twin")
@@ -63,6 +64,8 @@ class SweepConfig:
     backend: str = "sim"  # real stack's engine: prism-sim, or "sglang-cpu" (real SGLang)
     sglang_python: str = ".venv-sglang/bin/python"
     kv_capacity_tokens: int | None = None
+    qas: str = DEFAULT_QAS_VARIANT  # what plain `prism` runs
+    qas_overrides: tuple[tuple[str, float], ...] = ()  # on every prism line
     # zipf_hotspot overrides (None: SPEC §6's defaults)
     hot_count: int | None = None
     alpha: float | None = None
@@ -90,6 +93,7 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
         return path
     from loadgen.agent_trace import AgentTraceParams, build_agent_trace
     from loadgen.rag_trace import RagTraceParams, build_rag_trace
+    from loadgen.reorder_trace import ReorderTraceParams, build_reorder_trace
     from loadgen.trace_format import write_trace
     from prism_proxy.tokenizer import load_tokenizer
 
@@ -102,6 +106,9 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
             **config.trace_overrides(),
         )
         header, requests = build_rag_trace(params, config.seed, tokenizer, config.tokenizer)
+    elif config.workload == "reorder":
+        reorder = ReorderTraceParams(num_requests=config.num_requests, qps=qps)
+        header, requests = build_reorder_trace(reorder, config.seed, tokenizer, config.tokenizer)
     else:
         agent = AgentTraceParams(
             num_requests=config.num_requests, qps=qps, tau2_dir=config.tau2_dir
@@ -184,6 +191,10 @@ def proxy_command(
     ]
     if has_control_rpc(config, variant):
         args += ["--control-url", f"http://127.0.0.1:{control_port}", "--control-token", token]
+    if variant.policy == "prism":
+        args += ["--qas", variant.qas or config.qas]
+        for name, value in config.qas_overrides:
+            args += ["--" + name.replace("_", "-"), f"{value:g}"]
     if variant.q_cold is not None:
         args += ["--q-cold", str(variant.q_cold)]
     if variant.prefill_batch is not None:
@@ -280,11 +291,14 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
     """One point in the twin (modeled time, deterministic); the results."""
     from loadgen.trace_format import read_trace
     from loadgen.twin import TwinSetup, simulate
-    from prism_proxy.qas.params import QasParams
+    from prism_proxy.qas.params import qas_params
     from prism_proxy.tokenizer import load_tokenizer
 
     trace = read_trace(ensure_trace(config, qps))
-    qas = QasParams() if variant.q_cold is None else QasParams(q_cold=variant.q_cold)
+    overrides: dict[str, Any] = dict(config.qas_overrides) if variant.policy == "prism" else {}
+    if variant.q_cold is not None:
+        overrides["q_cold"] = variant.q_cold
+    qas = qas_params(variant.qas or config.qas, overrides)
     setup = TwinSetup(
         policy=variant.policy,
         eviction=variant.eviction,
@@ -378,6 +392,13 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _qas_param(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"--qas-param {text!r}: expected NAME=VALUE")
+    return name.strip().replace("-", "_"), float(value)
+
+
 def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
@@ -393,7 +414,28 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefill-batches", default="", help="fixed B values run with each proxy policy listed"
     )
-    parser.add_argument("--workload", choices=("rag", "agent"), default="rag")
+    parser.add_argument(
+        "--qas",
+        choices=tuple(QAS_VARIANTS),
+        default=DEFAULT_QAS_VARIANT,
+        help="QAS variant of the plain prism line (issue 13; 'paper': the paper's QAS)",
+    )
+    parser.add_argument(
+        "--qas-variants", default="", help="QAS variants run as extra prism[qas=...] lines"
+    )
+    parser.add_argument(
+        "--qas-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a numeric QAS parameter for every prism line (e.g. cold_deadline_ms=1000)",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("rag", "agent", "reorder"),
+        default="rag",
+        help="zipf_hotspot, agent_prefix, or reorder_replay (same documents, new order)",
+    )
     parser.add_argument("--num-requests", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speed", type=float, default=1.0, help="engine clock speed factor F")
@@ -430,7 +472,10 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
             _csv(args.evictions),
             [int(q) for q in _csv(args.q_cold)],
             [int(b) for b in _csv(args.prefill_batches)],
+            _csv(args.qas_variants),
         ),
+        qas=args.qas,
+        qas_overrides=tuple(_qas_param(text) for text in args.qas_param),
         qps=tuple(float(q) for q in _csv(args.qps)),
         workload=args.workload,
         num_requests=args.num_requests,

@@ -9,7 +9,8 @@ sockets and sleeps:
   `input_ids` and `kv_hints` the proxy would send;
 * prism-sim's `EngineCore` (scheduler, radix cache, DART extension), with the
   dispatch-batch priorities applied the moment a wave is released (the simulator's
-  control RPC applies them inline too).
+  control RPC applies them inline too), and, when QAS weighs residency, DART's
+  residency summary read every `residency_poll_s` as the proxy's poller does.
 
 Without a policy it is native SGLang: requests go to the engine at their arrival,
 serialized in the client's order (what `--api native` sends), and the engine's own
@@ -45,6 +46,8 @@ from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.prompts import TokenJob
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
+from prism_proxy.qas.prism import PrismPolicy
+from prism_proxy.qas.residency import ResidencySummary, ResidentSegments
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import Tokenizer
 from prism_sim.engine import EngineCore, SimConfig
@@ -69,6 +72,7 @@ class TwinSetup:
     kv_capacity_tokens: int | None = None
     seed: int = 0
     hop_s: float = 0.001
+    residency_poll_s: float = 0.05  # the proxy's ResidencyPoller interval
 
     def sim_config(self) -> SimConfig:
         return SimConfig(
@@ -111,6 +115,11 @@ class Twin:
             )
         dart = getattr(self.engine.extension, "core", None)
         self.dart = dart if setup.policy == "prism" else None  # only prism pushes P̂_t
+        self.resident: ResidentSegments | None = None
+        self._next_poll = 0.0
+        policy = self.core.policy if self.core is not None else None
+        if self.dart is not None and isinstance(policy, PrismPolicy) and setup.qas.w_c > 0:
+            self.resident = policy.residency = ResidentSegments()  # as the proxy with DART
         self.epoch = 0
         self.tracked: dict[str, _Tracked] = {}
         self.waves: list[int] = []
@@ -179,9 +188,26 @@ class Twin:
             return
         if len(sim.output_ids) == 1 or (sim.finished and not sim.output_ids):
             uncached = len(sim.input_ids) - sim.cached_tokens
-            self._send(lambda: core.first_token(sim.rid, uncached))
+            self._send(lambda: core.first_token(sim.rid, uncached, self.now))
         if sim.finished:
             self._send(lambda: core.finish(sim.rid))
+
+    def _poll_residency(self) -> None:
+        """What the proxy's `ResidencyPoller` does: DART's summary every `poll_s`,
+        a hop old when it arrives (read here, at a round, when one is due)."""
+        if self.resident is None or self.dart is None or self.now < self._next_poll:
+            return
+        report = self.dart.residency_summary(self.resident.generation, self.resident.version)
+        self.resident.apply(
+            ResidencySummary(
+                report.generation,
+                report.version,
+                report.full,
+                tuple(report.resident),
+                tuple(report.gone),
+            )
+        )
+        self._next_poll = self.now + self.setup.residency_poll_s
 
     # --- the event loop --------------------------------------------------------------
     def run(self) -> list[RequestRecord]:
@@ -210,6 +236,7 @@ class Twin:
             if core is not None:
                 due = core.next_round_at(self.now)
                 if due is not None and due <= self.now:
+                    self._poll_residency()
                     wave = core.run_round(self.now)
                     if wave is not None:
                         self._release(wave)

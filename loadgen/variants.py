@@ -7,13 +7,16 @@
   client sends each prompt serialized in its own order (`--api native`), and the
   engine's `--schedule-policy` orders them, on LRU: what a user would run instead.
 * Ablations of `prism`: another eviction order (`prism[lru]`), cold-lane quota
-  (`prism[q_cold=4]`), and any proxy policy at a fixed prefill batch `B`
-  (`fifo[B=16]`).
+  (`prism[q_cold=4]`), a QAS variant (`prism[qas=paper]`, issue 13), and any proxy
+  policy at a fixed prefill batch `B` (`fifo[B=16]`). Plain `prism` runs the sweep's
+  QAS variant (`--qas`, by default the proxy's default).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from prism_proxy.qas.params import QAS_VARIANTS
 
 PROXY_BASELINES = ("fifo", "klpm", "contextpilot")
 NATIVE = ("sglang-fcfs", "sglang-lpm", "sglang-hrrn")
@@ -33,6 +36,7 @@ class Variant:
     q_cold: int | None = None
     schedule_policy: str = "fcfs"
     prefill_batch: int | None = None
+    qas: str | None = None  # QAS variant (None: the sweep's)
 
     @property
     def pushes_priorities(self) -> bool:
@@ -54,15 +58,20 @@ def make_variants(
     evictions: list[str],
     q_colds: list[int],
     prefill_batches: list[int] | None = None,
+    qas_variants: list[str] | None = None,
 ) -> tuple[Variant, ...]:
-    """The named policies, then PRISM's eviction and q_cold ablations, then every
-    proxy policy of the list at each fixed `B`."""
+    """The named policies, then PRISM's eviction, q_cold and QAS-variant ablations, then
+    every proxy policy of the list at each fixed `B`."""
     variants = [base_variant(name) for name in policies]
     for eviction in evictions:
         if eviction != "dart" or "prism" not in policies:
             variants.append(Variant(f"prism[{eviction}]", "prism", eviction))
     for q_cold in q_colds:
         variants.append(Variant(f"prism[q_cold={q_cold}]", "prism", "dart", q_cold))
+    for qas in qas_variants or []:
+        if qas not in QAS_VARIANTS:
+            raise ValueError(f"unknown QAS variant {qas!r}; choose from {', '.join(QAS_VARIANTS)}")
+        variants.append(Variant(f"prism[qas={qas}]", "prism", "dart", qas=qas))
     for batch in prefill_batches or []:
         for base in [v for v in variants[: len(policies)] if v.policy is not None]:
             label = f"{base.label}[B={batch}]"

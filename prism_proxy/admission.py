@@ -125,7 +125,7 @@ class AdmissionController:
     def first_token(self, rid: str, uncached_tokens: int | None = None) -> None:
         """The backend's first token (or first byte) of `rid` arrived."""
         if self.core.pending_prefill:
-            self.core.first_token(rid, uncached_tokens)
+            self.core.first_token(rid, uncached_tokens, self.clock())
             self._gauges()
             self._wakeup.set()
 

@@ -21,13 +21,18 @@ in flight)`. Decoding requests do not count against `B`. A round is due `window_
 after the previous one, or at once when a request arrives at an empty queue while
 there is room. `finish` (done, aborted, failed, client gone) frees both counts at once.
 
+Deadlines (issue 13): `arrive` stamps each request with the moment its admission wait
+runs out: its TTFT SLO less the observed release-to-first-token time (an EWMA), or
+else the policy's `cold_deadline_ms`; the policy's deadline lane reads it.
+
 Rounds may be split (`begin_round` → `plan` → `commit`) so that a driver can run the
 pure `plan` elsewhere (a worker thread); `commit` tolerates requests withdrawn meanwhile.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from prism_proxy.pacing import PrefillPacing
 from prism_proxy.qas.policies import SchedulingPolicy
@@ -107,7 +112,8 @@ class AdmissionCore:
         self.max_queue = max_queue
         self._queue: dict[str, _Waiting] = {}
         self._active: dict[str, ActiveRequest] = {}
-        self._pending: set[str] = set()  # released, no first token yet (⊆ _active)
+        self._pending: dict[str, float] = {}  # released, no first token yet (⊆ _active)
+        self.prefill_s: float | None = None  # EWMA of release → first token
         self._last_round = float("-inf")
         self._run_now = False
         self.closed = False
@@ -146,24 +152,43 @@ class AdmissionCore:
             raise DuplicateRidError(f"rid {request.rid!r} is already in use")
         if not self._queue and self.room > 0:
             self._run_now = True  # SPEC §2: a round runs at once on an idle backend
+        deadline = self.deadline_for(request, now)
+        if deadline != request.deadline:
+            request = replace(request, deadline=deadline)
         self._queue[request.rid] = _Waiting(request, now)
+
+    def deadline_for(self, request: QueuedRequest, now: float) -> float:
+        """When `request`'s admission wait runs out (inf: never)."""
+        if request.ttft_slo_s is not None:
+            return now + max(0.0, request.ttft_slo_s - (self.prefill_s or 0.0))
+        params = getattr(self.policy, "params", None)
+        target_ms = getattr(params, "cold_deadline_ms", 0.0)
+        return now + target_ms / 1000.0 if target_ms > 0 else math.inf
 
     def withdraw(self, rid: str) -> bool:
         """Remove a request that is still queued; False if it is not queued."""
         return self._queue.pop(rid, None) is not None
 
-    def first_token(self, rid: str, uncached_tokens: int | None = None) -> None:
+    def first_token(
+        self, rid: str, uncached_tokens: int | None = None, now: float | None = None
+    ) -> None:
         """The backend answered `rid`'s first token (or first byte): it now decodes.
-        `uncached_tokens` (prompt − cached, when reported) feeds the B rule."""
-        if rid in self._pending:
-            self._pending.discard(rid)
-            if uncached_tokens is not None:
-                self.pacing.observe(uncached_tokens)
+        `uncached_tokens` (prompt − cached, when reported) feeds the B rule; `now`
+        the release-to-first-token estimate that SLO deadlines use."""
+        released = self._pending.pop(rid, None)
+        if released is None:
+            return
+        if uncached_tokens is not None:
+            self.pacing.observe(uncached_tokens)
+        if now is not None:
+            sample = max(0.0, now - released)
+            previous = self.prefill_s
+            self.prefill_s = sample if previous is None else previous + (sample - previous) / 16
 
     def finish(self, rid: str) -> bool:
         """`rid` ended (finished, aborted, failed or its client left); False if it was
         not released."""
-        self._pending.discard(rid)
+        self._pending.pop(rid, None)
         return self._active.pop(rid, None) is not None
 
     def close(self) -> list[str]:
@@ -198,7 +223,9 @@ class AdmissionCore:
 
     def plan(self, round_input: RoundInput) -> RoundPlan:
         """The policy's decision (pure apart from the baselines' cache view)."""
-        return self.policy.plan_round(round_input.queue, round_input.active, round_input.wave_size)
+        return self.policy.plan_round(
+            round_input.queue, round_input.active, round_input.wave_size, now=round_input.now
+        )
 
     def commit(self, round_input: RoundInput, plan: RoundPlan, now: float) -> Wave:
         """Release the wave in order; requests no longer queued are skipped."""
@@ -210,7 +237,7 @@ class AdmissionCore:
                 continue
             skeleton = tuple(plan.skeletons.get(entry.rid, waiting.request.segments))
             self._active[entry.rid] = ActiveRequest(rid=entry.rid, segments=skeleton)
-            self._pending.add(entry.rid)
+            self._pending[entry.rid] = now
             priorities = {s: table[s] for s in skeleton if s in table}
             released.append(
                 Released(entry.rid, entry.lane, skeleton, priorities, now - waiting.enqueued)

@@ -1,6 +1,7 @@
 """`create_app(config)`: wiring only. Each long-lived resource has its own cleanup
 context (started in order, stopped in reverse): backend session → tokenizer and
-serializer → control RPC sender → QAS loop → backend health probe.
+serializer → control RPC sender → QAS loop (and DART residency poller) → backend health
+probe.
 
 Shutdown (`runner.cleanup()`): aiohttp stops listening, waits up to
 `shutdown_timeout_s` for in-flight handlers (the QAS loop still runs, so queued
@@ -26,7 +27,10 @@ from prism_proxy.control_client import ControlClient
 from prism_proxy.handlers import add_routes, error_middleware
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.pacing import BackendLimits, PrefillPacing
-from prism_proxy.qas.policies import make_policy
+from prism_proxy.qas.policies import SchedulingPolicy, make_policy
+from prism_proxy.qas.prism import PrismPolicy
+from prism_proxy.qas.residency import ResidentSegments
+from prism_proxy.residency_poller import ResidencyPoller
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import load_tokenizer
 
@@ -98,11 +102,27 @@ async def control_ctx(app: web.Application) -> AsyncIterator[None]:
     await _cancel(task)
 
 
+def dart_residency(
+    policy: SchedulingPolicy, config: ProxyConfig, control: ControlClient | None
+) -> ResidencyPoller | None:
+    """When prism weighs residency and may ask DART (`--residency auto|dart` with a
+    control URL), it reads DART's resident set instead of its own cache view."""
+    if not isinstance(policy, PrismPolicy) or config.qas.w_c <= 0:
+        return None
+    if control is None or config.residency == "view":
+        return None
+    resident = ResidentSegments()
+    policy.residency = resident
+    return ResidencyPoller(control, resident)
+
+
 async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[state.CONFIG]
     control = app.get(state.CONTROL)
+    policy = make_policy(config.policy, config.qas)
+    poller = dart_residency(policy, config, control)
     admission = AdmissionController(
-        make_policy(config.policy, config.qas),
+        policy,
         pacing=PrefillPacing(config.prefill_batch, config.max_inflight),
         window_s=config.window_s,
         max_queue=config.max_queue,
@@ -110,9 +130,12 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
         on_wave=control.push if control is not None else None,
     )
     app[state.ADMISSION] = admission
-    task = asyncio.create_task(admission.run(), name="prism-qas-loop")
+    tasks = [asyncio.create_task(admission.run(), name="prism-qas-loop")]
+    if poller is not None:
+        tasks.append(asyncio.create_task(poller.run(), name="prism-residency"))
     yield
-    await _cancel(task)
+    for task in tasks:
+        await _cancel(task)
 
 
 async def probe_backend(app: web.Application) -> None:

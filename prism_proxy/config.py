@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 from prism_proxy.qas.policies import POLICIES
 
 POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot
+RESIDENCY_SOURCES = ("auto", "dart", "view")
 ENV_PREFIX = "PRISM_"
 
 
@@ -37,6 +38,8 @@ class ProxyConfig:
     port: int = 8000
     tokenizer: str = "builtin"
     policy: str = "prism"
+    qas_variant: str = DEFAULT_QAS_VARIANT
+    residency: str = "auto"
     prefill_batch: int = 0
     max_inflight: int = 0
     window_ms: float = 10.0
@@ -52,11 +55,20 @@ class ProxyConfig:
     shutdown_timeout_s: float = 30.0
     retry_after_s: int = 1
     log_level: str = "info"
-    qas: QasParams = field(default_factory=QasParams)
+    qas: QasParams = field(default_factory=lambda: qas_params(DEFAULT_QAS_VARIANT))
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
             raise ConfigError(f"policy: unknown {self.policy!r}; choose one of {POLICY_NAMES}")
+        if self.qas_variant not in QAS_VARIANTS:
+            choices = tuple(QAS_VARIANTS)
+            raise ConfigError(f"qas: unknown variant {self.qas_variant!r}; choose one of {choices}")
+        if self.residency not in RESIDENCY_SOURCES:
+            raise ConfigError(
+                f"residency: unknown {self.residency!r}; choose one of {RESIDENCY_SOURCES}"
+            )
+        if self.residency == "dart" and self.control_url is None:
+            raise ConfigError("residency: 'dart' needs --control-url (DART's control RPC)")
         positive = ("max_queue", "max_body_bytes", "max_prompt_chars", "backend_timeout_s")
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
@@ -91,11 +103,20 @@ class Option:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + self.key.replace("_", "-")
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def key(self) -> str:
+        """The config-file key."""
+        return _PUBLIC_NAMES.get(self.name, self.name)
+
+
+# Settings whose flag, variable and file key differ from the field name.
+_PUBLIC_NAMES = {"qas_variant": "qas"}
 
 
 def _optional_str(text: str) -> str | None:
@@ -108,6 +129,10 @@ _HELP = {
     "port": "port to listen on",
     "tokenizer": "'builtin', a model directory, or 'auto' (the backend's model_path)",
     "policy": f"admission policy: {'|'.join(POLICY_NAMES)}",
+    "qas_variant": f"QAS variant of policy prism: {'|'.join(QAS_VARIANTS)} ('paper': the "
+    "paper's QAS; explicit QAS parameters apply on top)",
+    "residency": "where prism learns which segments the backend holds: auto (DART when "
+    "--control-url is set, else the proxy's own cache view), dart, view",
     "prefill_batch": "B: released requests that may await their first token at once "
     "(0: the backend's prefill budget / observed uncached tokens per request)",
     "max_inflight": "backstop on released, unfinished requests (0: the backend's "
@@ -137,7 +162,12 @@ _QAS_HELP = {
     "w_n": "P_t weight of the next batch",
     "w_g": "P_t weight of queued requests",
     "k": "k-LPM group size (policy klpm)",
-    "cache_view_tokens": "capacity of the baselines' approximate cache view",
+    "cache_view_tokens": "capacity of the approximate cache view (baselines; prism's "
+    "residency without DART)",
+    "canonical_ties": "break equal QAS priorities by a global segment order (not position)",
+    "w_c": "P_t weight of residency (0: off)",
+    "cold_deadline_ms": "admission wait after which a request heads the cold lane (0: off)",
+    "cold_max_fraction": "largest share of a wave the cold lane grows to for late requests",
 }
 
 
@@ -163,7 +193,7 @@ def options() -> list[Option]:
         default = getattr(base, f.name)
         parse = _parser_for(default, optional="None" in str(f.type))
         result.append(Option(f.name, parse, _HELP.get(f.name, f.name), default))
-    qas_defaults = QasParams()
+    qas_defaults = qas_params(DEFAULT_QAS_VARIANT)
     for name in QasParams.field_names():
         parse = _parser_for(getattr(qas_defaults, name), False)
         help_text = _QAS_HELP.get(name, f"QAS parameter {name}")
@@ -203,7 +233,9 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config: {path} must hold a table/object")
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "qas" and isinstance(value, dict):
+        if key == "qas" and isinstance(value, str):
+            flat["qas_variant"] = value
+        elif key == "qas" and isinstance(value, dict):
             flat.update({k.replace("-", "_"): v for k, v in value.items()})
         else:
             flat[key.replace("-", "_")] = value
@@ -249,7 +281,12 @@ def build_config(
     qas_values = {k: v for k, v in values.items() if known[k].qas}
     proxy_values = {k: v for k, v in values.items() if not known[k].qas}
     try:
-        qas = QasParams.from_overrides(qas_values)
+        variant = proxy_values.get("qas_variant", DEFAULT_QAS_VARIANT)
+        if variant not in QAS_VARIANTS:
+            raise ConfigError(
+                f"qas: unknown variant {variant!r}; choose one of {tuple(QAS_VARIANTS)}"
+            )
+        qas = qas_params(variant, qas_values)
         return replace(ProxyConfig(), qas=qas, **proxy_values)
     except ConfigError:
         raise

@@ -1,4 +1,5 @@
-"""Client of DART's control RPC: pushes P̂_t after each wave (SPEC §3, §4).
+"""Client of DART's control RPC: pushes P̂_t after each wave and reads residency
+summaries (SPEC §3, §4).
 
 `push(table)` never blocks and never raises: it replaces the pending table and wakes
 one sender task, so at most one request is in flight and only the newest table is sent
@@ -9,6 +10,12 @@ and logged, and the client resynchronises: it jumps past the RPC's current epoch
 sends the same table again, or, when no epoch is left above it, resets the RPC's table
 first. After any other failure the sender backs off (0.5 s doubling to 10 s) and skips
 the tables in between; the newest is sent next.
+
+`fetch_residency(generation, since)` reads `GET /prism/residency` (polled by
+`residency_poller.ResidencyPoller`). It returns None on any failure and touches no
+metric: `control_up` and the failure counter keep describing the pushes (a dead RPC
+shows there at the next wave), and polls many times a second must not flap them. Its
+log says "unreachable" once per outage (warning) and "back" once (info).
 """
 
 from __future__ import annotations
@@ -20,14 +27,39 @@ from typing import Any
 
 import aiohttp
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backend_plugin.dart.priority import MAX_EPOCH
 from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.qas.residency import ResidencySummary
 
 log = logging.getLogger(__name__)
 
-_BACKOFF_MIN_S = 0.5
-_BACKOFF_MAX_S = 10.0
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 10.0
+
+
+class ResidencyBody(BaseModel):
+    """The JSON answer of `GET /prism/residency`, checked strictly at the edge."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    generation: str = Field(min_length=1, max_length=256)
+    version: int = Field(ge=0)
+    full: bool
+    resident: tuple[str, ...]
+    gone: tuple[str, ...]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ResidencyBody:
+        if self.full and self.gone:
+            raise ValueError("a full summary lists no gone segments")
+        if not self.full and not set(self.resident).isdisjoint(self.gone):
+            raise ValueError("a delta lists a segment as both resident and gone")
+        return self
+
+    def summary(self) -> ResidencySummary:
+        return ResidencySummary(self.generation, self.version, self.full, self.resident, self.gone)
 
 
 class ControlClient:
@@ -53,6 +85,7 @@ class ControlClient:
         self._pending: dict[str, float] | None = None
         self._wakeup = asyncio.Event()
         self._backoff_s = 0.0
+        self._residency_ok = True
 
     def push(self, table: dict[str, float]) -> None:
         """Queue the newest table (replacing an unsent one); returns at once."""
@@ -71,7 +104,7 @@ class ControlClient:
             if ok:
                 self._backoff_s = 0.0
             else:
-                self._backoff_s = min(_BACKOFF_MAX_S, max(_BACKOFF_MIN_S, 2 * self._backoff_s))
+                self._backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, 2 * self._backoff_s))
                 await asyncio.sleep(self._backoff_s)
 
     async def _send(self, table: dict[str, float]) -> bool:
@@ -127,3 +160,41 @@ class ControlClient:
         self.metrics.control_up.set(0)
         log.warning("control RPC push to %s failed (%s); serving on", self.url, reason)
         return False
+
+    async def fetch_residency(
+        self, generation: str | None, since: int | None
+    ) -> ResidencySummary | None:
+        """`GET /prism/residency`: a delta since `since` of `generation`, or the full
+        set when the RPC cannot answer one. None on any failure (see the module doc)."""
+        params: dict[str, str] = {}
+        if generation is not None:
+            params["generation"] = generation
+        if since is not None:
+            params["since"] = str(since)
+        try:
+            async with self.session.get(
+                self.url + "/prism/residency",
+                params=params,
+                headers=self.headers,
+                timeout=self.timeout,
+            ) as response:
+                data = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return self._residency_failed(f"{type(exc).__name__}: {exc}")
+        if status != 200:
+            return self._residency_failed(f"HTTP {status}")
+        try:
+            summary = ResidencyBody.model_validate_json(data).summary()
+        except ValidationError as exc:
+            return self._residency_failed(f"malformed answer: {str(exc)[:300]}")
+        if not self._residency_ok:
+            self._residency_ok = True
+            log.info("control RPC residency at %s is back", self.url)
+        return summary
+
+    def _residency_failed(self, reason: str) -> None:
+        level = logging.WARNING if self._residency_ok else logging.DEBUG
+        self._residency_ok = False
+        log.log(level, "control RPC residency at %s unreachable (%s)", self.url, reason)
+        return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -222,10 +223,35 @@ def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) ->
     metrics.cached_tokens.labels(lane).inc(usage.cached_tokens)
 
 
+SLO_HEADER = "x-prism-ttft-slo-ms"
+MAX_SLO_MS = 3_600_000.0
+
+
+def ttft_slo_s(request: web.Request) -> float | None:
+    """The client's TTFT target from `x-prism-ttft-slo-ms` (None when absent; 400 when
+    not a number of milliseconds in (0, 1 h])."""
+    raw = request.headers.get(SLO_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= MAX_SLO_MS:  # also refuses NaN
+        raise ApiError(
+            400, f"{SLO_HEADER}: expected milliseconds in (0, {MAX_SLO_MS:.0f}]", param=SLO_HEADER
+        )
+    return value / 1000.0
+
+
 @contextlib.asynccontextmanager
 async def _admitted(request: web.Request, queued: QueuedRequest, lane: str | None = None):
-    """QAS admission as a block: 429 when full, 503 when stopping; always frees the slot."""
+    """QAS admission as a block: 429 when full, 503 when stopping; always frees the slot.
+    A TTFT SLO header gives the request its own admission deadline (issue 13)."""
     app = request.app
+    slo_s = ttft_slo_s(request)
+    if slo_s is not None:
+        queued = replace(queued, ttft_slo_s=slo_s)
     try:
         async with app[state.ADMISSION].slot(queued) as release:
             chosen = lane or release.lane.value

@@ -127,12 +127,12 @@ async def test_big_rounds_run_in_a_thread_and_tolerate_leavers() -> None:
     class LeaverDuringPlan:
         name = "prism"
 
-        def plan_round(self, queue, active, wave_size):
+        def plan_round(self, queue, active, wave_size, now=None):
             planner_threads.add(threading.get_ident())
             if not withdrawn.is_set():
                 loop.call_soon_threadsafe(lambda: (controller.withdraw("r1"), withdrawn.set()))
                 withdrawn.wait(timeout=10)  # the event loop runs meanwhile
-            return inner.plan_round(queue, active, wave_size)
+            return inner.plan_round(queue, active, wave_size, now=now)
 
     controller.core.policy = LeaverDuringPlan()
     futures = {

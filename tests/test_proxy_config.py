@@ -80,6 +80,6 @@ def test_docs_list_every_setting_with_its_default() -> None:
     for option in options():
         row = rows.get(option.flag)
         assert row is not None, f"docs/proxy.md lacks {option.flag}"
-        assert f"`{option.env}`" in row and f"`{option.name}`" in row
+        assert f"`{option.env}`" in row and f"`{option.key}`" in row
         shown = "unset" if option.default is None else f"`{option.default}`"
         assert shown in row, f"{option.flag}: default {shown} not in docs"

@@ -2,9 +2,10 @@
 counts, residency of annotated nodes and stats. Tree-agnostic: the tree calls in.
 
 Threading: only the thread that owns the tree calls the methods below, except
-`inbox.submit*` (any thread) and `stats()` (reads copies of plain dicts, which CPython
-makes atomically). Updates queued in the inbox take effect at `apply_pending()`, which
-the owner calls between tree operations (the start of each insert and eviction).
+`inbox.submit*` (any thread), `residency_summary()` (the log's own lock) and `stats()`
+(reads copies of plain dicts, which CPython makes atomically). Updates queued in the
+inbox take effect at `apply_pending()`, which the owner calls between tree operations
+(the start of each insert and eviction).
 
 Protection set F_t: the top-`protect` resident reusable owners by P̂_t, among the
 system prompt and the segments present in the table. It is a snapshot taken when an
@@ -13,6 +14,10 @@ evicted node: within one pass the keys in the eviction heap stay fixed. A pass o
 recomputes it (O(T log f) for a table of T segments) when residency changed in a way
 that can change it: a member left the tree, or a candidate that would rank in it
 arrived.
+
+Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
+0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (the system prompt is not a
+segment the proxy ranks and is left out), which answers full or delta summaries.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from backend_plugin.dart.keys import (
     priority_of,
 )
 from backend_plugin.dart.priority import DEFAULT_PROTECT, PriorityUpdate, Reset, UpdateInbox
+from backend_plugin.dart.residency import ResidencyLog, ResidencyReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,8 @@ class DartStats:
     annotated_tokens_resident: int
     active_requests: int
     evicted_tokens: Mapping[str, int]
+    segments_resident: int = 0
+    residency_version: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +73,8 @@ class DartStats:
             "annotated_tokens_resident": self.annotated_tokens_resident,
             "active_requests": self.active_requests,
             "evicted_tokens": dict(self.evicted_tokens),
+            "segments_resident": self.segments_resident,
+            "residency_version": self.residency_version,
         }
 
 
@@ -72,10 +82,14 @@ class DartCore:
     """Priority state and bookkeeping shared by the SGLang adapter and the simulator."""
 
     def __init__(
-        self, policy: EvictionPolicy | str = EvictionPolicy.DART, protect: int = DEFAULT_PROTECT
+        self,
+        policy: EvictionPolicy | str = EvictionPolicy.DART,
+        protect: int = DEFAULT_PROTECT,
+        residency: ResidencyLog | None = None,
     ) -> None:
         self.policy = EvictionPolicy(policy)
         self.inbox = UpdateInbox()
+        self.residency = residency if residency is not None else ResidencyLog()
         self._default_protect = protect
         self._protect = protect
         self._epoch: int | None = None
@@ -183,12 +197,20 @@ class DartCore:
                 self._resident_tokens.pop(owner, None)
             if (before > 0) != (left > 0):
                 self._residency_changed(owner, left > 0)
+                if owner != SYSTEM_OWNER:
+                    self.residency.record(owner, left > 0)
 
     def clear_residency(self) -> None:
         """The tree was emptied (flush)."""
         self._resident_tokens.clear()
         self._anchors_resident = 0
         self._protected, self._floor, self._dirty = frozenset(), None, False
+        self.residency.clear()
+
+    def residency_summary(self, generation: str | None, since: int | None) -> ResidencyReport:
+        """Resident segments for the proxy: a delta since `since` when `generation`
+        names this core and `since` is still answerable, else the full set (any thread)."""
+        return self.residency.summary(generation, since)
 
     def request_started(self, rid: str, hints: AnchorHints) -> None:
         """Count the request in a_t of its segments (idempotent per rid)."""
@@ -230,4 +252,6 @@ class DartCore:
             annotated_tokens_resident=sum(resident.values()),
             active_requests=len(self._requests),
             evicted_tokens=MappingProxyType(dict(self._evicted)),
+            segments_resident=len(self.residency),
+            residency_version=self.residency.version,
         )

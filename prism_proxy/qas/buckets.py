@@ -13,6 +13,7 @@ segment occurrences scores it, O(S) for the whole round.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ class Member:
     arrival: float
     skeleton: tuple[str, ...]
     signature: tuple[str, ...]
+    deadline: float = math.inf
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +47,8 @@ class CacheView:
         self._clock = itertools.count(1)
         self._lru: list[tuple[int, int, ViewNode]] = []
         self._ids = itertools.count()
+        self._segment_nodes: Counter[str] = Counter()  # segment id → nodes holding it
+        self._segments: frozenset[str] | None = frozenset()
 
     def match(self, request: QueuedRequest, order: Sequence[str]) -> tuple[int, int]:
         """(pieces, tokens) of the longest recorded prefix of the request in this order."""
@@ -75,10 +78,30 @@ class CacheView:
             if child is None:
                 child = node.children[key] = ViewNode(key, tokens, node)
                 self.total_tokens += tokens
+                self._count(key, 1)
             child.last_used = tick
             node = child
         heapq.heappush(self._lru, (tick, next(self._ids), node))
         return self._prune()
+
+    def segments(self) -> frozenset[str]:
+        """Every segment id some recorded path holds (the view's residency)."""
+        if self._segments is None:
+            self._segments = frozenset(self._segment_nodes)
+        return self._segments
+
+    def _count(self, key: str, delta: int) -> None:
+        if not key.startswith("seg:"):
+            return
+        segment = key[4:]
+        left = self._segment_nodes[segment] + delta
+        if left > 0:
+            if left == 1 and delta > 0:
+                self._segments = None  # a new segment
+            self._segment_nodes[segment] = left
+        else:
+            del self._segment_nodes[segment]
+            self._segments = None
 
     def _prune(self) -> int:
         removed = 0
@@ -92,6 +115,7 @@ class CacheView:
             del parent.children[node.key]
             node.parent = None
             self.total_tokens -= node.tokens
+            self._count(node.key, -1)
             removed += 1
             if parent is not self.root and not parent.children:
                 heapq.heappush(self._lru, (parent.last_used, next(self._ids), parent))

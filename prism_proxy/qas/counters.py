@@ -3,9 +3,13 @@
     g_t(r)    = |{q ∈ Q_queue  : r ∈ R(q)}|
     a_t(r)    = |{q ∈ Q_active : r ∈ R(q)}|
     n_t(r; B) = |{q ∈ B        : r ∈ R(q)}|
-    P_t(r; B) = w_a·a_t(r) + w_n·n_t(r; B) + w_g·g_t(r)
+    c_t(r)    = 1 if r is resident in the backend's cache, else 0   (issue 13)
+    P_t(r; B) = w_a·a_t(r) + w_n·n_t(r; B) + w_c·c_t(r) + w_g·g_t(r)
 
-Raw counts rank within one round only; they are never compared across rounds.
+Raw counts rank within one round only; they are never compared across rounds. The
+paper's P_t is the case w_c = 0. DART's table P̂_t leaves c_t out: DART knows residency
+better than the proxy, and a bonus shared by every resident segment would not change
+its order.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ def count_segments(skeletons: Iterable[Sequence[str]]) -> Counter[str]:
 
 @dataclass(frozen=True, slots=True)
 class SegmentCounters:
-    """g_t and a_t for one round's snapshot, with the weights that combine them."""
+    """g_t, a_t and c_t for one round's snapshot, with the weights that combine them."""
 
     queued: Counter[str]
     active: Counter[str]
     params: QasParams
+    resident: frozenset[str] = frozenset()
 
     @classmethod
     def snapshot(
@@ -40,16 +45,23 @@ class SegmentCounters:
         queue: Sequence[QueuedRequest],
         active: Sequence[ActiveRequest],
         params: QasParams,
+        resident: frozenset[str] = frozenset(),
     ) -> SegmentCounters:
         return cls(
             queued=count_segments(q.segments for q in queue),
             active=count_segments(a.segments for a in active),
             params=params,
+            resident=resident if params.w_c > 0 else frozenset(),
         )
 
-    def base_priority(self, segment: str) -> float:
-        """P_t(r; ∅) = w_a·a_t(r) + w_g·g_t(r)."""
+    def demand(self, segment: str) -> float:
+        """w_a·a_t(r) + w_g·g_t(r): P_t(r; ∅) without residency."""
         return self.params.w_a * self.active[segment] + self.params.w_g * self.queued[segment]
+
+    def base_priority(self, segment: str) -> float:
+        """P_t(r; ∅) = w_a·a_t(r) + w_c·c_t(r) + w_g·g_t(r)."""
+        bonus = self.params.w_c if segment in self.resident else 0.0
+        return self.demand(segment) + bonus
 
     def priority(self, segment: str, next_count: int = 0) -> float:
         """P_t(r; B) given n_t(r; B) = `next_count`."""
@@ -67,7 +79,8 @@ class SegmentCounters:
     def batch_priorities(self, batch: Iterable[Sequence[str]]) -> dict[str, float]:
         """P_t(r; B) for every known segment, B given by its members' skeletons.
 
-        With B = B_dispatch_t this is DART's table P̂_t (SPEC §3).
+        With B = B_dispatch_t this is DART's table P̂_t (SPEC §3), without c_t.
         """
         next_counts = count_segments(batch)
-        return {r: self.priority(r, next_counts[r]) for r in self.segments()}
+        w_n = self.params.w_n
+        return {r: self.demand(r) + w_n * next_counts[r] for r in self.segments()}

@@ -16,7 +16,18 @@ class QasParams:
     * `alpha_size`, `beta_util`: bucket score weights.
     * `w_a`, `w_n`, `w_g`: active / next / global counter weights of P_t.
     * `k`: k-LPM's group size (`klpm` only).
-    * `cache_view_tokens`: capacity of the baselines' approximate cache view (SPEC §5).
+    * `cache_view_tokens`: capacity of the baselines' approximate cache view (SPEC §5),
+      and of `prism`'s own view when it learns residency without DART.
+
+    Beyond the paper (issue 13; `paper` in `QAS_VARIANTS` turns all three off):
+
+    * `canonical_ties`: equal priorities break by a stable global order of segment ids
+      (`canonical_key`), not by position.
+    * `w_c`: P_t weight of residency c_t(r) ∈ {0, 1} (0: residency unused).
+    * `cold_deadline_ms`: a request that has waited this long joins the cold lane ahead
+      of FIFO order, earliest deadline first (0: off; a TTFT SLO sets its own).
+    * `cold_max_fraction`: while such requests wait, the cold lane grows from `q_cold`
+      up to this fraction of the wave.
     """
 
     f_front: int = 3
@@ -29,6 +40,10 @@ class QasParams:
     w_g: float = 1.0
     k: int = 2
     cache_view_tokens: int = 400_000
+    canonical_ties: bool = False
+    w_c: float = 0.0
+    cold_deadline_ms: float = 0.0
+    cold_max_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("f_front", "kappa", "q_cold", "cache_view_tokens"):
@@ -36,6 +51,17 @@ class QasParams:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
+        for name in ("w_c", "cold_deadline_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.cold_max_fraction <= 1.0:
+            raise ValueError(f"cold_max_fraction must be in [0, 1], got {self.cold_max_fraction}")
+
+    def cold_quota(self, wave_size: int, overdue: int) -> int:
+        """Cold-lane slots of a wave of `wave_size` with `overdue` requests past their
+        deadline: q_cold, grown to cover them up to ⌊cold_max_fraction · M⌋."""
+        ceiling = max(self.q_cold, int(self.cold_max_fraction * wave_size))
+        return min(max(self.q_cold, overdue), ceiling)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -49,7 +75,13 @@ class QasParams:
         for name, value in overrides.items():
             if name not in known:
                 raise ValueError(f"params.{name}: unknown parameter")
-            expected = int if isinstance(getattr(cls(), name), int) else float
+            default = getattr(cls(), name)
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"params.{name}: expected true or false, got {value!r}")
+                values[name] = value
+                continue
+            expected = int if isinstance(default, int) else float
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"params.{name}: expected a number, got {value!r}")
             if expected is int and float(value) != int(value):
@@ -59,3 +91,29 @@ class QasParams:
             return cls(**values)
         except ValueError as exc:
             raise ValueError(f"params.{exc}") from None
+
+
+# Residency weight: c_t ranks between next-batch demand (w_n = 1e5) and queued prevalence
+# (w_g = 1): a resident segment outranks any segment queued by fewer than 10^4 requests
+# and never a segment the next batch or the active set holds.
+RESIDENCY_WEIGHT = 1e4
+
+QAS_VARIANTS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "canonical": {"canonical_ties": True},
+    "residency": {"w_c": RESIDENCY_WEIGHT},
+    "deadline": {"cold_deadline_ms": 2000.0},
+    "canonical+deadline": {"canonical_ties": True, "cold_deadline_ms": 2000.0},
+    "full": {"canonical_ties": True, "w_c": RESIDENCY_WEIGHT, "cold_deadline_ms": 2000.0},
+}
+DEFAULT_QAS_VARIANT = "full"
+
+
+def qas_params(variant: str, overrides: dict[str, Any] | None = None) -> QasParams:
+    """A variant's settings with explicit overrides on top (ValueError when unknown)."""
+    try:
+        preset = QAS_VARIANTS[variant]
+    except KeyError:
+        choices = ", ".join(QAS_VARIANTS)
+        raise ValueError(f"unknown QAS variant {variant!r}; choose one of {choices}") from None
+    return QasParams.from_overrides({**preset, **(overrides or {})})

@@ -17,7 +17,8 @@ class SchedulingPolicy(Protocol):
     Contract: the wave holds at most `wave_size` distinct rids, all from `queue`, and
     exactly min(wave_size, len(queue)) of them. `skeletons[rid]` is a permutation of the
     request's segments (the identity when `reorder` is false). The policy may keep state
-    across rounds only to model what it released (the baselines' cache view).
+    across rounds only to model what it released or what the backend holds (a cache
+    view, a residency source). `now` is the round's time on the clock of `arrival`.
     """
 
     name: str
@@ -27,6 +28,7 @@ class SchedulingPolicy(Protocol):
         queue: Sequence[QueuedRequest],
         active: Sequence[ActiveRequest],
         wave_size: int,
+        now: float | None = None,
     ) -> RoundPlan: ...
 
 

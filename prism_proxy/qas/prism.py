@@ -1,59 +1,145 @@
-"""The PRISM policy: one QAS round (SPEC §2) and the DART table P̂_t (SPEC §3)."""
+"""The PRISM policy: one QAS round (SPEC §2) and the DART table P̂_t (SPEC §3).
+
+Beyond the paper (issue 13, each switchable in `QasParams`): canonical tie-breaking,
+residency c_t in P_t, and a deadline lane at the head of the cold lane.
+
+With residency on, a request's skeleton starts with its **cached path**: the longest
+run of its segments that the policy dispatched before in that order after the same
+head (`paths`, a bounded view of what it released), each still resident. Where several
+continue the path, the higher P_t (then the more recent) wins. The rest is front-aligned
+as in the paper, with the front widened to every resident segment (c_t puts them ahead
+of merely queued ones): the paper keeps `f_front` small because lower-ranked documents
+are unstable and reordering them risks hits, and resident segments are the stable ones.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prism_proxy.qas.alignment import front_align, signature
 from prism_proxy.qas.buckets import Member, group_by_signature, scan_order
+from prism_proxy.qas.cache_view import CacheView
+from prism_proxy.qas.cache_view import ViewNode as CacheViewNode
 from prism_proxy.qas.counters import SegmentCounters
 from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.residency import NoResidency, Residency, ViewResidency
 from prism_proxy.qas.round import fifo_order
 from prism_proxy.qas.types import ActiveRequest, BucketView, QueuedRequest, RoundPlan
 from prism_proxy.qas.wave import fill_wave
+
+# Nodes one cached-path search may visit (a request's segments seldom branch in the view).
+PATH_SEARCH_NODES = 64
 
 
 class PrismPolicy:
     """QAS: counters → front alignment → signatures → buckets → scores → wave.
 
-    Stateless across rounds: every round recomputes from its snapshot.
+    Every round recomputes from its snapshot; the only state kept across rounds is
+    what the backend's cache holds: the residency source and, with residency on, the
+    view of dispatched paths.
     """
 
     name = "prism"
 
-    def __init__(self, params: QasParams) -> None:
+    def __init__(self, params: QasParams, residency: Residency | None = None) -> None:
         self.params = params
+        self.paths = CacheView(params.cache_view_tokens) if params.w_c > 0 else None
+        if residency is None:
+            residency = NoResidency() if self.paths is None else ViewResidency(self.paths)
+        self.residency = residency  # a driver that can ask DART replaces it
+
+    def align(
+        self,
+        request: QueuedRequest,
+        priority: Callable[[str], float],
+        resident: frozenset[str],
+    ) -> tuple[str, ...]:
+        """Π*_i: the cached path, then front alignment of the rest."""
+        params = self.params
+        if not request.reorder:
+            return tuple(request.segments)
+        if not resident or self.paths is None:
+            return front_align(request.segments, priority, params.f_front, params.canonical_ties)
+        path = self.cached_path(request, priority, resident)
+        rest = [s for s in request.segments if s not in path] if path else request.segments
+        front = max(params.f_front - len(path), sum(1 for s in rest if s in resident))
+        return (*path, *front_align(rest, priority, front, params.canonical_ties))
+
+    def cached_path(
+        self,
+        request: QueuedRequest,
+        priority: Callable[[str], float],
+        resident: frozenset[str],
+    ) -> tuple[str, ...]:
+        """The longest (in tokens) dispatched run of the request's resident segments
+        after its head; equal lengths go to higher priorities, then more recent paths.
+        A depth-first search over the view, bounded to `PATH_SEARCH_NODES` nodes."""
+        assert self.paths is not None
+        head = self.paths.head_node(request)
+        if head is None:
+            return ()
+        tokens = {s: request.segment_length(i) for i, s in enumerate(request.segments)}
+        candidates = [s for s in request.segments if s in resident]
+        best: tuple[tuple[int, float, int], tuple[str, ...]] = ((0, 0.0, 0), ())
+        budget = PATH_SEARCH_NODES
+        stack: list[tuple[CacheViewNode, tuple[str, ...], int, float]] = [(head, (), 0, 0.0)]
+        while stack and budget > 0:
+            node, path, length, score = stack.pop()
+            budget -= 1
+            key = (length, score, node.last_used)
+            if key > best[0]:
+                best = (key, path)
+            for segment in candidates:
+                if segment in path:
+                    continue
+                child = node.children.get("seg:" + segment)
+                if child is not None:
+                    longer = length + tokens[segment]
+                    stack.append((child, (*path, segment), longer, score + priority(segment)))
+        return best[1]
 
     def plan_round(
         self,
         queue: Sequence[QueuedRequest],
         active: Sequence[ActiveRequest],
         wave_size: int,
+        now: float | None = None,
     ) -> RoundPlan:
+        """One round over a snapshot; `now` (the clock of `arrival`) drives the deadline
+        lane, which is off without it."""
         params = self.params
-        counters = SegmentCounters.snapshot(queue, active, params)
+        resident = self.residency.resident() if params.w_c > 0 else frozenset()
+        counters = SegmentCounters.snapshot(queue, active, params, resident)
         priorities = counters.base_priorities()
         priority = priorities.__getitem__
+        fifo = fifo_order(queue)
         members = []
-        for rank, request in enumerate(fifo_order(queue)):
-            skeleton = (
-                front_align(request.segments, priority, params.f_front)
-                if request.reorder
-                else tuple(request.segments)
-            )
+        for rank, request in enumerate(fifo):
+            skeleton = self.align(request, priority, resident)
             members.append(
                 Member(
                     rid=request.rid,
                     rank=rank,
                     arrival=request.arrival,
                     skeleton=skeleton,
-                    signature=signature(skeleton, priority, params.kappa),
+                    signature=signature(skeleton, priority, params.kappa, params.canonical_ties),
+                    deadline=request.deadline,
                 )
             )
-        hot_capacity = max(0, wave_size - params.q_cold)
+        urgent = (
+            sorted((m for m in members if m.deadline <= now), key=lambda m: (m.deadline, m.rank))
+            if now is not None
+            else []
+        )
+        q_cold = params.cold_quota(wave_size, len(urgent)) if urgent else params.q_cold
+        hot_capacity = max(0, wave_size - q_cold)
         scan = scan_order(group_by_signature(members), counters, hot_capacity)
-        wave = fill_wave(members, scan, wave_size, params.q_cold)
+        wave = fill_wave(members, scan, wave_size, q_cold, urgent)
         skeletons = {m.rid: m.skeleton for m in members}
+        if self.paths is not None:
+            by_rid = {request.rid: request for request in fifo}
+            for entry in wave:
+                self.paths.insert(by_rid[entry.rid], skeletons[entry.rid])
         return RoundPlan(
             priorities=priorities,
             skeletons=skeletons,

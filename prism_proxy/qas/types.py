@@ -6,6 +6,7 @@ and return a `RoundPlan`. Time enters only through each request's `arrival`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -26,7 +27,10 @@ class QueuedRequest:
     `prefix_key` identifies the serialized head (system prompt + template) so that the
     baselines' approximate cache view never matches across different heads;
     `segment_tokens` gives each segment's token length (weights for prefix-match
-    lengths; 1 each when unknown), `head_tokens` the head's.
+    lengths; 1 each when unknown), `head_tokens` the head's. `ttft_slo_s` is the
+    client's time-to-first-token target, if it sent one; `deadline` (same clock as
+    `arrival`) is when its admission wait runs out: the admission core sets it from
+    the SLO or `cold_deadline_ms` (inf: none).
     """
 
     rid: str
@@ -36,6 +40,8 @@ class QueuedRequest:
     prefix_key: str = ""
     head_tokens: int = 0
     segment_tokens: tuple[int, ...] | None = None
+    ttft_slo_s: float | None = None
+    deadline: float = math.inf
 
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]

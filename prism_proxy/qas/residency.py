@@ -1,0 +1,92 @@
+"""Which segments the backend's cache holds: the residency counter c_t of P_t (SPEC §2).
+
+Two sources, one interface (`resident()`: the set a round reads):
+
+* `ResidentSegments`: DART's own account, applied from the control RPC's epoch-stamped
+  summaries (`GET /prism/residency`, SPEC §4). A summary is either full (the whole set)
+  or a delta since a version the proxy already holds (each changed segment's current
+  state), so a steady cache costs a few bytes per poll even at 10^5 anchors.
+* `ViewResidency`: without the plugin, the proxy's own bounded view of what it
+  dispatched (`CacheView`): a segment counts as resident while some recorded path
+  holds it.
+
+The policy keeps that view of dispatched paths either way (`PrismPolicy.paths`): it
+also says in which order the resident segments were cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from prism_proxy.qas.cache_view import CacheView
+
+
+class Residency(Protocol):
+    """What a round reads: the segments resident now."""
+
+    def resident(self) -> frozenset[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencySummary:
+    """One answer of `GET /prism/residency?generation=G&since=V`.
+
+    `generation` names the DART instance (a restarted server starts a new one), and
+    `version` counts its residency changes. `full`: `resident` is the whole set;
+    otherwise `resident`/`gone` list the segments whose state changed after `since`.
+    """
+
+    generation: str
+    version: int
+    full: bool
+    resident: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+
+
+class ResidentSegments:
+    """The proxy's copy of DART's resident set, kept by applying summaries."""
+
+    def __init__(self) -> None:
+        self.generation: str | None = None
+        self.version: int | None = None
+        self._segments: set[str] = set()
+        self._frozen: frozenset[str] = frozenset()
+
+    def apply(self, summary: ResidencySummary) -> None:
+        """Apply a full summary, or a delta of the generation held."""
+        if summary.full:
+            self._segments = set(summary.resident)
+        elif summary.generation != self.generation:
+            raise ValueError("a delta of another generation; ask for a full summary")
+        else:
+            self._segments.difference_update(summary.gone)
+            self._segments.update(summary.resident)
+        self.generation, self.version = summary.generation, summary.version
+        self._frozen = frozenset(self._segments)
+
+    def clear(self) -> None:
+        """Forget everything (the RPC is unreachable: residency is unknown)."""
+        self.generation = self.version = None
+        self._segments.clear()
+        self._frozen = frozenset()
+
+    def resident(self) -> frozenset[str]:
+        return self._frozen
+
+
+class ViewResidency:
+    """Residency from the proxy's own `CacheView` (no plugin to ask)."""
+
+    def __init__(self, view: CacheView) -> None:
+        self.view = view
+
+    def resident(self) -> frozenset[str]:
+        return self.view.segments()
+
+
+class NoResidency:
+    """The paper's QAS: c_t = 0 for every segment."""
+
+    def resident(self) -> frozenset[str]:
+        return frozenset()

@@ -238,6 +238,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 (
                     ("protected tokens", "sum(prism:dart_protected_tokens)"),
                     ("anchors resident", "sum(prism:dart_anchors_resident)"),
+                    ("segments resident", "sum(prism:dart_segments_resident)"),
                 ),
             ),
             Panel(

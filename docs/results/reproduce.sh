@@ -74,7 +74,7 @@ qas() {
     --policies fifo,contextpilot,prism --qas paper --qas-variants $variants --qps 2,5
   prism-loadgen bound --trace $out/reorder-twin/traces/reorder_n400_qps2_seed0.jsonl \
     > $out/reorder-twin/bound.json
-  # the cold-lane knobs (deadline target, ceiling), the default variant otherwise
+  # the cold lane's knobs around the default (deadline target, ceiling) ...
   for d in 500 1000 4000; do
     prism-loadgen simulate --out $out/deadline$d --policies prism --qps 60,80 \
       --qas-param cold_deadline_ms=$d
@@ -83,15 +83,27 @@ qas() {
     prism-loadgen simulate --out $out/ceiling$f --policies prism --qps 60,80 \
       --qas-param cold_max_fraction=$f
   done
-  # confirmation on the real stack (proxy + prism-sim in real time, ~15 min)
-  prism-loadgen sweep --out $out/zipf-real --policies fifo,prism --qas paper \
-    --qas-variants canonical+deadline,full --qps 20,60
+  # ... and whether the deadline's best value on seed 0 holds on other traces
+  for d in 500 1000 2000; do
+    for extra in "--seed 1" "--alpha 0.8" "--hot-count 2"; do
+      name=$(echo "$extra" | tr -d ' -')
+      prism-loadgen simulate --out $out/robust-$d-$name --policies prism --qps 60,80 \
+        $extra --qas-param cold_deadline_ms=$d --no-report
+    done
+  done
+  # confirmation on the real stack (proxy + prism-sim as processes, real time, ~20 min)
   prism-loadgen sweep --out $out/reorder-real --workload reorder --num-requests 200 \
     --policies fifo,contextpilot,prism --qas paper --qas-variants canonical,full --qps 5
-  for name in zipf-twin agent-twin reorder-twin zipf-real reorder-real; do
+  prism-loadgen sweep --out $out/zipf-real --policies fifo,contextpilot,prism --qas paper \
+    --qas-variants canonical+deadline,full --qps 20,60
+  prism-loadgen sweep --out $out/agent-real --workload agent --policies sglang-lpm,prism \
+    --qas paper --qas-variants full --qps 40
+  for name in zipf-twin agent-twin reorder-twin zipf-real reorder-real agent-real \
+      deadline{500,1000,4000} ceiling{0.25,0.75}; do
     mkdir -p "docs/results/qas-variants/$name"
     cp "$out/$name"/{report.md,summaries.json,sweep.json} "docs/results/qas-variants/$name/"
   done
+  cp $out/zipf-twin/*.png docs/results/qas-variants/zipf-twin/
   cp $out/reorder-twin/bound.json docs/results/qas-variants/reorder-twin/
 }
 

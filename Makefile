@@ -47,6 +47,35 @@ sglang-cpu: sglang-venv
 	PRISM_CONTROL_TOKEN=$(CONTROL_TOKEN) $(SGL_PY) -m backend_plugin.cpu_server.serve \
 	  --port $(PORT) --control-port $(CONTROL_PORT)
 
+# The peer gateways for the side-by-side benchmark (issue 14, bench/PEERS.md), each
+# pinned in its own venv .venv-peers/<peer>/ from bench/peer-requirements/<peer>.txt,
+# installed with --no-deps (only what its launcher imports). A peer that fails to
+# install is reported in one line and skipped; the benchmark leaves it out.
+PEERS_DIR := .venv-peers
+PEERS := smg sglang-router contextpilot
+.PHONY: peers
+peers:
+	@mkdir -p $(PEERS_DIR); echo '*' > $(PEERS_DIR)/.gitignore
+	@for peer in $(PEERS); do \
+	  req=bench/peer-requirements/$$peer.txt; dir=$(PEERS_DIR)/$$peer; log=$(PEERS_DIR)/$$peer.log; \
+	  if [ -f $$dir/.installed ] && [ $$dir/.installed -nt $$req ]; then echo "peers: $$peer ready"; continue; fi; \
+	  echo "peers: $$peer from $$req (log: $$log)"; \
+	  rm -rf $$dir; : > $$log; \
+	  if { $(PYTHON) -m venv $$dir && \
+	       $$dir/bin/python -m pip install --no-deps -r $$req; } >> $$log 2>&1; then \
+	    touch $$dir/.installed; echo "peers: $$peer ready"; \
+	  else \
+	    reason=$$(grep -E '^ERROR|Error' $$log | tail -n 1); \
+	    echo "peers: $$peer not installed, skipped: $${reason:-$$(tail -n 1 $$log)}"; \
+	    rm -rf $$dir; \
+	  fi; \
+	done
+
+# The proxy's cost beside direct and the peers, one run, side by side (docs/performance.md).
+.PHONY: bench-peers
+bench-peers: venv peers
+	$(VENV)/bin/python -m bench.peers
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

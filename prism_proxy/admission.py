@@ -71,6 +71,7 @@ class AdmissionController:
         self.clock = clock
         self._futures: dict[str, asyncio.Future[Released]] = {}
         self._wakeup = asyncio.Event()
+        self._bind_gauges()
 
     # --- views -----------------------------------------------------------------------
     @property
@@ -89,18 +90,18 @@ class AdmissionController:
     def pending_prefill(self) -> int:
         return self.core.pending_prefill
 
-    def _gauges(self) -> None:
+    def _bind_gauges(self) -> None:
+        """The state gauges read the core when scraped (no work per request event)."""
         metrics, core = self.metrics, self.core
-        metrics.queue_depth.set(core.queue_depth)
-        metrics.inflight.set(core.inflight)
-        metrics.pending_prefill.set(core.pending_prefill)
-        metrics.prefill_batch.set(core.pacing.prefill_batch)
-        metrics.inflight_limit.set(core.pacing.backstop)
+        metrics.queue_depth.set_function(lambda: core.queue_depth)
+        metrics.inflight.set_function(lambda: core.inflight)
+        metrics.pending_prefill.set_function(lambda: core.pending_prefill)
+        metrics.prefill_batch.set_function(lambda: core.pacing.prefill_batch)
+        metrics.inflight_limit.set_function(lambda: core.pacing.backstop)
 
     def learn_backend(self, limits: BackendLimits) -> None:
         """The backend reported its batch limits: B and the backstop may change."""
         self.core.pacing.learn(limits)
-        self._gauges()
         self._wakeup.set()  # more room may let a round run now
 
     # --- request side ------------------------------------------------------------------
@@ -110,7 +111,6 @@ class AdmissionController:
         self.core.arrive(request, self.clock())
         future: asyncio.Future[Released] = asyncio.get_running_loop().create_future()
         self._futures[request.rid] = future
-        self._gauges()
         self._wakeup.set()
         return future
 
@@ -120,19 +120,16 @@ class AdmissionController:
             future = self._futures.pop(rid, None)
             if future is not None and not future.done():
                 future.cancel()
-            self._gauges()
 
     def first_token(self, rid: str, uncached_tokens: int | None = None) -> None:
         """The backend's first token (or first byte) of `rid` arrived."""
         if self.core.pending_prefill:
             self.core.first_token(rid, uncached_tokens, self.clock())
-            self._gauges()
             self._wakeup.set()
 
     def finish(self, rid: str) -> None:
         """Free the request's place (finished, aborted, failed or client gone)."""
         if self.core.finish(rid):
-            self._gauges()
             self._wakeup.set()
 
     @contextlib.asynccontextmanager
@@ -213,7 +210,6 @@ class AdmissionController:
                 continue
             future.set_result(release)
             self.metrics.releases.labels(release.lane.value).inc()
-        self._gauges()
         if wave.released:
             self.metrics.wave_size.observe(len(wave.released))
             if self.on_wave is not None and wave.dispatch_priorities:
@@ -226,4 +222,3 @@ class AdmissionController:
             future = self._futures.pop(rid, None)
             if future is not None and not future.done():
                 future.set_exception(ShuttingDownError("the proxy stopped"))
-        self._gauges()

@@ -66,6 +66,19 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None:
     return orjson.loads(data)
 
 
+def _backend_chunk(line: bytes) -> dict[str, Any] | None:
+    """One line of a `/generate` stream: its chunk, None for others; a malformed or
+    error chunk raises BackendError(502)."""
+    try:
+        chunk = parse_sse_line(line)
+    except ValueError as exc:
+        raise BackendError(502, f"backend sent an invalid chunk: {exc}") from exc
+    if chunk is not None and "error" in chunk:
+        message = _error_of(chunk)
+        raise BackendError(502, f"backend error: {message or json.dumps(chunk)[:500]}")
+    return chunk
+
+
 class BackendClient:
     """Calls `/generate`, the OpenAI endpoints, `/abort_request` and info endpoints."""
 
@@ -153,23 +166,35 @@ class BackendClient:
             except ValueError as exc:
                 raise BackendError(502, f"backend sent invalid JSON: {exc}") from exc
 
-    async def generate_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Streaming `/generate`: yields each chunk object as it arrives.
+    async def generate_batches(self, body: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+        """Streaming `/generate`: yields the chunk objects that arrived together, as one
+        list per read of the socket (never empty).
 
-        A `{"error": ...}` chunk raises BackendError(502).
+        Reading whatever the socket holds and splitting it here costs one await per
+        read instead of one per line; under load one read carries several chunks of a
+        stream, which the relay then writes to the client at once. A `{"error": ...}`
+        chunk raises BackendError(502), after the chunks that preceded it.
         """
         async with self._post("/generate", {**body, "stream": True}) as response:
-            async for line in response.content:
-                try:
-                    chunk = parse_sse_line(line)
-                except ValueError as exc:
-                    raise BackendError(502, f"backend sent an invalid chunk: {exc}") from exc
-                if chunk is None:
-                    continue
-                if "error" in chunk:
-                    message = _error_of(chunk)
-                    raise BackendError(502, f"backend error: {message or json.dumps(chunk)[:500]}")
-                yield chunk
+            rest = b""
+            async for data in response.content.iter_any():
+                lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
+                rest = lines.pop()
+                batch = []
+                for line in lines:
+                    try:
+                        chunk = _backend_chunk(line)
+                    except BackendError:
+                        if batch:  # what came before the failure is relayed first
+                            yield batch
+                        raise
+                    if chunk is not None:
+                        batch.append(chunk)
+                if batch:
+                    yield batch
+            last = _backend_chunk(rest)
+            if last is not None:
+                yield [last]
 
     # --- passthrough -----------------------------------------------------------------
     @contextlib.asynccontextmanager

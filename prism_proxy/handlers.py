@@ -302,18 +302,21 @@ async def token_path(
                 extra_fields=extra_fields,
             ),
         )
-        chunks = backend.generate_stream(payload)
-        async with contextlib.aclosing(chunks):
+        batches = backend.generate_batches(payload)
+        async with contextlib.aclosing(batches):
             try:
-                first = await anext(chunks, None)
+                first = await anext(batches, None)
                 if first is None:
                     raise BackendError(502, "backend stream ended without a chunk")
-                _first_token(request, rid, lane, first)
+                _first_token(request, rid, lane, first[0])
                 if stream:
-                    return await _relay_stream(request, first, chunks, fmt, lane, rid)
-                fmt.assembled.feed(first)
-                async for chunk in chunks:
-                    fmt.assembled.feed(chunk)
+                    return await _relay_stream(request, first, batches, fmt, lane, rid)
+                feed = fmt.assembled.feed
+                for chunk in first:
+                    feed(chunk)
+                async for batch in batches:
+                    for chunk in batch:
+                        feed(chunk)
             except asyncio.CancelledError:
                 backend.abort(rid)  # the client left while the backend was working
                 raise
@@ -334,29 +337,32 @@ def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any
 
 async def _relay_stream(
     request: web.Request,
-    first: dict[str, Any],
-    chunks: AsyncIterator[dict[str, Any]],
+    first: list[dict[str, Any]],
+    batches: AsyncIterator[list[dict[str, Any]]],
     fmt: ResponseFormat,
     lane: str,
     rid: str,
 ) -> web.StreamResponse:
-    """Relay `/generate` chunks as they come. Headers go out with the first chunk, so a
-    backend that fails before answering still gets a proper 502/503 status; a failure
-    after that ends the stream with an error event."""
+    """Relay `/generate` chunks as they come, one write per batch the backend's socket
+    delivered (a chunk is never held back for a later one). Headers go out with the
+    first chunk, so a backend that fails before answering still gets a proper 502/503
+    status; a failure after that ends the stream with an error event."""
     backend = request.app[state.BACKEND]
     response = web.StreamResponse(headers=SSE_HEADERS)
     meta_info: dict[str, Any] = {}
     try:
         await response.prepare(request)
-        pending = fmt.start()  # one write per backend chunk (fewer syscalls)
-        chunk: dict[str, Any] | None = first
-        while chunk is not None:
-            meta_info = chunk.get("meta_info") or meta_info
-            pending += fmt.chunk(chunk)
+        pending = fmt.start()
+        render = fmt.chunk
+        batch: list[dict[str, Any]] | None = first
+        while batch is not None:
+            for chunk in batch:
+                meta_info = chunk.get("meta_info") or meta_info
+                pending += render(chunk)
             if pending:
                 await response.write(b"".join(pending))
                 pending = []
-            chunk = await anext(chunks, None)
+            batch = await anext(batches, None)
         await response.write(b"".join(pending + fmt.end(meta_info)))
     except BackendError as exc:
         request[STATUS] = exc.status

@@ -10,12 +10,23 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+def json_bytes(obj: Any) -> bytes:
+    """Compact JSON; orjson, or the standard library for what orjson refuses (a lone
+    surrogate in a string, an integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def sse(obj: Any) -> bytes:
     """One server-sent event carrying `obj` as JSON."""
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json_bytes(obj) + b"\n\n"
 
 
 def finish_reason(meta_info: dict[str, Any]) -> str | None:
@@ -125,6 +136,7 @@ class ResponseFormat:
         self.created = created
         self.include_usage = include_usage
         self.assembled = StreamAssembler()
+        self._frame: tuple[bytes, bytes] | None = None
 
     def complete(self, result: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -175,6 +187,22 @@ class _OpenAIFormat(ResponseFormat):
         choice = {"index": 0, **piece, "logprobs": None, "finish_reason": finish}
         return sse(self._response(self.chunk_object, [choice]))
 
+    def _text_event(self, text: str) -> bytes:
+        """`_event(_piece(text))` for a non-empty delta, from bytes built once per
+        stream: only the text is encoded per chunk (the hot path of a stream)."""
+        frame = self._frame
+        if frame is None:
+            marker = "\x00prism-delta\x00"
+            whole = sse(
+                self._response(
+                    self.chunk_object,
+                    [{"index": 0, **self._piece(marker), "logprobs": None, "finish_reason": None}],
+                )
+            )
+            head, _, tail = whole.partition(json_bytes(marker))
+            frame = self._frame = (head, tail)
+        return frame[0] + json_bytes(text) + frame[1]
+
     def complete(self, result: dict[str, Any]) -> dict[str, Any]:
         meta_info = result.get("meta_info", {})
         choice = {
@@ -188,7 +216,7 @@ class _OpenAIFormat(ResponseFormat):
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
         delta = self.assembled.feed(chunk)
-        return [self._event(self._piece(delta))] if delta else []
+        return [self._text_event(delta)] if delta else []
 
     def end(self, meta_info: dict[str, Any]) -> list[bytes]:
         events = [self._event(self._piece(None), finish_reason(meta_info) or "stop")]

@@ -53,7 +53,7 @@ sglang-cpu: sglang-venv
 # install is reported in one line and skipped; the benchmark leaves it out.
 PEERS_DIR := .venv-peers
 PEERS := smg sglang-router contextpilot
-.PHONY: peers
+.PHONY: peers smg-peer
 peers:
 	@mkdir -p $(PEERS_DIR); echo '*' > $(PEERS_DIR)/.gitignore
 	@for peer in $(PEERS); do \
@@ -103,7 +103,11 @@ tools:
 	  rm -f "$$log"; \
 	fi
 
-test-core: venv tools
+# smg (sgl-model-gateway) for the scale-out test: its pinned wheel from PyPI (issue 15).
+smg-peer:
+	@$(MAKE) --no-print-directory peers PEERS=smg
+
+test-core: venv tools smg-peer
 	$(PY) -m pytest -q -m "not sglang" -p no:cacheprovider
 
 test-sglang: sglang-venv
@@ -116,4 +120,4 @@ demo: venv
 	$(PY) -m loadgen demo --out runs/demo
 
 clean:
-	rm -rf $(VENV) $(SGL_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SGL_VENV) $(PEERS_DIR) .pytest_cache .ruff_cache .hypothesis

@@ -82,6 +82,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         model=args.model,
         request_timeout_s=args.timeout,
         progress=True if args.progress else None,
+        routing_key=args.routing_key,
     )
     results = asyncio.run(replay(trace, config))
     write_results(Path(args.out), results)
@@ -167,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     rep.add_argument("--timeout", type=float, default=600.0, help="per-request read timeout (s)")
+    rep.add_argument(
+        "--routing-key",
+        choices=("none", "anchor"),
+        default="none",
+        help="send X-SMG-Routing-Key = the request's anchor segment (a gateway in front)",
+    )
     rep.add_argument("--progress", action="store_true", help="force the progress bar")
     rep.add_argument("--out", required=True, help="results JSON path")
     rep.set_defaults(func=cmd_replay)

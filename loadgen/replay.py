@@ -26,6 +26,7 @@ import aiohttp
 from loadgen.apis import build_request, parse_event
 from loadgen.summary import RequestRecord, summarize
 from loadgen.trace_format import Trace, TraceRequest
+from prism_proxy.routing import routing_headers
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,13 @@ class ReplayConfig:
     model: str | None = None
     request_timeout_s: float = 600.0
     progress: bool | None = None  # None: only on a terminal
+    routing_key: str = "none"  # "anchor": X-SMG-Routing-Key for a gateway (issue 15)
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
             raise ValueError("time_scale must be positive")
+        if self.routing_key not in ("none", "anchor"):
+            raise ValueError("routing_key is 'none' or 'anchor'")
 
 
 async def discover_model(session: aiohttp.ClientSession, target: str) -> str:
@@ -92,6 +96,17 @@ async def _read_stream(response: aiohttp.ClientResponse, api: str, on_first: Any
     return tally
 
 
+def routing_headers_for(request: TraceRequest, mode: str) -> dict[str, str]:
+    """`X-SMG-Routing-Key` for a gateway in front of replicas (issue 15): `anchor` routes
+    by the request's most popular segment (the trace's hot ranks; else PRISM's
+    canonical first), `none` sends no key."""
+    if mode == "none":
+        return {}
+    ranks = request.meta.get("hot_ranks") or {}
+    popularity = {segment: -float(rank) for segment, rank in ranks.items()}  # rank 1 first
+    return routing_headers([s.id for s in request.segments], popularity or None)
+
+
 async def send_one(
     session: aiohttp.ClientSession,
     config: ReplayConfig,
@@ -110,7 +125,8 @@ async def send_one(
     status: int | None = None
     tally = _Tally()
     try:
-        async with session.post(config.target + path, json=body) as response:
+        headers = routing_headers_for(request, config.routing_key)
+        async with session.post(config.target + path, json=body, headers=headers) as response:
             status = response.status
             lane = response.headers.get("x-prism-lane")
             if status != 200:

@@ -27,6 +27,7 @@ from prism_proxy.control_client import ControlClient
 from prism_proxy.handlers import add_routes, error_middleware
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.pacing import BackendLimits, PrefillPacing
+from prism_proxy.probes import add_probe_routes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import ResidentSegments
@@ -191,6 +192,7 @@ def create_app(config: ProxyConfig) -> web.Application:
     app.cleanup_ctx.extend([backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx])
     app.on_cleanup.append(log_stopped)
     add_routes(app)
+    add_probe_routes(app)
     return app
 
 

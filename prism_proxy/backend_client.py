@@ -205,6 +205,15 @@ class BackendClient:
         async with self._post(path, body) as response:
             yield response
 
+    async def get_ok(self, path: str) -> None:
+        """GET `path` and only check the status (`/health_generate`)."""
+        try:
+            async with self.session.get(self.base_url + path, timeout=self.timeout) as response:
+                await self._check(response)
+                await response.read()
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise self._unreachable(exc) from exc
+
     async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self.timeout
         try:

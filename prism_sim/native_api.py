@@ -9,6 +9,8 @@ its request. Latencies in `meta_info` are modeled seconds.
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -257,6 +259,35 @@ async def server_info(request: web.Request) -> web.Response:
         ],
     }
     return web.json_response(body)
+
+
+async def loads(request: web.Request) -> web.Response:
+    """SGLang 0.5.23's `GET /v1/loads` (entrypoints/v1_loads.py): one load snapshot per
+    DP rank (here one), the core fields of `LoadSnapshot` that a simulated engine has."""
+    engine = request.app[ENGINE_KEY]
+    sched = engine.scheduler
+    capacity = sched.config.kv_capacity_tokens
+    used = sched.used_tokens
+    load = {
+        "timestamp": time.time(),
+        "dp_rank": 0,
+        "num_running_reqs": sched.num_running,
+        "num_waiting_reqs": len(sched.waiting),
+        "num_used_tokens": used,
+        "num_total_tokens": used,
+        "max_total_num_tokens": capacity,
+        "max_running_requests": sched.config.max_running_requests,
+        "token_usage": used / capacity if capacity else 0.0,
+    }
+    return web.json_response(
+        {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": VERSION,
+            "accelerator": None,
+            "num_accelerators": 1,
+            "loads": [load],
+        }
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

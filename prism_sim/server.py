@@ -42,6 +42,7 @@ def create_app(config: SimConfig, engine: SimEngine | None = None) -> web.Applic
     for path in ("/server_info", "/get_server_info"):
         app.router.add_get(path, native_api.server_info)
     app.router.add_get("/metrics", native_api.metrics)
+    app.router.add_get("/v1/loads", native_api.loads)
     app.router.add_post("/v1/completions", openai_api.completions)
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_get("/v1/models", openai_api.models)

@@ -1,0 +1,116 @@
+"""What a gateway or an SGLang client probes on a worker, answered by the proxy (issue 15).
+
+A gateway in front of several proxies (sgl-model-gateway `smg`, sglang-router) asks
+each worker for its server and model info and its load. The proxy answers from its
+backend, so the gateway sees the engine it fronts, and adds its own queue, so the
+gateway sees the real load: requests waiting in QAS are waiting requests of that
+replica, which the engine cannot report.
+
+    GET /server_info, /get_server_info    the backend's, plus "prism": the proxy's state
+    GET /model_info, /get_model_info      the backend's
+    GET /v1/loads, /loads                 the backend's /v1/loads (SGLang 0.5.23) with the
+                                          proxy's queue added to rank 0's waiting
+                                          requests, plus "prism"; when the backend has
+                                          no /v1/loads, one rank from the proxy's counts
+    GET /health_generate                  the backend's (a real one-token generation)
+
+Admin paths (`/flush_cache`, `/abort_request`, weights, LoRA) are not served: no client
+of the proxy may change another client's requests or the cache.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from prism_proxy import state
+from prism_proxy.backend_client import BackendError
+from prism_proxy.handlers import ApiError
+
+
+def _failed(exc: BackendError) -> ApiError:
+    return ApiError(exc.status, exc.message, kind="backend_error")
+
+
+def proxy_state(app: web.Application) -> dict[str, Any]:
+    """The proxy's own load and settings, as `prism` in the probe answers."""
+    admission, config = app[state.ADMISSION], app[state.CONFIG]
+    return {
+        "policy": config.policy,
+        "qas": config.qas_variant,
+        "queue_depth": admission.queue_depth,
+        "inflight": admission.inflight,
+        "pending_prefill": admission.pending_prefill,
+        "prefill_batch_limit": admission.pacing.prefill_batch,
+        "inflight_limit": admission.pacing.backstop,
+    }
+
+
+def with_proxy_queue(loads: dict[str, Any], proxy: dict[str, Any]) -> dict[str, Any]:
+    """`/v1/loads` with the proxy's queued requests counted as rank 0's waiting ones."""
+    ranks = [dict(rank) for rank in loads.get("loads") or [] if isinstance(rank, dict)]
+    if not ranks:
+        ranks = [{"dp_rank": 0, "num_running_reqs": proxy["inflight"], "num_waiting_reqs": 0}]
+    first, queued = ranks[0], proxy["queue_depth"]
+    first["num_waiting_reqs"] = int(first.get("num_waiting_reqs") or 0) + queued
+    queues = first.get("queues")
+    if isinstance(queues, dict):
+        first["queues"] = {**queues, "waiting": int(queues.get("waiting") or 0) + queued}
+    return {**loads, "loads": ranks, "prism": proxy}
+
+
+async def _backend_json(request: web.Request, path: str) -> Any:
+    try:
+        return await request.app[state.BACKEND].get_json(path)
+    except BackendError as exc:
+        raise _failed(exc) from None
+
+
+def _json(body: Any) -> web.Response:
+    return web.json_response(body)
+
+
+async def server_info(request: web.Request) -> web.Response:
+    info = await _backend_json(request, request.path)
+    if isinstance(info, dict):
+        info = {**info, "prism": proxy_state(request.app)}
+    return _json(info)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    return _json(await _backend_json(request, request.path))
+
+
+async def loads(request: web.Request) -> web.Response:
+    query = request.query_string
+    path = "/v1/loads" + (f"?{query}" if query else "")
+    proxy = proxy_state(request.app)
+    try:
+        backend = await request.app[state.BACKEND].get_json(path)
+    except BackendError as exc:
+        if exc.status != 404:
+            raise _failed(exc) from None
+        backend = {"timestamp": datetime.now(UTC).isoformat(), "loads": []}
+    if not isinstance(backend, dict):
+        raise ApiError(502, "backend sent a /v1/loads answer that is not an object")
+    return _json(with_proxy_queue(backend, proxy))
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    try:
+        await request.app[state.BACKEND].get_ok("/health_generate")
+    except BackendError as exc:
+        raise _failed(exc) from None
+    return web.Response(text="")
+
+
+def add_probe_routes(app: web.Application) -> None:
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, server_info)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, model_info)
+    for path in ("/v1/loads", "/loads"):
+        app.router.add_get(path, loads)
+    app.router.add_get("/health_generate", health_generate)

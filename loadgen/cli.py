@@ -6,6 +6,7 @@ prism-loadgen trace reorder --out FILE [--qps 2 ...]           reorder_replay (i
 prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out FILE
 prism-loadgen sweep  --out DIR [--policies ... --qps 40,50,60,70,80 --speed F]
 prism-loadgen simulate --out DIR [same flags as sweep]          the twin, modeled time
+prism-loadgen scale-out --out DIR [--replicas 3 --qps 40,120]  N replicas behind smg
 prism-loadgen report --results DIR
 prism-loadgen demo   [--out DIR]
 """
@@ -207,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["scale-out"]:  # its own flags (loadgen/scale_out.py)
+        from loadgen.scale_out import main as scale_out
+
+        return scale_out(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

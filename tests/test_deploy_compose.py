@@ -59,7 +59,8 @@ def test_compose_file_validates_and_wires_the_stack(kind: str, tmp_path: Path) -
     config = resolved(kind, tmp_path)
     services = config["services"]
     engine = ENGINE[kind]
-    assert set(services) == {engine, "proxy", "prometheus", "grafana"}
+    default = {name for name, service in services.items() if not service.get("profiles")}
+    assert default == {engine, "proxy", "prometheus", "grafana"}
 
     # The proxy waits for a healthy engine, and the engine's healthcheck probes /health.
     assert services["proxy"]["depends_on"] == {engine: {"condition": "service_healthy"}}
@@ -242,3 +243,45 @@ def test_every_compose_variable_is_in_env_example_and_documented() -> None:
     doc = (REPO / "docs" / "deploy.md").read_text()
     undocumented = sorted(v for v in used if f"`{v}`" not in doc)
     assert not undocumented, f"docs/deploy.md does not describe {undocumented}"
+
+
+@needs_compose
+@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
+def test_scale_out_profile_puts_smg_in_front_of_three_replicas(kind: str, tmp_path: Path) -> None:
+    """`--profile scale-out` (docs/scale-out.md): smg routes over three proxies, each in
+    front of its own engine and that engine's control RPC; only the gateway and the
+    first proxy are published; the Prometheus config for it scrapes every replica."""
+    env_file = tmp_path / "empty.env"
+    env_file.write_text("")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PRISM_", "COMPOSE_"))}
+    result = subprocess.run(
+        ["docker-compose", "--env-file", str(env_file), "-f", COMPOSE_FILES[kind],
+         "--profile", "scale-out", "config"],
+        cwd=REPO, env={**clean, "PRISM_CONTROL_TOKEN": TOKEN}, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    engine = ENGINE[kind]
+    gateway = services["gateway"]["command"]
+    workers = gateway[gateway.index("--worker-urls") + 1 : gateway.index("--policy")]
+    assert workers == ["http://proxy:8000", "http://proxy-2:8000", "http://proxy-3:8000"]
+    assert command_value(gateway, "--policy") == "consistent_hashing"
+    for n in (2, 3):
+        proxy = services[f"proxy-{n}"]
+        assert proxy["environment"]["PRISM_BACKEND"] == f"http://{engine}-{n}:30000"
+        control = proxy["environment"]["PRISM_CONTROL_URL"]
+        assert control.startswith(f"http://{engine}-{n}") and control.endswith(":30001")
+        assert not proxy.get("ports") and f"{engine}-{n}" in proxy["depends_on"]
+        assert not services[f"{engine}-{n}"].get("ports")
+    assert services["gateway"]["ports"]
+    suffix = "" if kind == "gpu" else ".sim"
+    scrape = yaml.safe_load(
+        (REPO / "deploy" / "prometheus" / f"prometheus.scale-out{suffix}.yml").read_text()
+    )
+    targets = {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in scrape["scrape_configs"]
+    }
+    assert targets["prism-proxy"] == ["proxy:8000", "proxy-2:8000", "proxy-3:8000"]
+    assert len(targets["sglang"]) == len(targets["prism-dart"]) == 3
+    assert targets["smg"] == ["gateway:29000"]

@@ -13,7 +13,12 @@ import yaml
 from deploy_support import REPO, load_script
 
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
-CONFIGS = {"prometheus.yml": "docker-compose.yml", "prometheus.sim.yml": "docker-compose.sim.yml"}
+CONFIGS = {
+    "prometheus.yml": "docker-compose.yml",
+    "prometheus.sim.yml": "docker-compose.sim.yml",
+    "prometheus.scale-out.yml": "docker-compose.yml",
+    "prometheus.scale-out.sim.yml": "docker-compose.sim.yml",
+}
 
 needs_promtool = pytest.mark.skipif(
     shutil.which("promtool") is None,
@@ -99,7 +104,8 @@ def test_scrape_targets_are_the_compose_services(name: str) -> None:
                     reachable[alias] = service_name
 
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert set(jobs) == {"prism-proxy", "sglang", "prism-dart"}
+    expected = {"prism-proxy", "sglang", "prism-dart"}
+    assert set(jobs) == (expected | {"smg"} if "scale-out" in name else expected)
     for job in jobs.values():
         for target in job["static_configs"][0]["targets"]:
             host, _, port = target.partition(":")

@@ -140,6 +140,23 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
+        "Replicas (scale-out profile, docs/scale-out.md)",
+        (
+            Panel(
+                "Requests by replica",
+                "reqps",
+                (("{{instance}}", f"sum by (instance) (rate(prism:requests_total[{RATE}]))"),),
+                "Requests each PRISM replica's proxy answered: the gateway's balance.",
+            ),
+            Panel(
+                "QAS queue by replica",
+                "short",
+                (("{{instance}}", "sum by (instance) (prism:queue_depth)"),),
+                "Requests waiting in each replica's QAS (what /v1/loads reports to the gateway).",
+            ),
+        ),
+    ),
+    (
         "Load, waves and lanes",
         (
             Panel(

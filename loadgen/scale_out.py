@@ -1,0 +1,183 @@
+"""Scale-out: N replicas behind sgl-model-gateway (smg), measured side by side (issue 15).
+
+    make smg-peer && prism-loadgen scale-out --out runs/scale-out [--replicas 3 --qps 40,120]
+
+Every configuration replays the same zipf_hotspot trace on fresh processes (prism-sim
+replicas on the default profile, real time) and reports the aggregate hit rate
+(cached / prompt tokens), P99 and mean TTFT, and the requests each replica served:
+
+* `single`: one replica, the proxy in front (the reference: one cache sees everything);
+* `A-round_robin`, `A-cache_aware`: a PRISM sidecar (proxy, DART on the engine) per
+  replica, smg in front with that policy and no routing key;
+* `A-key`: the same with smg `consistent_hashing` and `X-SMG-Routing-Key` = the
+  request's anchor segment (`prism_proxy.routing`, `prism-loadgen replay --routing-key
+  anchor`);
+* `B-round_robin`, `B-cache_aware`: one PRISM proxy in front of smg, smg in front of the
+  bare engines. QAS sees all traffic; the proxy's `/generate` carries token ids, so smg
+  routes the canonicalised prompts. Each engine runs LRU: one control RPC per proxy
+  cannot reach N DART instances, and pacing counts the replicas as one backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.peers_launch import OFFLINE_ENV, Smg
+from loadgen.processes import ServerProcess, free_port, run_server
+
+CONFIGS = ("single", "A-round_robin", "A-cache_aware", "A-key", "B-round_robin", "B-cache_aware")
+SMG = Smg()
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One engine, and the proxy in front of it when the topology has sidecars."""
+
+    engine: ServerProcess
+    proxy: ServerProcess | None
+
+    @property
+    def url(self) -> str:
+        return (self.proxy or self.engine).url
+
+
+@contextlib.contextmanager
+def replica(log_dir: Path, sidecar: bool, token: str) -> Iterator[Replica]:
+    control_port = free_port()
+    engine_args = ["--log-level", "warning"]
+    if sidecar:
+        engine_args += ["--eviction", "dart", "--control-port", str(control_port),
+                        "--control-token", token]  # fmt: skip
+    with run_server("prism_sim", engine_args, log_dir=log_dir, name="engine") as engine:
+        if not sidecar:
+            yield Replica(engine, None)
+            return
+        proxy_args = ["serve", "--backend", engine.url, "--log-level", "warning",
+                      "--control-url", f"http://127.0.0.1:{control_port}",
+                      "--control-token", token]  # fmt: skip
+        with run_server("prism_proxy", proxy_args, log_dir=log_dir, name="proxy") as proxy:
+            yield Replica(engine, proxy)
+
+
+@contextlib.contextmanager
+def gateway(urls: list[str], policy: str, log_dir: Path) -> Iterator[ServerProcess]:
+    if not SMG.runs():
+        raise RuntimeError("smg is not installed: run `make smg-peer`")
+    args = ["launch", "--host", "127.0.0.1", "--worker-urls", *urls, "--policy", policy,
+            "--disable-retries", "--disable-circuit-breaker", "--disable-tokenizer-autoload",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--log-level", "warn"]  # fmt: skip
+    with run_server(
+        SMG.module, args, log_dir=log_dir, name="smg", health_path=SMG.health_path,
+        env=OFFLINE_ENV, python=str(SMG.python),
+    ) as server:  # fmt: skip
+        yield server
+
+
+def served_by(engine: ServerProcess) -> int:
+    """Requests an engine finished (its `sglang:num_requests_total`)."""
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("sglang:num_requests_total")
+        )
+    )
+
+
+@contextlib.contextmanager
+def topology(name: str, replicas: int, log_dir: Path) -> Iterator[tuple[str, list[Replica], str]]:
+    """(URL the client sends to, the replicas, the routing-key mode)."""
+    token = secrets.token_hex(16)
+    with contextlib.ExitStack() as stack:
+        if name == "single":
+            one = stack.enter_context(replica(log_dir, True, token))
+            yield one.url, [one], "none"
+            return
+        kind, policy = name.split("-", 1)
+        sidecar = kind == "A"
+        nodes = [stack.enter_context(replica(log_dir, sidecar, token)) for _ in range(replicas)]
+        smg_policy = "consistent_hashing" if policy == "key" else policy
+        front = stack.enter_context(gateway([n.url for n in nodes], smg_policy, log_dir))
+        if sidecar:
+            yield front.url, nodes, "anchor" if policy == "key" else "none"
+            return
+        proxy_args = ["serve", "--backend", front.url, "--log-level", "warning"]
+        proxy = stack.enter_context(run_server("prism_proxy", proxy_args, log_dir=log_dir))
+        yield proxy.url, nodes, "none"
+
+
+def run_config(name: str, trace_path: Path, replicas: int, out: Path) -> dict[str, Any]:
+    from loadgen.replay import ReplayConfig, replay, write_results
+    from loadgen.trace_format import read_trace
+
+    trace = read_trace(trace_path)
+    log_dir = out / "logs" / name
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with topology(name, replicas, log_dir) as (url, nodes, routing_key):
+        config = ReplayConfig(target=url, api="prism", routing_key=routing_key)
+        results = asyncio.run(replay(trace, config))
+        counts = [served_by(node.engine) for node in nodes]
+    results["scale_out"] = {"config": name, "replicas": len(nodes), "served": counts}
+    write_results(out / "results" / f"{name}_{trace_path.stem}.json", results)
+    return results
+
+
+def row(name: str, qps: float, results: dict[str, Any]) -> str:
+    summary, counts = results["summary"], results["scale_out"]["served"]
+    total = sum(counts) or 1
+    share = max(counts) / total
+    return (
+        f"| {name} | {qps:g} | {100 * summary['hit_rate']:.1f} % | "
+        f"{summary['p99_ttft_ms'] / 1e3:.2f} s | {summary['mean_ttft_ms'] / 1e3:.2f} s | "
+        f"{'/'.join(map(str, counts))} | {100 * share:.0f} % | {summary['failed']} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from loadgen.rag_trace import RagTraceParams, build_rag_trace
+    from loadgen.trace_format import write_trace
+    from prism_proxy.tokenizer import load_tokenizer
+
+    parser = argparse.ArgumentParser(prog="prism-loadgen scale-out", description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--qps", default="40,120")
+    parser.add_argument("--num-requests", type=int, default=1200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer("builtin")
+    lines = [
+        "| configuration | QPS | hit | P99 TTFT | mean TTFT | served per replica "
+        "| busiest replica | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for qps in (float(q) for q in args.qps.split(",")):
+        params = RagTraceParams(num_requests=args.num_requests, qps=qps)
+        trace_path = out / "traces" / f"rag_n{args.num_requests}_qps{qps:g}.jsonl"
+        if not trace_path.exists():
+            header, requests = build_rag_trace(params, args.seed, tokenizer, "builtin")
+            write_trace(trace_path, header, requests)
+        for name in args.configs.split(","):
+            results = run_config(name, trace_path, args.replicas, out)
+            lines.append(row(name, qps, results))
+            print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    (out / "table.md").write_text(table + "\n")
+    (out / "command.json").write_text(json.dumps({"argv": argv or []}, indent=1))
+    print(table)
+    return 0

@@ -7,15 +7,17 @@ replicas on the default profile, real time) and reports the aggregate hit rate
 (cached / prompt tokens), P99 and mean TTFT, and the requests each replica served:
 
 * `single`: one replica, the proxy in front (the reference: one cache sees everything);
+  every engine runs DART with its control RPC;
 * `A-round_robin`, `A-cache_aware`: a PRISM sidecar (proxy, DART on the engine) per
   replica, smg in front with that policy and no routing key;
 * `A-key`: the same with smg `consistent_hashing` and `X-SMG-Routing-Key` = the
   request's anchor segment (`prism_proxy.routing`, `prism-loadgen replay --routing-key
   anchor`);
 * `B-round_robin`, `B-cache_aware`: one PRISM proxy in front of smg, smg in front of the
-  bare engines. QAS sees all traffic; the proxy's `/generate` carries token ids, so smg
-  routes the canonicalised prompts. Each engine runs LRU: one control RPC per proxy
-  cannot reach N DART instances, and pacing counts the replicas as one backend.
+  engines. QAS sees all traffic; the proxy's `/generate` carries token ids, so smg
+  routes the canonicalised prompts. The proxy pushes P̂_t to every engine's DART
+  (comma-separated `--control-url`) and reads the union of their residency; prefill
+  pacing counts the replicas as one backend (it cannot see where smg sends a request).
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ SMG = Smg()
 
 @dataclass(frozen=True)
 class Replica:
-    """One engine, and the proxy in front of it when the topology has sidecars."""
+    """One engine (DART with its control RPC), and the proxy in front of it when the
+    topology has sidecars."""
 
     engine: ServerProcess
     proxy: ServerProcess | None
+    control_url: str
 
     @property
     def url(self) -> str:
@@ -54,19 +58,17 @@ class Replica:
 @contextlib.contextmanager
 def replica(log_dir: Path, sidecar: bool, token: str) -> Iterator[Replica]:
     control_port = free_port()
-    engine_args = ["--log-level", "warning"]
-    if sidecar:
-        engine_args += ["--eviction", "dart", "--control-port", str(control_port),
-                        "--control-token", token]  # fmt: skip
+    control_url = f"http://127.0.0.1:{control_port}"
+    engine_args = ["--log-level", "warning", "--eviction", "dart",
+                   "--control-port", str(control_port), "--control-token", token]  # fmt: skip
     with run_server("prism_sim", engine_args, log_dir=log_dir, name="engine") as engine:
         if not sidecar:
-            yield Replica(engine, None)
+            yield Replica(engine, None, control_url)
             return
         proxy_args = ["serve", "--backend", engine.url, "--log-level", "warning",
-                      "--control-url", f"http://127.0.0.1:{control_port}",
-                      "--control-token", token]  # fmt: skip
+                      "--control-url", control_url, "--control-token", token]  # fmt: skip
         with run_server("prism_proxy", proxy_args, log_dir=log_dir, name="proxy") as proxy:
-            yield Replica(engine, proxy)
+            yield Replica(engine, proxy, control_url)
 
 
 @contextlib.contextmanager
@@ -113,7 +115,9 @@ def topology(name: str, replicas: int, log_dir: Path) -> Iterator[tuple[str, lis
         if sidecar:
             yield front.url, nodes, "anchor" if policy == "key" else "none"
             return
-        proxy_args = ["serve", "--backend", front.url, "--log-level", "warning"]
+        controls = ",".join(n.control_url for n in nodes)  # every replica's DART
+        proxy_args = ["serve", "--backend", front.url, "--log-level", "warning",
+                      "--control-url", controls, "--control-token", token]  # fmt: skip
         proxy = stack.enter_context(run_server("prism_proxy", proxy_args, log_dir=log_dir))
         yield proxy.url, nodes, "none"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from prism_proxy import state
-from prism_proxy.admission import AdmissionController
+from prism_proxy.admission import AdmissionController, PushFn
 from prism_proxy.backend_client import BackendClient, BackendError
 from prism_proxy.config import ProxyConfig
 from prism_proxy.control_client import ControlClient
@@ -30,7 +30,7 @@ from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.probes import add_probe_routes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import ResidentSegments
+from prism_proxy.qas.residency import ResidentSegments, UnionResidency
 from prism_proxy.residency_poller import ResidencyPoller
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import load_tokenizer
@@ -86,54 +86,72 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def control_ctx(app: web.Application) -> AsyncIterator[None]:
+    """One sender per DART control RPC (several when the proxy fronts a gateway and N
+    replicas: each replica's DART gets every table)."""
     config = app[state.CONFIG]
-    if config.control_url is None:
-        yield
-        return
-    client = ControlClient(
-        app[state.BACKEND].session,
-        config.control_url,
-        token=config.control_token,
-        protect=config.protect,
-        metrics=app[state.METRICS],
-    )
-    app[state.CONTROL] = client
-    task = asyncio.create_task(client.run(), name="prism-control-rpc")
+    clients = [
+        ControlClient(
+            app[state.BACKEND].session,
+            url,
+            token=config.control_token,
+            protect=config.protect,
+            metrics=app[state.METRICS],
+        )
+        for url in config.control_urls
+    ]
+    app[state.CONTROLS] = clients
+    tasks = [
+        asyncio.create_task(client.run(), name=f"prism-control-rpc-{i}")
+        for i, client in enumerate(clients)
+    ]
     yield
-    await _cancel(task)
+    for task in tasks:
+        await _cancel(task)
+
+
+def push_to_all(clients: list[ControlClient]) -> PushFn | None:
+    if not clients:
+        return None
+
+    def push(table: dict[str, float]) -> None:
+        for client in clients:
+            client.push(table)
+
+    return push
 
 
 def dart_residency(
-    policy: SchedulingPolicy, config: ProxyConfig, control: ControlClient | None
-) -> ResidencyPoller | None:
+    policy: SchedulingPolicy, config: ProxyConfig, clients: list[ControlClient]
+) -> list[ResidencyPoller]:
     """When prism weighs residency and may ask DART (`--residency auto|dart` with a
-    control URL), it reads DART's resident set instead of its own cache view."""
+    control URL), it reads DART's resident sets (their union, with several replicas)
+    instead of its own cache view."""
     if not isinstance(policy, PrismPolicy) or config.qas.w_c <= 0:
-        return None
-    if control is None or config.residency == "view":
-        return None
-    resident = ResidentSegments()
-    policy.residency = resident
-    return ResidencyPoller(control, resident)
+        return []
+    if not clients or config.residency == "view":
+        return []
+    sets = [ResidentSegments() for _ in clients]
+    policy.residency = sets[0] if len(sets) == 1 else UnionResidency(sets)
+    return [ResidencyPoller(c, resident) for c, resident in zip(clients, sets, strict=True)]
 
 
 async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[state.CONFIG]
-    control = app.get(state.CONTROL)
+    controls = app[state.CONTROLS]
     policy = make_policy(config.policy, config.qas)
-    poller = dart_residency(policy, config, control)
+    pollers = dart_residency(policy, config, controls)
     admission = AdmissionController(
         policy,
         pacing=PrefillPacing(config.prefill_batch, config.max_inflight),
         window_s=config.window_s,
         max_queue=config.max_queue,
         metrics=app[state.METRICS],
-        on_wave=control.push if control is not None else None,
+        on_wave=push_to_all(controls),
     )
     app[state.ADMISSION] = admission
     tasks = [asyncio.create_task(admission.run(), name="prism-qas-loop")]
-    if poller is not None:
-        tasks.append(asyncio.create_task(poller.run(), name="prism-residency"))
+    for i, poller in enumerate(pollers):
+        tasks.append(asyncio.create_task(poller.run(), name=f"prism-residency-{i}"))
     yield
     for task in tasks:
         await _cancel(task)

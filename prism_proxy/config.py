@@ -87,6 +87,14 @@ class ProxyConfig:
         return self.backend.rstrip("/")
 
     @property
+    def control_urls(self) -> list[str]:
+        """Every DART control RPC to push to: `control_url` may list several, comma
+        separated (one PRISM proxy in front of a gateway and N replicas)."""
+        if not self.control_url:
+            return []
+        return [url.strip() for url in self.control_url.split(",") if url.strip()]
+
+    @property
     def window_s(self) -> float:
         return self.window_ms / 1000.0
 
@@ -142,7 +150,8 @@ _HELP = {
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_chars": "largest prompt: characters of text (token ids count one each) over "
     "messages, prompt and hints (413 above)",
-    "control_url": "base URL of the DART control RPC (unset: no pushes)",
+    "control_url": "base URL of the DART control RPC, or several comma-separated (one per "
+    "replica behind a gateway; unset: no pushes)",
     "control_token": "bearer token for the control RPC",
     "protect": "DART protection budget f sent with each priority table",
     "backend_timeout_s": "longest silence of the backend within one request",

@@ -17,5 +17,5 @@ METRICS = web.AppKey("metrics", ProxyMetrics)
 BACKEND = web.AppKey("backend", BackendClient)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 SERIALIZER = web.AppKey("serializer", Serializer)
-CONTROL = web.AppKey("control", ControlClient)
+CONTROLS = web.AppKey("controls", list[ControlClient])  # one per DART control RPC
 ADMISSION = web.AppKey("admission", AdmissionController)

@@ -245,27 +245,54 @@ def test_every_compose_variable_is_in_env_example_and_documented() -> None:
     assert not undocumented, f"docs/deploy.md does not describe {undocumented}"
 
 
-@needs_compose
-@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
-def test_scale_out_profile_puts_smg_in_front_of_three_replicas(kind: str, tmp_path: Path) -> None:
-    """`--profile scale-out` (docs/scale-out.md): smg routes over three proxies, each in
-    front of its own engine and that engine's control RPC; only the gateway and the
-    first proxy are published; the Prometheus config for it scrapes every replica."""
+def scale_out_services(kind: str, profile: str, tmp_path: Path) -> dict[str, Any]:
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PRISM_", "COMPOSE_"))}
     result = subprocess.run(
         ["docker-compose", "--env-file", str(env_file), "-f", COMPOSE_FILES[kind],
-         "--profile", "scale-out", "config"],
+         "--profile", profile, "config"],
         cwd=REPO, env={**clean, "PRISM_CONTROL_TOKEN": TOKEN}, capture_output=True,
         text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    services = yaml.safe_load(result.stdout)["services"]
+    return yaml.safe_load(result.stdout)["services"]
+
+
+def _workers(command: list[str]) -> list[str]:
+    return command[command.index("--worker-urls") + 1 : command.index("--policy")]
+
+
+@needs_compose
+@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
+def test_scale_out_profile_puts_one_prism_in_front_of_smg(kind: str, tmp_path: Path) -> None:
+    """`--profile scale-out` (topology B, docs/scale-out.md): the front proxy sends to smg
+    (cache_aware) over three engines and pushes to every engine's DART RPC."""
+    services = scale_out_services(kind, "scale-out", tmp_path)
     engine = ENGINE[kind]
     gateway = services["gateway"]["command"]
-    workers = gateway[gateway.index("--worker-urls") + 1 : gateway.index("--policy")]
-    assert workers == ["http://proxy:8000", "http://proxy-2:8000", "http://proxy-3:8000"]
+    assert _workers(gateway) == [f"http://{engine}{s}:30000" for s in ("", "-2", "-3")]
+    assert command_value(gateway, "--policy") == "cache_aware"
+    assert not services["gateway"].get("ports")
+    front = services["proxy-front"]["environment"]
+    assert front["PRISM_BACKEND"] == "http://gateway:8080"
+    controls = front["PRISM_CONTROL_URL"].split(",")
+    assert len(controls) == 3 and all(url.endswith(":30001") for url in controls)
+    assert services["proxy-front"]["ports"]
+    for n in (2, 3):
+        assert not services[f"{engine}-{n}"].get("ports")
+
+
+@needs_compose
+@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
+def test_sidecar_profile_puts_smg_in_front_of_three_proxies(kind: str, tmp_path: Path) -> None:
+    """`--profile scale-out-sidecars` (topology A): smg routes over three proxies, each in
+    front of its own engine and that engine's control RPC; the Prometheus config for the
+    scale-out profiles scrapes every replica and both gateways."""
+    services = scale_out_services(kind, "scale-out-sidecars", tmp_path)
+    engine = ENGINE[kind]
+    gateway = services["gateway-sidecars"]["command"]
+    assert _workers(gateway) == ["http://proxy:8000", "http://proxy-2:8000", "http://proxy-3:8000"]
     assert command_value(gateway, "--policy") == "consistent_hashing"
     for n in (2, 3):
         proxy = services[f"proxy-{n}"]
@@ -274,7 +301,7 @@ def test_scale_out_profile_puts_smg_in_front_of_three_replicas(kind: str, tmp_pa
         assert control.startswith(f"http://{engine}-{n}") and control.endswith(":30001")
         assert not proxy.get("ports") and f"{engine}-{n}" in proxy["depends_on"]
         assert not services[f"{engine}-{n}"].get("ports")
-    assert services["gateway"]["ports"]
+    assert services["gateway-sidecars"]["ports"]
     suffix = "" if kind == "gpu" else ".sim"
     scrape = yaml.safe_load(
         (REPO / "deploy" / "prometheus" / f"prometheus.scale-out{suffix}.yml").read_text()
@@ -282,6 +309,8 @@ def test_scale_out_profile_puts_smg_in_front_of_three_replicas(kind: str, tmp_pa
     targets = {
         job["job_name"]: job["static_configs"][0]["targets"] for job in scrape["scrape_configs"]
     }
-    assert targets["prism-proxy"] == ["proxy:8000", "proxy-2:8000", "proxy-3:8000"]
+    assert {"proxy:8000", "proxy-front:8000", "proxy-2:8000", "proxy-3:8000"} == set(
+        targets["prism-proxy"]
+    )
     assert len(targets["sglang"]) == len(targets["prism-dart"]) == 3
-    assert targets["smg"] == ["gateway:29000"]
+    assert targets["smg"] == ["gateway:29000", "gateway-sidecars:29000"]

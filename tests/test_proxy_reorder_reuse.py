@@ -8,6 +8,8 @@ reuses the system prompt only.
 
 from __future__ import annotations
 
+import contextlib
+
 import httpx
 import openai
 import pytest
@@ -24,7 +26,7 @@ from prism_proxy import state
 from prism_proxy.app import start_proxy
 from prism_proxy.qas.alignment import canonical_key
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QasParams, qas_params
-from prism_proxy.qas.residency import ResidentSegments, ViewResidency
+from prism_proxy.qas.residency import ResidentSegments, UnionResidency, ViewResidency
 from prism_proxy.request_model import SegmentedPrompt
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import load_tokenizer
@@ -153,3 +155,36 @@ async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path
             assert isinstance(view_proxy.app[state.ADMISSION].core.policy.residency, ViewResidency)
         finally:
             await view_proxy.stop()
+
+
+async def test_one_proxy_pushes_to_every_replicas_dart(tmp_path) -> None:
+    """Comma-separated control URLs (one proxy in front of a gateway and N replicas):
+    every DART gets each table, and residency is the union of what they hold."""
+    token = "fan-out-test-token"
+    ports = [free_port(), free_port()]
+    with contextlib.ExitStack() as stack:
+
+        def sim_args(port: int) -> list[str]:
+            return ["--eviction", "dart", "--control-port", str(port),
+                    "--control-token", token, "--speed", "50"]  # fmt: skip
+
+        sims = [
+            stack.enter_context(run_server("prism_sim", sim_args(port), log_dir=tmp_path))
+            for port in ports
+        ]
+        urls = ",".join(f"http://127.0.0.1:{port}" for port in ports)
+        proxy = await start_proxy(proxy_config(sims[0].url, control_url=urls, control_token=token))
+        try:
+            assert len(proxy.app[state.CONTROLS]) == 2
+            residency = proxy.app[state.ADMISSION].core.policy.residency
+            assert isinstance(residency, UnionResidency)
+            docs = _docs("fan")
+            await _send(proxy.url, docs, FIRST_ORDER, "Which documents mention ice?")
+            await eventually(lambda: set(docs) <= residency.resident())
+            auth = {"Authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient() as http:
+                for port in ports:
+                    stats = await http.get(f"http://127.0.0.1:{port}/prism/stats", headers=auth)
+                    assert stats.json()["accepted_epoch"] > 0  # each DART took a table
+        finally:
+            await proxy.stop()

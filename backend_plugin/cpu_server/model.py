@@ -106,16 +106,3 @@ def ensure_tiny_model(seed: int = 0, cache_root: Path | None = None) -> Path:
     root = (cache_root or default_cache_dir()) / "models"
     final = root / f"tiny-qwen2-{MODEL_VERSION}-seed{seed}"
     return build_cached(final, lambda tmp: write_tiny_model(tmp, seed))
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    tmp.chmod(0o755)
-    try:
-        write_tiny_model(tmp, seed)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "model.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final

@@ -131,10 +131,16 @@ def convert_gguf(gguf: Path, directory: Path, dtype: str = "bfloat16") -> None:
         path.chmod(0o644)
 
 
+def smollm2_dir(cache_root: Path | None = None) -> Path:
+    """Where the converted directory lives; it is complete once it holds
+    `model.safetensors` (`build_cached`'s test)."""
+    return (cache_root or default_cache_dir()) / "models" / MODEL_NAME
+
+
 def ensure_smollm2(cache_root: Path | None = None) -> Path:
     """The SmolLM2-135M-Instruct directory, built first if absent (`build_cached`)."""
     cache = cache_root or default_cache_dir()
-    final = cache / "models" / MODEL_NAME
+    final = smollm2_dir(cache)
 
     def build(tmp: Path) -> None:
         gguf = ensure_gguf(cache)

@@ -7,6 +7,7 @@ prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out F
 prism-loadgen sweep  --out DIR [--policies ... --qps 40,50,60,70,80 --speed F]
 prism-loadgen simulate --out DIR [same flags as sweep]          the twin, modeled time
 prism-loadgen scale-out --out DIR [--replicas 3 --qps 40,120]  N replicas behind smg
+prism-loadgen quality --out DIR [--orders fifo,prism,...]  answer F1 by document order
 prism-loadgen report --results DIR
 prism-loadgen demo   [--out DIR]
 """
@@ -84,6 +85,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         request_timeout_s=args.timeout,
         progress=True if args.progress else None,
         routing_key=args.routing_key,
+        max_replica_share=args.max_replica_share,
     )
     results = asyncio.run(replay(trace, config))
     write_results(Path(args.out), results)
@@ -171,9 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--timeout", type=float, default=600.0, help="per-request read timeout (s)")
     rep.add_argument(
         "--routing-key",
-        choices=("none", "anchor"),
+        choices=("none", "anchor", "anchor-bounded"),
         default="none",
-        help="send X-SMG-Routing-Key = the request's anchor segment (a gateway in front)",
+        help="send X-SMG-Routing-Key = the request's anchor segment (a gateway in front);"
+        " anchor-bounded spreads hot anchors (prism_proxy.hot_keys)",
+    )
+    rep.add_argument(
+        "--max-replica-share",
+        type=float,
+        default=0.4,
+        help="anchor-bounded: a hot key never sends to a replica holding this share of the"
+        " last 256 requests (default: 0.4)",
     )
     rep.add_argument("--progress", action="store_true", help="force the progress bar")
     rep.add_argument("--out", required=True, help="results JSON path")
@@ -213,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         from loadgen.scale_out import main as scale_out
 
         return scale_out(argv[1:])
+    if argv[:1] == ["quality"]:  # its own flags (loadgen/quality/run.py)
+        from loadgen.quality.run import main as quality
+
+        return quality(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

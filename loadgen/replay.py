@@ -26,7 +26,11 @@ import aiohttp
 from loadgen.apis import build_request, parse_event
 from loadgen.summary import RequestRecord, summarize
 from loadgen.trace_format import Trace, TraceRequest
-from prism_proxy.routing import routing_headers
+from prism_proxy.hot_keys import BoundedKeys
+from prism_proxy.routing import ROUTING_KEY_HEADER, routing_headers
+from prism_proxy.smg_ring import SmgRing
+
+ROUTING_KEYS = ("none", "anchor", "anchor-bounded")
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,14 @@ class ReplayConfig:
     model: str | None = None
     request_timeout_s: float = 600.0
     progress: bool | None = None  # None: only on a terminal
-    routing_key: str = "none"  # "anchor": X-SMG-Routing-Key for a gateway (issue 15)
+    routing_key: str = "none"  # X-SMG-Routing-Key for a gateway (issue 15): ROUTING_KEYS
+    max_replica_share: float = 0.4  # "anchor-bounded": the cap m (prism_proxy.hot_keys)
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
             raise ValueError("time_scale must be positive")
-        if self.routing_key not in ("none", "anchor"):
-            raise ValueError("routing_key is 'none' or 'anchor'")
+        if self.routing_key not in ROUTING_KEYS:
+            raise ValueError(f"routing_key is one of {', '.join(ROUTING_KEYS)}")
 
 
 async def discover_model(session: aiohttp.ClientSession, target: str) -> str:
@@ -96,15 +101,61 @@ async def _read_stream(response: aiohttp.ClientResponse, api: str, on_first: Any
     return tally
 
 
-def routing_headers_for(request: TraceRequest, mode: str) -> dict[str, str]:
+def trace_popularity(request: TraceRequest) -> dict[str, float] | None:
+    """The trace's hot ranks as popularity: 1/rank, so rank 1 is the most popular and
+    every hot passage outranks the cold ones (popularity 0)."""
+    ranks = request.meta.get("hot_ranks") or {}
+    return {segment: 1.0 / float(rank) for segment, rank in ranks.items()} or None
+
+
+def routing_headers_for(
+    request: TraceRequest, mode: str, bounded: BoundedKeys | None = None
+) -> dict[str, str]:
     """`X-SMG-Routing-Key` for a gateway in front of replicas (issue 15): `anchor` routes
     by the request's most popular segment (the trace's hot ranks; else PRISM's
-    canonical first), `none` sends no key."""
+    canonical first), `anchor-bounded` by the same anchor with hot keys spread
+    (`bounded`), `none` sends no key."""
     if mode == "none":
         return {}
-    ranks = request.meta.get("hot_ranks") or {}
-    popularity = {segment: -float(rank) for segment, rank in ranks.items()}  # rank 1 first
-    return routing_headers([s.id for s in request.segments], popularity or None)
+    ids = [s.id for s in request.segments]
+    if mode == "anchor-bounded":
+        if bounded is None:
+            raise ValueError("anchor-bounded needs a BoundedKeys policy")
+        return bounded.headers(ids, trace_popularity(request))
+    return routing_headers(ids, trace_popularity(request))
+
+
+async def gateway_workers(session: aiohttp.ClientSession, target: str) -> list[str]:
+    """The worker URLs smg lists on `/workers` (what its hash ring is built from)."""
+    async with session.get(target + "/workers") as response:
+        response.raise_for_status()
+        return [str(worker["url"]) for worker in (await response.json())["workers"]]
+
+
+async def plan_routing(
+    session: aiohttp.ClientSession, config: ReplayConfig, trace: Trace
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """Every request's routing headers, in arrival order, before the clock starts (the
+    keys depend only on the anchors' order), and what the plan expects per replica."""
+    bounded = None
+    info: dict[str, Any] = {"mode": config.routing_key}
+    if config.routing_key == "anchor-bounded":
+        ring = SmgRing(await gateway_workers(session, config.target))
+        bounded = BoundedKeys(ring.place, len(ring.urls), config.max_replica_share)
+        info.update(workers=list(ring.urls), cap=bounded.cap, window=bounded.window)
+    headers = [routing_headers_for(r, config.routing_key, bounded) for r in trace.requests]
+    if bounded is not None:
+        keys = [h.get(ROUTING_KEY_HEADER) for h in headers]
+        info["planned_per_replica"] = {
+            url: sum(1 for k in keys if k is not None and bounded.place(k) == url)
+            for url in info["workers"]
+        }
+        info["moved"] = sum(
+            1
+            for key, request in zip(keys, trace.requests, strict=True)
+            if key is not None and key not in {s.id for s in request.segments}
+        )
+    return headers, info
 
 
 async def send_one(
@@ -113,9 +164,11 @@ async def send_one(
     request: TraceRequest,
     call: tuple[str, dict[str, Any]],
     scheduled_at: float,
+    headers: dict[str, str] | None = None,
 ) -> RequestRecord:
-    """Send one request (``call`` = its path and body), stream its answer, and measure
-    it (modeled time)."""
+    """Send one request (``call`` = its path and body; ``headers``: its routing headers,
+    by default from ``config.routing_key``), stream its answer, and measure it (modeled
+    time)."""
     loop = asyncio.get_running_loop()
     scale = config.time_scale
     path, body = call
@@ -125,7 +178,8 @@ async def send_one(
     status: int | None = None
     tally = _Tally()
     try:
-        headers = routing_headers_for(request, config.routing_key)
+        if headers is None:
+            headers = routing_headers_for(request, config.routing_key)
         async with session.post(config.target + path, json=body, headers=headers) as response:
             status = response.status
             lane = response.headers.get("x-prism-lane")
@@ -189,14 +243,15 @@ async def replay(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
         serializer = _serializer(trace) if config.api == "native" else None
         # Bodies are built before the clock starts: no client work on the send path.
         calls = [build_request(config.api, r, model, serializer) for r in trace.requests]
+        headers, routing = await plan_routing(session, config, trace)
         tasks: list[asyncio.Task[RequestRecord]] = []
         start = loop.time()
-        for request, call in zip(trace.requests, calls, strict=True):
+        for request, call, header in zip(trace.requests, calls, headers, strict=True):
             scheduled = start + request.arrival / config.time_scale
             delay = scheduled - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(send_one(session, config, request, call, scheduled))
+            task = asyncio.create_task(send_one(session, config, request, call, scheduled, header))
             if bar is not None:
                 task.add_done_callback(lambda _t: bar.update(1))
             tasks.append(task)
@@ -209,6 +264,7 @@ async def replay(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
         "config": {**asdict(config), "model": model},
         "trace": trace.header.to_json(),
         "summary": summarize(records, duration_s, float(qps) if qps else None),
+        "routing": routing,
         "requests": [r.to_json() for r in records],
     }
 

@@ -13,6 +13,9 @@ replicas on the default profile, real time) and reports the aggregate hit rate
 * `A-key`: the same with smg `consistent_hashing` and `X-SMG-Routing-Key` = the
   request's anchor segment (`prism_proxy.routing`, `prism-loadgen replay --routing-key
   anchor`);
+* `A-key-bounded`: `A-key` with hot anchors spread (`prism_proxy.hot_keys`, `--routing-key
+  anchor-bounded`): a hot key's request never goes to a replica holding
+  `--max-replica-share` of the client's last 256 requests;
 * `B-round_robin`, `B-cache_aware`: one PRISM proxy in front of smg, smg in front of the
   engines. QAS sees all traffic; the proxy's `/generate` carries token ids, so smg
   routes the canonicalised prompts. The proxy pushes P̂_t to every engine's DART
@@ -38,6 +41,8 @@ from bench.peers_launch import OFFLINE_ENV, Smg
 from loadgen.processes import ServerProcess, free_port, run_server
 
 CONFIGS = ("single", "A-round_robin", "A-cache_aware", "A-key", "B-round_robin", "B-cache_aware")
+EXTRA_CONFIGS = ("A-key-bounded",)  # run when named in --configs
+KEY_MODES = {"key": "anchor", "key-bounded": "anchor-bounded"}  # A-<policy>: routing key
 SMG = Smg()
 
 
@@ -110,10 +115,10 @@ def topology(name: str, replicas: int, log_dir: Path) -> Iterator[tuple[str, lis
         kind, policy = name.split("-", 1)
         sidecar = kind == "A"
         nodes = [stack.enter_context(replica(log_dir, sidecar, token)) for _ in range(replicas)]
-        smg_policy = "consistent_hashing" if policy == "key" else policy
+        smg_policy = "consistent_hashing" if policy in KEY_MODES else policy
         front = stack.enter_context(gateway([n.url for n in nodes], smg_policy, log_dir))
         if sidecar:
-            yield front.url, nodes, "anchor" if policy == "key" else "none"
+            yield front.url, nodes, KEY_MODES.get(policy, "none")
             return
         controls = ",".join(n.control_url for n in nodes)  # every replica's DART
         proxy_args = ["serve", "--backend", front.url, "--log-level", "warning",
@@ -122,7 +127,9 @@ def topology(name: str, replicas: int, log_dir: Path) -> Iterator[tuple[str, lis
         yield proxy.url, nodes, "none"
 
 
-def run_config(name: str, trace_path: Path, replicas: int, out: Path) -> dict[str, Any]:
+def run_config(
+    name: str, trace_path: Path, replicas: int, out: Path, max_replica_share: float = 0.4
+) -> dict[str, Any]:
     from loadgen.replay import ReplayConfig, replay, write_results
     from loadgen.trace_format import read_trace
 
@@ -130,7 +137,9 @@ def run_config(name: str, trace_path: Path, replicas: int, out: Path) -> dict[st
     log_dir = out / "logs" / name
     log_dir.mkdir(parents=True, exist_ok=True)
     with topology(name, replicas, log_dir) as (url, nodes, routing_key):
-        config = ReplayConfig(target=url, api="prism", routing_key=routing_key)
+        config = ReplayConfig(
+            target=url, api="prism", routing_key=routing_key, max_replica_share=max_replica_share
+        )
         results = asyncio.run(replay(trace, config))
         counts = [served_by(node.engine) for node in nodes]
     results["scale_out"] = {"config": name, "replicas": len(nodes), "served": counts}
@@ -160,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qps", default="40,120")
     parser.add_argument("--num-requests", type=int, default=1200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"also: {', '.join(EXTRA_CONFIGS)}"
+    )
+    parser.add_argument(
+        "--max-replica-share", type=float, default=0.4, help="A-key-bounded's cap (default 0.4)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
@@ -177,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             header, requests = build_rag_trace(params, args.seed, tokenizer, "builtin")
             write_trace(trace_path, header, requests)
         for name in args.configs.split(","):
-            results = run_config(name, trace_path, args.replicas, out)
+            results = run_config(name, trace_path, args.replicas, out, args.max_replica_share)
             lines.append(row(name, qps, results))
             print(lines[-1], flush=True)
     table = "\n".join(lines)

@@ -6,6 +6,8 @@ PRISM replicas (prism-sim + proxy each) on loopback (issue 15).
 * with `--policy consistent_hashing` and `X-SMG-Routing-Key` (`prism_proxy.routing`),
   requests with the same anchor segment reach the same replica, different anchors
   spread, and the `prism` hints arrive intact (the repeat reuses the documents);
+* every key reaches the replica `prism_proxy.smg_ring.SmgRing` predicts, so a hot key's
+  sub-keys (`prism_proxy.hot_keys.spread_keys`) reach distinct replicas;
 * streaming and client errors go through smg unharmed.
 """
 
@@ -23,7 +25,9 @@ from loadgen.processes import ServerProcess, run_server
 from loadgen.scale_out import gateway as smg_gateway
 from prism_proxy import state
 from prism_proxy.app import RunningProxy, start_proxy
+from prism_proxy.hot_keys import spread_keys
 from prism_proxy.routing import ROUTING_KEY_HEADER, routing_headers
+from prism_proxy.smg_ring import SmgRing
 
 REPLICAS = 3
 SIM_ARGS = ["--speed", "50", "--log-level", "warning"]
@@ -73,6 +77,8 @@ async def test_smg_routes_by_anchor_to_prism_replicas(sims, tmp_path) -> None:
             gateway = await asyncio.to_thread(stack.enter_context, front)
             async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
                 model = (await http.get("/v1/models")).json()["data"][0]["id"]
+                ring = SmgRing(w["url"] for w in (await http.get("/workers")).json()["workers"])
+                urls = [p.url for p in proxies]
                 # the probes a gateway sends, answered by a proxy
                 direct = httpx.AsyncClient(base_url=proxies[0].url)
                 info = (await direct.get("/server_info")).json()
@@ -97,12 +103,23 @@ async def test_smg_routes_by_anchor_to_prism_replicas(sims, tmp_path) -> None:
                         cached.append(answer.json()["usage"]["prompt_tokens_details"])
                         after = [served(p) for p in proxies]
                         hit = [i for i in range(REPLICAS) if after[i] > before[i]]
-                        assert len(hit) == 1
+                        assert hit == [urls.index(ring.place(headers[ROUTING_KEY_HEADER]))]
                         replicas_by_key.setdefault(headers[ROUTING_KEY_HEADER], set()).update(hit)
                     # the second request met the first's documents in that replica's cache
                     assert (cached[1] or {}).get("cached_tokens", 0) > 3 * 20
                 assert all(len(replicas) == 1 for replicas in replicas_by_key.values())
                 assert len(set().union(*replicas_by_key.values())) >= 2  # keys spread
+
+                # a hot key's sub-keys land where the ring says: one per replica
+                reached = []
+                for key in spread_keys("rivers-a", ring.place, REPLICAS):
+                    answer = await http.post(
+                        "/v1/chat/completions", json=chat(model, ["rivers-a"], "Why?"),
+                        headers={ROUTING_KEY_HEADER: key},
+                    )  # fmt: skip
+                    reached.append(answer.headers["x-smg-routed-worker-id"])
+                    assert reached[-1] == ring.place(key)
+                assert sorted(reached) == sorted(urls)
 
                 stream = await http.post(
                     "/v1/chat/completions",

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import aiohttp
 from aiohttp import web
 from proxy_support import loopback_app
 
-from loadgen.replay import ReplayConfig, send_one
-from loadgen.trace_format import Segment, TraceRequest
+from loadgen.replay import ReplayConfig, replay, send_one
+from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest
+from prism_proxy.hot_keys import spread_keys
 from prism_proxy.probes import with_proxy_queue
 from prism_proxy.qas.alignment import canonical_key
 from prism_proxy.routing import ROUTING_KEY_HEADER, anchor_segment, routing_headers
+from prism_proxy.smg_ring import SmgRing
 
 
 def test_anchor_is_the_most_popular_segment_else_the_canonical_first() -> None:
@@ -55,7 +58,7 @@ async def test_replay_sends_the_anchor_as_routing_key() -> None:
         rid="r1",
         arrival=0.0,
         system="s",
-        segments=(Segment("p00003", "three"), Segment("p00001", "one")),
+        segments=(Segment("p00003", "three"), Segment("p00001", "one"), Segment("p00000", "z")),
         suffix="q",
         max_tokens=2,
         reorder=True,
@@ -68,4 +71,41 @@ async def test_replay_sends_the_anchor_as_routing_key() -> None:
             body = {"model": "m", "messages": [{"role": "user", "content": "q"}], "stream": True}
             record = await send_one(session, config, request, ("/v1/chat/completions", body), 0.0)
             assert record.success, record.error
-    assert seen == ["p00003", None]  # hot rank 1 is the anchor
+    assert seen == ["p00003", None]  # hot rank 1 is the anchor, before any cold segment
+
+
+async def test_replay_spreads_a_hot_anchor_over_the_gateways_replicas() -> None:
+    seen: list[str] = []
+    workers = [f"http://127.0.0.1:{port}" for port in (30001, 30002, 30003)]
+
+    async def listing(_request: web.Request) -> web.Response:
+        return web.json_response({"workers": [{"url": url} for url in workers]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers[ROUTING_KEY_HEADER])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        delta = {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}
+        await response.write(f"data: {json.dumps(delta)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    app = web.Application()
+    app.router.add_get("/workers", listing)
+    app.router.add_post("/v1/chat/completions", chat)
+    requests = [
+        TraceRequest(rid=f"r{i}", arrival=0.0, system="s", suffix="q", max_tokens=2,
+                     segments=(Segment("hot", "h"), Segment(f"cold-{i}", "c")),
+                     reorder=True, hot=True, meta={"hot_ranks": {"hot": 1}})
+        for i in range(300)
+    ]  # fmt: skip
+    trace = Trace(TraceHeader("t", {}, 0, len(requests), "builtin"), tuple(requests))
+    async with loopback_app(app) as url:
+        config = ReplayConfig(target=url, api="openai", routing_key="anchor-bounded", model="m")
+        results = await replay(trace, config)
+    routing, ring = results["routing"], SmgRing(workers)
+    assert results["summary"]["completed"] == 300
+    assert routing["workers"] == workers and routing["cap"] == 103  # ceil(0.4 * 256)
+    sent = Counter(seen)  # the hot anchor fills its home replica, then spills to the others
+    assert sent["hot"] >= 103 and set(sent) == set(spread_keys("hot", ring.place, 3))
+    assert routing["moved"] == 300 - sent["hot"]
+    assert routing["planned_per_replica"] == dict(Counter(ring.place(k) for k in seen))

@@ -3,7 +3,7 @@
 # the environment `make venv` builds. Real-stack sweeps run in real time and want a
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
-#   bash docs/results/reproduce.sh [real|twin|qas|all]    (default: all)
+#   bash docs/results/reproduce.sh [real|twin|qas|quality|all]    (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
 # their commands pin the paper's (`--qas paper`). `qas` re-runs issue 13's comparison.
@@ -107,10 +107,20 @@ qas() {
   cp $out/reorder-twin/bound.json docs/results/qas-variants/reorder-twin/
 }
 
+quality() {
+  # Issue 16: answer F1 by document order on SmolLM2-135M-Instruct, a real SGLang on
+  # this CPU (make sglang-venv first; the model is prepared on first use; ~40 min)
+  prism-loadgen quality --out runs/quality \
+    --orders fifo,fifo-rerun,prism,adversarial,answer-first,answer-last,no-answer
+  mkdir -p docs/results/quality
+  cp runs/quality/{report.md,summary.json,answers-*.jsonl} docs/results/quality/
+}
+
 case $what in
   real) real ;;
   twin) twin ;;
   qas) qas ;;
-  all) real; twin; qas ;;
-  *) echo "usage: $0 [real|twin|qas|all]" >&2; exit 2 ;;
+  quality) quality ;;
+  all) real; twin; qas; quality ;;
+  *) echo "usage: $0 [real|twin|qas|quality|all]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,359 @@
+"""`prism-loadgen quality`: answer quality by document order, through the proxy (issue 16).
+
+    prism-loadgen quality --out runs/quality [--engine sglang-cpu --model smollm2]
+        [--orders fifo,prism,adversarial,no-answer] [--questions 240] [--concurrency 4]
+
+For each order, on a fresh engine and proxy (the engine runs DART with its control RPC
+for every order, so only the order differs): every question of the answer_quality
+trace (`trace.py`) is asked through the proxy with the real `openai` client (chat,
+the segments in `extra_body={"prism": ...}`, temperature 0), `--concurrency` at a time
+in trace order. Each answer is scored against its references (SQuAD F1 and EM,
+`metrics.py`); the report gives each order's means with 95 % bootstrap intervals, the
+paired difference against `fifo` over the same questions, how many answers changed,
+and the exact-prefix hit rate (cached / prompt tokens from the responses' usage).
+
+`--engine sglang-cpu` is an unmodified SGLang on this CPU (`backend_plugin.cpu_server.
+serve`, in `.venv-sglang`) serving SmolLM2-135M-Instruct (`--model smollm2`; the tiny
+test model answers noise). `--engine sim` is prism-sim, whose answers are noise too:
+it checks the harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.apis import prism_hint
+from loadgen.processes import ServerProcess, free_port, run_server
+from loadgen.quality.metrics import best_scores, bootstrap_mean, paired_difference
+from loadgen.quality.orders import ORDERS, PROXY_POLICY, answer_positions, arranged_request
+from loadgen.quality.trace import QualityTraceParams, build_quality_trace
+from loadgen.trace_format import TraceRequest, read_trace, write_trace
+
+DEFAULT_ORDERS = ("fifo", "prism", "adversarial", "no-answer")
+SGLANG_PYTHON = ".venv-sglang/bin/python"
+KV_TOKENS = 32768  # room for the whole trace's distinct text (~25k tokens with SmolLM2)
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    out: Path
+    engine: str = "sglang-cpu"
+    model: str = "smollm2"
+    orders: tuple[str, ...] = DEFAULT_ORDERS
+    questions: int = 240
+    concurrency: int = 4
+    seed: int = 0
+    trace: Path | None = None
+    sglang_python: str = SGLANG_PYTHON
+    qas: str = "full"
+
+    def __post_init__(self) -> None:
+        unknown = [o for o in self.orders if o not in ORDERS]
+        if unknown or not self.orders:
+            raise ValueError(f"orders must be among {', '.join(ORDERS)} (got {unknown or '[]'})")
+        if self.engine not in ("sglang-cpu", "sim"):
+            raise ValueError("engine is 'sglang-cpu' or 'sim'")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+
+
+def model_directory(config: QualityConfig) -> str:
+    """The proxy's tokenizer: the served model's directory (prepared if needed), or the
+    builtin tokenizer for prism-sim."""
+    if config.engine == "sim":
+        return "builtin"
+    done = subprocess.run(
+        [config.sglang_python, "-m", "backend_plugin.cpu_server.smollm2"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+@contextlib.contextmanager
+def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerProcess]:
+    """A fresh engine (DART + control RPC) and a proxy with `order`'s policy in front."""
+    logs = config.out / "logs"
+    token, control_port = secrets.token_hex(16), free_port()
+    control = ["--control-port", str(control_port), "--control-token", token]
+    if config.engine == "sim":
+        engine = (
+            "prism_sim",
+            ["--tokenizer", tokenizer, "--eviction", "dart", *control],
+            sys.executable,
+            60.0,
+        )
+    else:
+        args = ["--model", config.model, "--max-total-tokens", str(KV_TOKENS), *control]
+        engine = ("backend_plugin.cpu_server.serve", args, config.sglang_python, 300.0)
+    module, args, python, timeout_s = engine
+    with run_server(
+        module,
+        args,
+        log_dir=logs,
+        name=f"engine-{order}",
+        python=python,
+        startup_timeout_s=timeout_s,
+    ) as server:
+        policy = PROXY_POLICY[order]
+        proxy_args = [
+            "serve",
+            "--backend",
+            server.url,
+            "--policy",
+            policy,
+            "--tokenizer",
+            tokenizer,
+            "--log-level",
+            "warning",
+        ]
+        if policy == "prism":
+            proxy_args += [
+                "--qas",
+                config.qas,
+                "--control-url",
+                f"http://127.0.0.1:{control_port}",
+                "--control-token",
+                token,
+            ]
+        with run_server("prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{order}") as proxy:
+            yield proxy
+
+
+async def ask_all(
+    target: str, requests: Sequence[TraceRequest], concurrency: int
+) -> list[dict[str, Any]]:
+    """Every request through the proxy's chat endpoint with the `openai` client; one
+    record per request, in order (a failure is a record with its error)."""
+    from openai import AsyncOpenAI, OpenAIError
+
+    client = AsyncOpenAI(base_url=target + "/v1", api_key="prism", max_retries=0, timeout=600)
+    model = (await client.models.list()).data[0].id
+    gate = asyncio.Semaphore(concurrency)
+
+    async def ask(request: TraceRequest) -> dict[str, Any]:
+        messages: list[Any] = [
+            {"role": "system", "content": request.system},
+            {"role": "user", "content": request.joined_user_text()},
+        ]
+        record: dict[str, Any] = {"rid": request.rid}
+        async with gate:
+            started = time.perf_counter()
+            try:
+                response = await client.chat.completions.create(
+                    model=model,
+                    messages=messages,
+                    max_tokens=request.max_tokens,
+                    temperature=0.0,
+                    extra_body={"prism": prism_hint(request)},
+                )
+            except OpenAIError as exc:
+                return {**record, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            record["latency_s"] = time.perf_counter() - started
+        usage = response.usage
+        details = usage.prompt_tokens_details if usage else None
+        return {
+            **record,
+            "answer": response.choices[0].message.content or "",
+            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "cached_tokens": (details.cached_tokens or 0) if details else 0,
+        }
+
+    try:
+        return list(await asyncio.gather(*(ask(r) for r in requests)))
+    finally:
+        await client.close()
+
+
+def score(requests: Sequence[TraceRequest], records: Sequence[dict[str, Any]], order: str):
+    """Per-question scores of one order (records and requests in the same order)."""
+    rows = []
+    for request, record in zip(requests, records, strict=True):
+        answer = record.get("answer")
+        f1, em = best_scores(answer, request.meta["answers"]) if answer is not None else (0.0, 0.0)
+        rows.append(
+            {
+                **record,
+                "order": order,
+                "f1": f1,
+                "em": em,
+                # where the client put the evidence; under prism QAS decides (unknown here)
+                "answer_positions": None
+                if order == "prism"
+                else answer_positions(request.segments, request.meta["answer_segments"]),
+            }
+        )
+    return rows
+
+
+def run_order(config: QualityConfig, order: str, trace: list[TraceRequest], tokenizer: str):
+    requests = [arranged_request(r, order) for r in trace]
+    started = time.perf_counter()
+    with stack(config, order, tokenizer) as proxy:
+        records = asyncio.run(ask_all(proxy.url, requests, config.concurrency))
+    rows = score(requests, records, order)
+    print(
+        f"quality: {order}: {len(rows)} questions in {time.perf_counter() - started:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return rows
+
+
+def summarize(by_order: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each order's means, intervals, paired differences against fifo, and hit rate."""
+    summary: dict[str, Any] = {}
+    reference = by_order.get("fifo")
+    for order, rows in by_order.items():
+        f1s, ems = [r["f1"] for r in rows], [r["em"] for r in rows]
+        prompt = sum(r.get("prompt_tokens", 0) for r in rows)
+        entry: dict[str, Any] = {
+            "questions": len(rows),
+            "failed": sum("error" in r for r in rows),
+            "f1": asdict(bootstrap_mean(f1s)),
+            "em": asdict(bootstrap_mean(ems)),
+            "hit_rate": sum(r.get("cached_tokens", 0) for r in rows) / prompt if prompt else 0.0,
+        }
+        if reference is not None and order != "fifo":
+            base_f1, base_em = [r["f1"] for r in reference], [r["em"] for r in reference]
+            entry["f1_minus_fifo"] = asdict(paired_difference(f1s, base_f1))
+            entry["em_minus_fifo"] = asdict(paired_difference(ems, base_em))
+            entry["answers_changed"] = sum(
+                a.get("answer") != b.get("answer") for a, b in zip(rows, reference, strict=True)
+            )
+        summary[order] = entry
+    if reference is not None:
+        summary["fifo"]["f1_by_answer_position"] = by_position(reference)
+    return summary
+
+
+def by_position(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """F1 of the questions with one answer-bearing passage, by that passage's position."""
+    groups: dict[int, list[float]] = {}
+    for row in rows:
+        if row["answer_positions"] and len(row["answer_positions"]) == 1:
+            groups.setdefault(row["answer_positions"][0], []).append(row["f1"])
+    return {
+        str(position): {"n": len(values), **asdict(bootstrap_mean(values))}
+        for position, values in sorted(groups.items())
+    }
+
+
+def _interval(entry: dict[str, float], signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    return f"{entry['mean']:{sign}.3f} [{entry['low']:{sign}.3f}, {entry['high']:{sign}.3f}]"
+
+
+def report_table(summary: dict[str, Any]) -> str:
+    """The markdown table of a run."""
+    lines = [
+        "| order | questions | F1 [95 % CI] | EM [95 % CI] | F1 − fifo, paired [95 % CI] "
+        "| answers changed vs fifo | hit rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for order, entry in summary.items():
+        diff = _interval(entry["f1_minus_fifo"], signed=True) if "f1_minus_fifo" in entry else "—"
+        changed = entry.get("answers_changed", "—")
+        failed = f" ({entry['failed']} failed)" if entry["failed"] else ""
+        lines.append(
+            f"| {order} | {entry['questions']}{failed} | {_interval(entry['f1'])} "
+            f"| {_interval(entry['em'])} | {diff} | {changed} | {100 * entry['hit_rate']:.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def ensure_trace(config: QualityConfig) -> Path:
+    if config.trace is not None:
+        return config.trace
+    path = config.out / f"answer_quality-q{config.questions}-seed{config.seed}.jsonl"
+    params = QualityTraceParams(questions=config.questions)
+    header, requests = build_quality_trace(params, config.seed)
+    write_trace(path, header, requests)
+    return path
+
+
+def run(config: QualityConfig, command: str) -> dict[str, Any]:
+    config.out.mkdir(parents=True, exist_ok=True)
+    trace = read_trace(ensure_trace(config)).requests
+    tokenizer = model_directory(config)
+    by_order: dict[str, list[dict[str, Any]]] = {}
+    for order in config.orders:
+        by_order[order] = run_order(config, order, trace, tokenizer)
+        with (config.out / f"answers-{order}.jsonl").open("w") as handle:
+            for row in by_order[order]:
+                handle.write(json.dumps(row) + "\n")
+    summary = summarize(by_order)
+    result = {
+        "command": command,
+        "config": {
+            **asdict(config),
+            "out": str(config.out),
+            "trace": str(config.trace) if config.trace else None,
+        },
+        "summary": summary,
+    }
+    (config.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    (config.out / "report.md").write_text(f"`{command}`\n\n{report_table(summary)}\n")
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prism-loadgen quality", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--engine", choices=("sglang-cpu", "sim"), default="sglang-cpu")
+    parser.add_argument("--model", choices=("smollm2",), default="smollm2")
+    parser.add_argument(
+        "--orders",
+        default=",".join(DEFAULT_ORDERS),
+        help=f"comma-separated, among {', '.join(ORDERS)}",
+    )
+    parser.add_argument("--questions", type=int, default=240)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace", type=Path, default=None, help="an answer_quality trace")
+    parser.add_argument("--qas", default="full", help="the prism order's QAS variant")
+    parser.add_argument("--sglang-python", default=SGLANG_PYTHON)
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = QualityConfig(
+            out=args.out,
+            engine=args.engine,
+            model=args.model,
+            orders=tuple(o for o in args.orders.split(",") if o),
+            questions=args.questions,
+            concurrency=args.concurrency,
+            seed=args.seed,
+            trace=args.trace,
+            sglang_python=args.sglang_python,
+            qas=args.qas,
+        )
+    except ValueError as exc:
+        print(f"prism-loadgen quality: {exc}", file=sys.stderr)
+        return 2
+    if config.engine == "sglang-cpu" and not Path(config.sglang_python).exists():
+        print(
+            f"prism-loadgen quality: {config.sglang_python} missing: run `make sglang-venv`",
+            file=sys.stderr,
+        )
+        return 2
+    result = run(config, "prism-loadgen quality " + " ".join(argv))
+    print(report_table(result["summary"]))
+    return 0

@@ -17,6 +17,7 @@ from loadgen.cli import main as loadgen_main
 from loadgen.quality.metrics import (
     best_scores,
     bootstrap_mean,
+    contains_answer,
     normalize_answer,
     paired_difference,
     token_f1,
@@ -46,9 +47,16 @@ def test_token_f1_matches_hand_counts() -> None:
 
 
 def test_best_scores_take_the_maximum_over_references() -> None:
-    assert best_scores("in 1851", ["1851", "in 1851"]) == (1.0, 1.0)
-    f1, em = best_scores("born 1851", ["1851", "in 1851"])
-    assert em == 0.0 and f1 == pytest.approx(2 / 3)
+    assert best_scores("in 1851", ["1851", "in 1851"]) == (1.0, 1.0, 1.0)
+    f1, em, contains = best_scores("born 1851", ["1851", "in 1851"])
+    assert em == 0.0 and f1 == pytest.approx(2 / 3) and contains == 1.0
+
+
+def test_contains_answer_matches_whole_words_only() -> None:
+    assert contains_answer("The river Osse flows into the Calder Sea.", "the Calder Sea") == 1.0
+    assert contains_answer("It is 18120 metres high", "812 metres") == 0.0
+    assert contains_answer("Calder", "Calder Sea") == 0.0
+    assert contains_answer("anything", "") == 0.0
 
 
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=60))
@@ -158,6 +166,12 @@ def test_quality_runs_every_order_through_the_proxy(tmp_path: Path, capsys) -> N
     assert all(row["answer_positions"] == [] for row in no_answer)
     fifo = answers(out, "fifo")
     assert sum(r["prompt_tokens"] for r in no_answer) < sum(r["prompt_tokens"] for r in fifo)
+    # scoring the saved answers again asks nothing and gives the same summary
+    measured = json.loads((out / "summary.json").read_text())
+    assert loadgen_main([*argv, "--rescore", "--engine", "sglang-cpu"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["summary"] == measured["summary"]
+    assert again["measured_by"] == measured["measured_by"] != again["command"]
 
 
 def test_quality_refuses_an_unknown_order(tmp_path: Path, capsys) -> None:

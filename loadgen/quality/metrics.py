@@ -1,7 +1,8 @@
 """Answer-quality scores (SPEC §6) and their noise: pure functions.
 
 SQuAD-style: lowercase, drop punctuation and the articles a/an/the, collapse spaces;
-token F1 and exact match, each the maximum over the reference answers. The noise of a
+token F1 and exact match, each the maximum over the reference answers, and whether
+the answer contains a reference (for models that answer in sentences). The noise of a
 mean over questions is a percentile bootstrap over questions (seeded); two orders of
 the same questions are compared *paired*: the interval of the mean per-question
 difference, which is what "within noise" has to mean when both orders answer the same
@@ -44,13 +45,21 @@ def exact_match(prediction: str, reference: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(reference))
 
 
-def best_scores(prediction: str, references: Sequence[str]) -> tuple[float, float]:
-    """(F1, EM), each the maximum over `references`."""
+def contains_answer(prediction: str, reference: str) -> float:
+    """1.0 when the normalised reference occurs, as whole words, in the normalised
+    prediction: the lenient score for a model that answers in sentences."""
+    expected = normalize_answer(reference)
+    return float(bool(expected) and f" {expected} " in f" {normalize_answer(prediction)} ")
+
+
+def best_scores(prediction: str, references: Sequence[str]) -> tuple[float, float, float]:
+    """(F1, EM, contains), each the maximum over `references`."""
     if not references:
         raise ValueError("a question needs at least one reference answer")
     return (
         max(token_f1(prediction, r) for r in references),
         max(exact_match(prediction, r) for r in references),
+        max(contains_answer(prediction, r) for r in references),
     )
 
 

@@ -182,13 +182,17 @@ def score(requests: Sequence[TraceRequest], records: Sequence[dict[str, Any]], o
     rows = []
     for request, record in zip(requests, records, strict=True):
         answer = record.get("answer")
-        f1, em = best_scores(answer, request.meta["answers"]) if answer is not None else (0.0, 0.0)
+        scores = (0.0, 0.0, 0.0)
+        if answer is not None:
+            scores = best_scores(answer, request.meta["answers"])
+        f1, em, contains = scores
         rows.append(
             {
                 **record,
                 "order": order,
                 "f1": f1,
                 "em": em,
+                "contains": contains,
                 # where the client put the evidence; under prism QAS decides (unknown here)
                 "answer_positions": None
                 if order == "prism"
@@ -217,19 +221,21 @@ def summarize(by_order: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     reference = by_order.get("fifo")
     for order, rows in by_order.items():
-        f1s, ems = [r["f1"] for r in rows], [r["em"] for r in rows]
+        f1s, ems, hits = ([r[m] for r in rows] for m in ("f1", "em", "contains"))
         prompt = sum(r.get("prompt_tokens", 0) for r in rows)
         entry: dict[str, Any] = {
             "questions": len(rows),
             "failed": sum("error" in r for r in rows),
             "f1": asdict(bootstrap_mean(f1s)),
             "em": asdict(bootstrap_mean(ems)),
+            "contains": asdict(bootstrap_mean(hits)),
             "hit_rate": sum(r.get("cached_tokens", 0) for r in rows) / prompt if prompt else 0.0,
+            "mean_latency_s": sum(r.get("latency_s", 0.0) for r in rows) / max(1, len(rows)),
         }
         if reference is not None and order != "fifo":
-            base_f1, base_em = [r["f1"] for r in reference], [r["em"] for r in reference]
-            entry["f1_minus_fifo"] = asdict(paired_difference(f1s, base_f1))
-            entry["em_minus_fifo"] = asdict(paired_difference(ems, base_em))
+            for metric, values in (("f1", f1s), ("em", ems), ("contains", hits)):
+                base = [r[metric] for r in reference]
+                entry[f"{metric}_minus_fifo"] = asdict(paired_difference(values, base))
             entry["answers_changed"] = sum(
                 a.get("answer") != b.get("answer") for a, b in zip(rows, reference, strict=True)
             )
@@ -259,19 +265,25 @@ def _interval(entry: dict[str, float], signed: bool = False) -> str:
 def report_table(summary: dict[str, Any]) -> str:
     """The markdown table of a run."""
     lines = [
-        "| order | questions | F1 [95 % CI] | EM [95 % CI] | F1 − fifo, paired [95 % CI] "
-        "| answers changed vs fifo | hit rate |",
-        "|---|---|---|---|---|---|---|",
+        "| order | questions | F1 | F1 − fifo, paired | contains answer "
+        "| contains − fifo, paired | EM | answers changed vs fifo | hit rate | mean latency |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def diff(entry: dict[str, Any], metric: str) -> str:
+        key = f"{metric}_minus_fifo"
+        return _interval(entry[key], signed=True) if key in entry else "—"
+
     for order, entry in summary.items():
-        diff = _interval(entry["f1_minus_fifo"], signed=True) if "f1_minus_fifo" in entry else "—"
-        changed = entry.get("answers_changed", "—")
         failed = f" ({entry['failed']} failed)" if entry["failed"] else ""
         lines.append(
             f"| {order} | {entry['questions']}{failed} | {_interval(entry['f1'])} "
-            f"| {_interval(entry['em'])} | {diff} | {changed} | {100 * entry['hit_rate']:.1f} % |"
+            f"| {diff(entry, 'f1')} | {_interval(entry['contains'])} "
+            f"| {diff(entry, 'contains')} | {_interval(entry['em'])} "
+            f"| {entry.get('answers_changed', '—')} | {100 * entry['hit_rate']:.1f} % "
+            f"| {entry['mean_latency_s']:.2f} s |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\nMeans over questions with 95 % bootstrap intervals."
 
 
 def ensure_trace(config: QualityConfig) -> Path:
@@ -284,18 +296,41 @@ def ensure_trace(config: QualityConfig) -> Path:
     return path
 
 
-def run(config: QualityConfig, command: str) -> dict[str, Any]:
+def rescore(config: QualityConfig, trace: list[TraceRequest]) -> dict[str, list[dict[str, Any]]]:
+    """Each order's saved answers (`answers-<order>.jsonl`) scored again: the same
+    answers, the current metrics."""
+    by_order = {}
+    for order in config.orders:
+        lines = (config.out / f"answers-{order}.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        requests = [arranged_request(r, order) for r in trace]
+        if [r["rid"] for r in records] != [r.rid for r in requests]:
+            raise ValueError(f"answers-{order}.jsonl does not answer this trace")
+        by_order[order] = score(requests, records, order)
+    return by_order
+
+
+def run(config: QualityConfig, command: str, rescore_only: bool = False) -> dict[str, Any]:
     config.out.mkdir(parents=True, exist_ok=True)
     trace = read_trace(ensure_trace(config)).requests
-    tokenizer = model_directory(config)
-    by_order: dict[str, list[dict[str, Any]]] = {}
-    for order in config.orders:
-        by_order[order] = run_order(config, order, trace, tokenizer)
+    measured_by = command
+    if rescore_only:
+        by_order = rescore(config, trace)
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
+            saved = json.loads((config.out / "summary.json").read_text())
+            measured_by = saved.get("measured_by") or saved["command"]
+    else:
+        tokenizer = model_directory(config)
+        by_order = {}
+        for order in config.orders:
+            by_order[order] = run_order(config, order, trace, tokenizer)
+    for order, rows in by_order.items():
         with (config.out / f"answers-{order}.jsonl").open("w") as handle:
-            for row in by_order[order]:
+            for row in rows:
                 handle.write(json.dumps(row) + "\n")
     summary = summarize(by_order)
     result = {
+        "measured_by": measured_by,
         "command": command,
         "config": {
             **asdict(config),
@@ -305,7 +340,8 @@ def run(config: QualityConfig, command: str) -> dict[str, Any]:
         "summary": summary,
     }
     (config.out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    (config.out / "report.md").write_text(f"`{command}`\n\n{report_table(summary)}\n")
+    header = f"`{measured_by}`" + (f" (scored by `{command}`)" if command != measured_by else "")
+    (config.out / "report.md").write_text(f"{header}\n\n{report_table(summary)}\n")
     return result
 
 
@@ -327,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", type=Path, default=None, help="an answer_quality trace")
     parser.add_argument("--qas", default="full", help="the prism order's QAS variant")
     parser.add_argument("--sglang-python", default=SGLANG_PYTHON)
+    parser.add_argument(
+        "--rescore", action="store_true", help="score the answers saved in --out again, ask nothing"
+    )
     return parser
 
 
@@ -348,12 +387,16 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         print(f"prism-loadgen quality: {exc}", file=sys.stderr)
         return 2
-    if config.engine == "sglang-cpu" and not Path(config.sglang_python).exists():
+    if (
+        config.engine == "sglang-cpu"
+        and not args.rescore
+        and not Path(config.sglang_python).exists()
+    ):
         print(
             f"prism-loadgen quality: {config.sglang_python} missing: run `make sglang-venv`",
             file=sys.stderr,
         )
         return 2
-    result = run(config, "prism-loadgen quality " + " ".join(argv))
+    result = run(config, "prism-loadgen quality " + " ".join(argv), rescore_only=args.rescore)
     print(report_table(result["summary"]))
     return 0

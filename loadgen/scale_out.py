@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,8 +104,11 @@ def served_by(engine: ServerProcess) -> int:
 
 
 @contextlib.contextmanager
-def topology(name: str, replicas: int, log_dir: Path) -> Iterator[tuple[str, list[Replica], str]]:
-    """(URL the client sends to, the replicas, the routing-key mode)."""
+def topology(
+    name: str, replicas: int, log_dir: Path, front_args: Sequence[str] = ()
+) -> Iterator[tuple[str, list[Replica], str]]:
+    """(URL the client sends to, the replicas, the routing-key mode); `front_args` go to
+    topology B's front proxy."""
     token = secrets.token_hex(16)
     with contextlib.ExitStack() as stack:
         if name == "single":
@@ -122,13 +125,18 @@ def topology(name: str, replicas: int, log_dir: Path) -> Iterator[tuple[str, lis
             return
         controls = ",".join(n.control_url for n in nodes)  # every replica's DART
         proxy_args = ["serve", "--backend", front.url, "--log-level", "warning",
-                      "--control-url", controls, "--control-token", token]  # fmt: skip
+                      "--control-url", controls, "--control-token", token, *front_args]  # fmt: skip
         proxy = stack.enter_context(run_server("prism_proxy", proxy_args, log_dir=log_dir))
         yield proxy.url, nodes, "none"
 
 
 def run_config(
-    name: str, trace_path: Path, replicas: int, out: Path, max_replica_share: float = 0.4
+    name: str,
+    trace_path: Path,
+    replicas: int,
+    out: Path,
+    max_replica_share: float = 0.4,
+    front_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     from loadgen.replay import ReplayConfig, replay, write_results
     from loadgen.trace_format import read_trace
@@ -136,7 +144,7 @@ def run_config(
     trace = read_trace(trace_path)
     log_dir = out / "logs" / name
     log_dir.mkdir(parents=True, exist_ok=True)
-    with topology(name, replicas, log_dir) as (url, nodes, routing_key):
+    with topology(name, replicas, log_dir, front_args) as (url, nodes, routing_key):
         config = ReplayConfig(
             target=url, api="prism", routing_key=routing_key, max_replica_share=max_replica_share
         )
@@ -175,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-replica-share", type=float, default=0.4, help="A-key-bounded's cap (default 0.4)"
     )
+    parser.add_argument(
+        "--front-proxy-arg",
+        action="append",
+        default=[],
+        help="a flag for topology B's front proxy, e.g. --front-proxy-arg=--backend-replicas=1",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
@@ -191,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             header, requests = build_rag_trace(params, args.seed, tokenizer, "builtin")
             write_trace(trace_path, header, requests)
         for name in args.configs.split(","):
-            results = run_config(name, trace_path, args.replicas, out, args.max_replica_share)
+            results = run_config(
+                name, trace_path, args.replicas, out, args.max_replica_share, args.front_proxy_arg
+            )
             lines.append(row(name, qps, results))
             print(lines[-1], flush=True)
     table = "\n".join(lines)

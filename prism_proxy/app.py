@@ -142,7 +142,7 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
     pollers = dart_residency(policy, config, controls)
     admission = AdmissionController(
         policy,
-        pacing=PrefillPacing(config.prefill_batch, config.max_inflight),
+        pacing=PrefillPacing(config.prefill_batch, config.max_inflight, config.replicas),
         window_s=config.window_s,
         max_queue=config.max_queue,
         metrics=app[state.METRICS],

@@ -48,6 +48,7 @@ class ProxyConfig:
     max_prompt_chars: int = 1_000_000
     control_url: str | None = None
     control_token: str | None = None
+    backend_replicas: int = 0
     protect: int = 8
     backend_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
@@ -73,7 +74,7 @@ class ProxyConfig:
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
-        non_negative = ("prefill_batch", "max_inflight", "window_ms", "protect")
+        non_negative = ("prefill_batch", "max_inflight", "window_ms", "protect", "backend_replicas")
         for name in (*non_negative, "health_interval_s", "retry_after_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
@@ -93,6 +94,12 @@ class ProxyConfig:
         if not self.control_url:
             return []
         return [url.strip() for url in self.control_url.split(",") if url.strip()]
+
+    @property
+    def replicas(self) -> int:
+        """Engines behind the backend URL: `backend_replicas`, else one per control RPC
+        (a gateway in front of N replicas, each with its DART), else 1."""
+        return self.backend_replicas or max(1, len(self.control_urls))
 
     @property
     def window_s(self) -> float:
@@ -153,6 +160,8 @@ _HELP = {
     "control_url": "base URL of the DART control RPC, or several comma-separated (one per "
     "replica behind a gateway; unset: no pushes)",
     "control_token": "bearer token for the control RPC",
+    "backend_replicas": "engines behind --backend (a gateway): prefill pacing's budget and "
+    "backstop count each replica's (0: one per --control-url, else 1)",
     "protect": "DART protection budget f sent with each priority table",
     "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",

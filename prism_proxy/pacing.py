@@ -14,7 +14,10 @@
   `max_running_requests` (1024 until it has said).
 
 A flag fixes either number (`--prefill-batch`, `--max-inflight`); 0 means "follow
-the rule". Pure bookkeeping: the driver feeds it what the backend reports.
+the rule". Behind a gateway in front of `replicas` engines (`--backend-replicas`, or
+one per DART control RPC) the backend's reported budget and backstop are one engine's:
+each counts `replicas` times, since every replica prefills its own batch. Pure
+bookkeeping: the driver feeds it what the backend reports.
 """
 
 from __future__ import annotations
@@ -66,9 +69,12 @@ class BackendLimits:
 class PrefillPacing:
     """The current `B` and backstop; `observe` and `learn` update them."""
 
-    def __init__(self, prefill_batch: int = 0, max_inflight: int = 0) -> None:
+    def __init__(self, prefill_batch: int = 0, max_inflight: int = 0, replicas: int = 1) -> None:
         if prefill_batch < 0 or max_inflight < 0:
             raise ValueError("prefill_batch and max_inflight must be >= 0 (0: automatic)")
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
+        self.replicas = replicas
         self.fixed_batch = prefill_batch or None
         self.fixed_backstop = max_inflight or None
         self.backend = BackendLimits()
@@ -88,11 +94,14 @@ class PrefillPacing:
 
     @property
     def prefill_budget_tokens(self) -> int:
-        return self.backend.prefill_budget_tokens or DEFAULT_PREFILL_BUDGET_TOKENS
+        """Tokens the backend prefills per batch round, over all its replicas."""
+        per_engine = self.backend.prefill_budget_tokens or DEFAULT_PREFILL_BUDGET_TOKENS
+        return self.replicas * per_engine
 
     @property
     def backstop(self) -> int:
-        return self.fixed_backstop or self.backend.max_running_requests or DEFAULT_BACKSTOP
+        per_engine = self.backend.max_running_requests or DEFAULT_BACKSTOP
+        return self.fixed_backstop or self.replicas * per_engine
 
     @property
     def prefill_batch(self) -> int:

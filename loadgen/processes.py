@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,12 +20,22 @@ from pathlib import Path
 
 import httpx
 
+SERVER_PORTS = range(20000, 32768)  # below Linux's ephemeral range (32768-60999)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free a moment ago, drawn from `SERVER_PORTS` so that servers
+    never take a port the OS may hand to an outgoing connection."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(SERVER_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {SERVER_PORTS.start}-{SERVER_PORTS.stop - 1}")
 
 
 @dataclass

@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import free_port, run_server
 from loadgen.variants import ALL_POLICIES, Variant, make_variants
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS
@@ -70,9 +71,11 @@ class SweepConfig:
     hot_count: int | None = None
     alpha: float | None = None
     r_hot: float | None = None
+    max_tokens: int | None = None
+    model: str = "tiny"  # --backend sglang-cpu's model (loadgen.cpu_models, issue 16)
 
     def trace_overrides(self) -> dict[str, Any]:
-        names = ("hot_count", "alpha", "r_hot")
+        names = ("hot_count", "alpha", "r_hot", "max_tokens")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
@@ -147,9 +150,6 @@ def has_control_rpc(config: SweepConfig, variant: Variant) -> bool:
     return variant.pushes_priorities and not stock
 
 
-SGLANG_CPU_KV_TOKENS = 65536  # the tiny model's KV is ~256 B/token: room for the trace
-
-
 def sglang_cpu_command(
     config: SweepConfig, variant: Variant, control_port: int, token: str
 ) -> list[str]:
@@ -158,11 +158,15 @@ def sglang_cpu_command(
     Lines on plain LRU (the baselines, native SGLang, `prism[lru]`) run SGLang's own
     radix cache (SPEC §5); the other orders run the DART plugin with that order."""
     stock = variant.eviction == "lru"
+    model = CPU_MODELS[config.model]
     args = [
+        "--model",
+        model.name,
+        *model.sglang_args,
         "--eviction",
         "stock" if stock else variant.eviction,
         "--max-total-tokens",
-        str(config.kv_capacity_tokens or SGLANG_CPU_KV_TOKENS),
+        str(config.kv_capacity_tokens or model.kv_tokens),
         "--seed",
         str(config.seed),
         f"--sglang-arg=--schedule-policy {variant.schedule_policy}",
@@ -344,6 +348,8 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         "profile": config.profile,
         "workload": config.workload,
         "kv_capacity_tokens": config.kv_capacity_tokens,
+        "model": config.model,
+        "tokenizer": config.tokenizer,
         "trace_overrides": config.trace_overrides(),
         "git_commit": _git_commit(),
     }
@@ -447,6 +453,15 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hot-count", type=int, default=None, help="zipf_hotspot hot_count")
     parser.add_argument("--alpha", type=float, default=None, help="zipf_hotspot Zipf α")
     parser.add_argument("--r-hot", type=float, default=None, help="zipf_hotspot r_hot")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="zipf_hotspot answer length (default 32)"
+    )
+    parser.add_argument(
+        "--model",
+        choices=tuple(CPU_MODELS),
+        default="tiny",
+        help="sglang-cpu's model; smollm2 also makes its directory the tokenizer (twin too)",
+    )
     parser.add_argument("--window-ms", type=float, default=10.0, help="QAS window (modeled)")
     parser.add_argument(
         "--backend",
@@ -462,6 +477,15 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
     parser.add_argument("--no-report", action="store_true")
+
+
+def model_tokenizer(model: str, tokenizer: str, sglang_python: str) -> str:
+    """The tokenizer of trace, proxy and twin: a real model's own directory unless one
+    was given (issue 16: ids must be the model's)."""
+    if tokenizer != "builtin":
+        return tokenizer
+    directory = CPU_MODELS[model].directory(sglang_python)
+    return tokenizer if directory is None else str(directory)
 
 
 def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig:
@@ -482,7 +506,7 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
         seed=args.seed,
         speed=args.speed,
         profile=args.profile,
-        tokenizer=args.tokenizer,
+        tokenizer=model_tokenizer(args.model, args.tokenizer, args.sglang_python),
         corpus=args.corpus,
         window_ms=args.window_ms,
         tau2_dir=args.tau2_dir,
@@ -495,6 +519,8 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
         hot_count=args.hot_count,
         alpha=args.alpha,
         r_hot=args.r_hot,
+        max_tokens=args.max_tokens,
+        model=args.model,
     )
 
 

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.apis import prism_hint
+from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import ServerProcess, free_port, run_server
 from loadgen.quality.metrics import best_scores, bootstrap_mean, paired_difference
 from loadgen.quality.orders import ORDERS, PROXY_POLICY, answer_positions, arranged_request
@@ -73,13 +73,7 @@ def model_directory(config: QualityConfig) -> str:
     builtin tokenizer for prism-sim."""
     if config.engine == "sim":
         return "builtin"
-    done = subprocess.run(
-        [config.sglang_python, "-m", "backend_plugin.cpu_server.smollm2"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
+    return str(CPU_MODELS[config.model].directory(config.sglang_python))
 
 
 @contextlib.contextmanager

@@ -149,8 +149,6 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
         on_wave=push_to_all(controls),
     )
     app[state.ADMISSION] = admission
-    for poller in pollers:
-        poller.busy = lambda: admission.queue_depth > 0 or admission.inflight > 0
     tasks = [asyncio.create_task(admission.run(), name="prism-qas-loop")]
     for i, poller in enumerate(pollers):
         tasks.append(asyncio.create_task(poller.run(), name=f"prism-residency-{i}"))

@@ -1,11 +1,7 @@
 """Keeps the proxy's copy of DART's resident segments current (SPEC §2 c_t, §4).
 
 One task polls `GET /prism/residency` every `interval_s` with the generation and version
-it holds, so a steady cache answers an empty delta. It polls only while the proxy has
-work (`busy`: requests queued or in flight) and once more after the work ends: an idle
-proxy's engine changes no cache, and every poll is a request into the engine's
-scheduler process, where the control RPC runs (docs/results/twin-vs-real/ measured what
-a 50 ms poll costs a CPU engine). When the RPC is unreachable,
+it holds, so a steady cache answers an empty delta. When the RPC is unreachable,
 residency is unknown: the copy is cleared (c_t = 0 for every segment, the paper's QAS)
 and the poller backs off like the push sender (0.5 s doubling to 10 s); the next
 answer is then a full summary. A delta it cannot apply (another generation) makes it
@@ -15,7 +11,6 @@ ask for the full set next time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from prism_proxy.control_client import BACKOFF_MAX_S, BACKOFF_MIN_S, ControlClient
 from prism_proxy.qas.residency import ResidentSegments
@@ -25,16 +20,11 @@ class ResidencyPoller:
     """Applies the control RPC's residency summaries to `target`."""
 
     def __init__(
-        self,
-        client: ControlClient,
-        target: ResidentSegments,
-        interval_s: float = 0.05,
-        busy: Callable[[], bool] | None = None,
+        self, client: ControlClient, target: ResidentSegments, interval_s: float = 0.05
     ) -> None:
         self.client = client
         self.target = target
         self.interval_s = interval_s
-        self.busy = busy or (lambda: True)
         self._want_full = False
         self._backoff_s = 0.0
 
@@ -65,11 +55,7 @@ class ResidencyPoller:
         return True
 
     async def run(self) -> None:
-        """Poll until cancelled (one task per app): at start, while busy, and once after."""
-        was_busy = True
+        """Poll until cancelled (one task per app)."""
         while True:
-            busy = self.busy()
-            if busy or was_busy:
-                await self.poll_once()
-            was_busy = busy
+            await self.poll_once()
             await asyncio.sleep(self._backoff_s or self.interval_s)

@@ -291,42 +291,6 @@ async def test_the_poller_task_follows_the_tree(rpc) -> None:
                 await task
 
 
-async def test_the_poller_asks_only_while_the_proxy_has_work(rpc) -> None:
-    """Idle, it makes one last poll and then none: a change the engine makes meanwhile
-    is picked up once requests come back."""
-    tree, client = rpc
-    target, busy = ResidentSegments(), [True]
-    async with aiohttp.ClientSession() as session:
-        control = _client(session, str(client.base_url))
-        calls = [0]
-        fetch = control.fetch_residency
-
-        async def counted(*args):
-            calls[0] += 1
-            return await fetch(*args)
-
-        control.fetch_residency = counted
-        poller = ResidencyPoller(control, target, 0.01, busy=lambda: busy[0])
-        task = asyncio.create_task(poller.run())
-        try:
-            tree.insert("A")
-            await eventually(lambda: target.resident() == {"A"})
-            busy[0] = False
-            tree.insert("B")  # the trailing poll after the work ends sees it
-            await eventually(lambda: target.resident() == {"A", "B"})
-            settled = calls[0]
-            tree.insert("C")
-            for _ in range(10):
-                await asyncio.sleep(0.01)
-            assert calls[0] == settled and "C" not in target.resident()
-            busy[0] = True
-            await eventually(lambda: "C" in target.resident())
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
 @pytest.mark.parametrize("since", ["-1", "abc", "", "1.5", "1e3", " 3", "+3", "٣", "9" * 20])
 async def test_a_bad_since_is_400(rpc, since: str) -> None:
     _, client = rpc

@@ -77,13 +77,16 @@ def replica(log_dir: Path, sidecar: bool, token: str) -> Iterator[Replica]:
 
 
 @contextlib.contextmanager
-def gateway(urls: list[str], policy: str, log_dir: Path) -> Iterator[ServerProcess]:
+def gateway(
+    urls: list[str], policy: str, log_dir: Path, extra_args: Sequence[str] = ()
+) -> Iterator[ServerProcess]:
+    """smg 1.13.0 in front of `urls` with `policy` (no retries, no breaker)."""
     if not SMG.runs():
         raise RuntimeError("smg is not installed: run `make smg-peer`")
     args = ["launch", "--host", "127.0.0.1", "--worker-urls", *urls, "--policy", policy,
             "--disable-retries", "--disable-circuit-breaker", "--disable-tokenizer-autoload",
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--log-level", "warn"]  # fmt: skip
+            "--log-level", "warn", *extra_args]  # fmt: skip
     with run_server(
         SMG.module, args, log_dir=log_dir, name="smg", health_path=SMG.health_path,
         env=OFFLINE_ENV, python=str(SMG.python),

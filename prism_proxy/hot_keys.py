@@ -121,3 +121,4 @@ class BoundedKeys:
             self._by_replica[old_replica] -= 1
             if not self._by_key[old_anchor]:
                 del self._by_key[old_anchor]
+                self._spread.pop(old_anchor, None)  # recomputed if it runs hot again

@@ -36,13 +36,9 @@ class SmgRing:
             raise ValueError("a ring needs at least one worker URL")
         self._positions = [position for position, _ in points]
         self._urls = [url for _, url in points]
-        self._placed: dict[str, str] = {}
         self.urls = tuple(sorted(set(self._urls)))
 
     def place(self, key: str) -> str:
         """The worker URL smg sends `key` to."""
-        url = self._placed.get(key)
-        if url is None:
-            index = bisect.bisect_left(self._positions, ring_position(key))
-            url = self._placed[key] = self._urls[index % len(self._urls)]
-        return url
+        index = bisect.bisect_left(self._positions, ring_position(key))
+        return self._urls[index % len(self._urls)]

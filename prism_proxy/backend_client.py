@@ -1,6 +1,9 @@
 """HTTP client of the backend (SGLang or the simulated engine), SPEC §4.
 
-One `aiohttp.ClientSession` per app. Every call is tried exactly once (no retries, so
+The token path's `/generate` calls go through the lean HTTP/1.1 pool of
+`prism_proxy.backend_http` (issue 14: aiohttp's client cost more than the rest of the
+transport); the rarer calls (passthrough, aborts, info and health) through one
+`aiohttp.ClientSession` per app. Every call is tried exactly once (no retries, so
 a failing backend never sees a retry storm); failures become `BackendError` with the
 status the proxy answers: 502 when the backend is unreachable or answers 5xx, 503 when
 it answers 503 or times out, the backend's own status for its 4xx answers.
@@ -18,6 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from prism_proxy.backend_http import Http1Pool, Http1Response
 from prism_proxy.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,13 @@ def _error_message(status: int, text: str) -> str:
         return text.strip()[:500] or f"HTTP {status}"
     message = _error_of(body)
     return message if message is not None else text.strip()[:500]
+
+
+def _encoded(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except (orjson.JSONEncodeError, TypeError) as exc:  # e.g. nested beyond 254 levels
+        raise BackendError(400, f"body: cannot be forwarded: {exc}") from None
 
 
 def parse_sse_line(line: bytes) -> dict[str, Any] | None:
@@ -98,6 +109,9 @@ class BackendClient:
         self.timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=timeout_s
         )
+        self.pool = Http1Pool(
+            self.base_url, connect_timeout_s=connect_timeout_s, read_timeout_s=timeout_s
+        )
         self._background: set[asyncio.Task[None]] = set()
         self.aborts_sent = 0
         self.up: bool | None = None  # unknown until the first exchange
@@ -142,12 +156,33 @@ class BackendClient:
         self._up(True)
         raise BackendError(response.status, message)
 
+    async def _check_lean(self, response: Http1Response) -> None:
+        if response.status < 400:
+            self._up(True)
+            return
+        text = (await response.read()).decode("utf-8", errors="replace")
+        message = _error_message(response.status, text)
+        if response.status >= 500:
+            self._up(False)
+            status = 503 if response.status == 503 else 502
+            raise BackendError(status, f"backend answered HTTP {response.status}: {message}")
+        self._up(True)
+        raise BackendError(response.status, message)
+
+    @contextlib.asynccontextmanager
+    async def _post_lean(self, path: str, body: dict[str, Any]) -> AsyncIterator[Http1Response]:
+        """POST on the token path's connection pool; failures become BackendError."""
+        data = _encoded(body)
+        try:
+            async with self.pool.post(path, data) as response:
+                await self._check_lean(response)
+                yield response
+        except OSError as exc:  # refused, reset, closed mid-answer, invalid HTTP, timeout
+            raise self._unreachable(exc) from exc
+
     @contextlib.asynccontextmanager
     async def _post(self, path: str, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
-        try:
-            data = orjson.dumps(body)
-        except (orjson.JSONEncodeError, TypeError) as exc:  # e.g. nested beyond 254 levels
-            raise BackendError(400, f"body: cannot be forwarded: {exc}") from None
+        data = _encoded(body)
         try:
             async with self.session.post(
                 self.base_url + path, data=data, headers=JSON_HEADERS, timeout=self.timeout
@@ -160,9 +195,9 @@ class BackendClient:
     # --- the token path --------------------------------------------------------------
     async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         """Non-streaming `/generate`; returns the backend's JSON object."""
-        async with self._post("/generate", {**body, "stream": False}) as response:
+        async with self._post_lean("/generate", {**body, "stream": False}) as response:
             try:
-                return await response.json(content_type=None)
+                return orjson.loads(await response.read())
             except ValueError as exc:
                 raise BackendError(502, f"backend sent invalid JSON: {exc}") from exc
 
@@ -175,9 +210,9 @@ class BackendClient:
         stream, which the relay then writes to the client at once. A `{"error": ...}`
         chunk raises BackendError(502), after the chunks that preceded it.
         """
-        async with self._post("/generate", {**body, "stream": True}) as response:
+        async with self._post_lean("/generate", {**body, "stream": True}) as response:
             rest = b""
-            async for data in response.content.iter_any():
+            async for data in response.iter_any():
                 lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
                 rest = lines.pop()
                 batch = []
@@ -259,6 +294,7 @@ class BackendClient:
         return info if isinstance(info, dict) else {}
 
     async def drain(self) -> None:
-        """Wait for the abort tasks still running (shutdown)."""
+        """Wait for the abort tasks still running, then close the pool (shutdown)."""
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        self.pool.close()

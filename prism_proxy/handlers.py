@@ -92,6 +92,16 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
 
+def json_answer(
+    body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """A JSON response encoded by orjson (aiohttp's `json_response` uses the slower
+    stdlib encoder)."""
+    return web.Response(
+        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
+    )
+
+
 def new_rid() -> str:
     """The backend rid of one request: always the proxy's own, fixed length.
 
@@ -120,7 +130,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return response
     except ApiError as exc:
         status = exc.status
-        return web.json_response(
+        return json_answer(
             openai_error(exc.message, kind=exc.kind, param=exc.param, code=exc.status),
             status=exc.status,
             headers=exc.headers,
@@ -137,21 +147,25 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
             metrics = request.app[state.METRICS]
             lane = request[LANE]
             status = request.get(STATUS, status)
-            metrics.requests.labels(endpoint, lane, str(status)).inc()
+            metrics.child(metrics.requests, endpoint, lane, str(status)).inc()
             if lane != "none":
-                metrics.e2e_latency.labels(lane).observe(time.monotonic() - request[STARTED])
+                elapsed = time.monotonic() - request[STARTED]
+                metrics.child(metrics.e2e_latency, lane).observe(elapsed)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body exceeds {limit} bytes", param="body")
 
 
 async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, Any]]:
     """Parse and validate the JSON body: 413 over the limit, 400 naming the bad field."""
     limit = request.app[state.CONFIG].max_body_bytes
-    too_large = ApiError(413, f"request body exceeds {limit} bytes", param="body")
     if request.content_length is not None and request.content_length > limit:
-        raise too_large
+        raise _too_large(limit)
     try:
         data = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
+        raise _too_large(limit) from None
     try:
         # orjson: strict JSON (no lone surrogates, no NaN/Infinity), nesting <= 1024.
         raw = orjson.loads(data)
@@ -219,8 +233,8 @@ def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) ->
     if usage is None:
         return
     metrics = request.app[state.METRICS]
-    metrics.prompt_tokens.labels(lane).inc(usage.prompt_tokens)
-    metrics.cached_tokens.labels(lane).inc(usage.cached_tokens)
+    metrics.child(metrics.prompt_tokens, lane).inc(usage.prompt_tokens)
+    metrics.child(metrics.cached_tokens, lane).inc(usage.cached_tokens)
 
 
 SLO_HEADER = "x-prism-ttft-slo-ms"
@@ -256,7 +270,8 @@ async def _admitted(request: web.Request, queued: QueuedRequest, lane: str | Non
         async with app[state.ADMISSION].slot(queued) as release:
             chosen = lane or release.lane.value
             request[LANE] = chosen
-            app[state.METRICS].admission_wait.labels(chosen).observe(release.wait_s)
+            metrics = app[state.METRICS]
+            metrics.child(metrics.admission_wait, chosen).observe(release.wait_s)
             yield release
     except QueueFullError as exc:
         retry = str(app[state.CONFIG].retry_after_s)
@@ -321,7 +336,7 @@ async def token_path(
                 backend.abort(rid)  # the client left while the backend was working
                 raise
         _record_tokens(request, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
-        return web.json_response(fmt.whole())
+        return json_answer(fmt.whole())
 
 
 def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any]) -> None:
@@ -332,7 +347,8 @@ def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any
     if isinstance(prompt, int) and isinstance(cached, int):
         uncached = prompt - cached
     request.app[state.ADMISSION].first_token(rid, uncached)
-    request.app[state.METRICS].ttft.labels(lane).observe(time.monotonic() - request[STARTED])
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
 
 
 async def _relay_stream(
@@ -438,7 +454,8 @@ async def _relay_lines(request: web.Request, upstream: Any, rid: str) -> web.Str
                 return response
             if first:
                 request.app[state.ADMISSION].first_token(rid)
-                metrics.ttft.labels("passthrough").observe(time.monotonic() - request[STARTED])
+                elapsed = time.monotonic() - request[STARTED]
+                metrics.child(metrics.ttft, "passthrough").observe(elapsed)
                 first = False
             if b'"usage"' in line:
                 usage = _usage_of(line.strip()[5:]) or usage
@@ -567,7 +584,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     try:
-        return web.json_response(await request.app[state.BACKEND].get_json("/v1/models"))
+        return json_answer(await request.app[state.BACKEND].get_json("/v1/models"))
     except BackendError as exc:
         raise ApiError(exc.status, exc.message, kind="backend_error") from None
 
@@ -576,7 +593,7 @@ async def health(request: web.Request) -> web.Response:
     """Liveness of the proxy itself (200 while it serves); the body reports the rest."""
     app = request.app
     admission = app[state.ADMISSION]
-    return web.json_response(
+    return json_answer(
         {
             "status": "ok",
             "backend_up": bool(app[state.BACKEND].up),

@@ -105,6 +105,9 @@ class Tokenizer:
         )
         self._backend = backend
         self._template = compile_chat_template(chat_template) if chat_template else None
+        # The template's globals, flattened once: `Template.render` merges its ChainMap
+        # of globals into a new dict on every call (a third of a render; issue 14).
+        self._globals = dict(self._template.globals) if self._template is not None else {}
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added.
@@ -129,15 +132,20 @@ class Tokenizer:
         tokenize=False)`` would. Raises ``ChatTemplateError`` without a template."""
         if self._template is None:
             raise ChatTemplateError(f"tokenizer {self.name!r} has no chat_template")
+        template = self._template
+        variables = {
+            **self._globals,
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+            "tools": None,
+            "documents": None,
+        }
         try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                tools=None,
-                documents=None,
-            )
+            # What `template.render(**variables)` does, with the globals already merged.
+            context = template.new_context(variables, shared=True)
+            return template.environment.concat(template.root_render_func(context))  # type: ignore[attr-defined]
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 

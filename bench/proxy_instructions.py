@@ -15,6 +15,9 @@ cancel out. Two loads, each sent one request at a time:
 * `chat`: non-streamed chat completions of 8 tokens (the peer table's P50 request);
 * `stream`: streamed chat completions of 256 tokens (also given per content chunk).
 
+`--incremental` has the stub stream deltas, as SGLang does with
+`--incremental-streaming-output`, instead of its default cumulative text and ids.
+
 With `--ref`, the same for another git revision, checked out in a temporary worktree
 and run with this environment; the table then shows both and their ratio.
 """
@@ -117,6 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warm", type=int, default=100)
     parser.add_argument("--ref", default="", help="a git revision to compare with")
     parser.add_argument("--loads", default="chat,stream")
+    parser.add_argument(
+        "--incremental",
+        action="store_true",
+        help="the stub streams deltas (SGLang's --incremental-streaming-output)",
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -124,7 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, dict[str, float]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="prism-icount-") as tmp,
-        run_server("bench.stub_backend", [], log_dir=Path(tmp), name="stub") as stub,
+        run_server(
+            "bench.stub_backend",
+            ["--incremental"] if args.incremental else [],
+            log_dir=Path(tmp),
+            name="stub",
+        ) as stub,
         contextlib.ExitStack() as stack,
     ):
         trees = {"this tree": ROOT}
@@ -151,7 +164,11 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             per_chunk = rows["stream"][name] / chunks_per_stream
             print(f"{name}: {per_chunk / 1e3:.1f} k instructions per streamed chunk")
-    print(f"({args.requests} requests per load after {args.warm}, one at a time, fifo, window 0)")
+    mode = "incremental" if args.incremental else "cumulative"
+    print(
+        f"({args.requests} requests per load after {args.warm}, one at a time, fifo, "
+        f"window 0; the backend streams {mode} chunks)"
+    )
 
 
 if __name__ == "__main__":

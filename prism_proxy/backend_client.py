@@ -170,17 +170,6 @@ class BackendClient:
         raise BackendError(response.status, message)
 
     @contextlib.asynccontextmanager
-    async def _post_lean(self, path: str, body: dict[str, Any]) -> AsyncIterator[Http1Response]:
-        """POST on the token path's connection pool; failures become BackendError."""
-        data = _encoded(body)
-        try:
-            async with self.pool.post(path, data) as response:
-                await self._check_lean(response)
-                yield response
-        except OSError as exc:  # refused, reset, closed mid-answer, invalid HTTP, timeout
-            raise self._unreachable(exc) from exc
-
-    @contextlib.asynccontextmanager
     async def _post(self, path: str, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
         data = _encoded(body)
         try:
@@ -193,14 +182,6 @@ class BackendClient:
             raise self._unreachable(exc) from exc
 
     # --- the token path --------------------------------------------------------------
-    async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Non-streaming `/generate`; returns the backend's JSON object."""
-        async with self._post_lean("/generate", {**body, "stream": False}) as response:
-            try:
-                return orjson.loads(await response.read())
-            except ValueError as exc:
-                raise BackendError(502, f"backend sent invalid JSON: {exc}") from exc
-
     async def generate_batches(self, body: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """Streaming `/generate`: yields the chunk objects that arrived together, as one
         list per read of the socket (never empty).
@@ -210,26 +191,31 @@ class BackendClient:
         stream, which the relay then writes to the client at once. A `{"error": ...}`
         chunk raises BackendError(502), after the chunks that preceded it.
         """
-        async with self._post_lean("/generate", {**body, "stream": True}) as response:
-            rest = b""
-            async for data in response.iter_any():
-                lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
-                rest = lines.pop()
-                batch = []
-                for line in lines:
-                    try:
-                        chunk = _backend_chunk(line)
-                    except BackendError:
-                        if batch:  # what came before the failure is relayed first
-                            yield batch
-                        raise
-                    if chunk is not None:
-                        batch.append(chunk)
-                if batch:
-                    yield batch
-            last = _backend_chunk(rest)
-            if last is not None:
-                yield [last]
+        data = _encoded({**body, "stream": True})
+        try:
+            async with self.pool.post("/generate", data) as response:
+                await self._check_lean(response)
+                rest = b""
+                async for data in response.iter_any():
+                    lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
+                    rest = lines.pop()
+                    batch = []
+                    for line in lines:
+                        try:
+                            chunk = _backend_chunk(line)
+                        except BackendError:
+                            if batch:  # what came before the failure is relayed first
+                                yield batch
+                            raise
+                        if chunk is not None:
+                            batch.append(chunk)
+                    if batch:
+                        yield batch
+                last = _backend_chunk(rest)
+                if last is not None:
+                    yield [last]
+        except OSError as exc:  # refused, reset, closed mid-answer, invalid HTTP, timeout
+            raise self._unreachable(exc) from exc
 
     # --- passthrough -----------------------------------------------------------------
     @contextlib.asynccontextmanager

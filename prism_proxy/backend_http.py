@@ -20,7 +20,6 @@ the parser uvicorn uses) reading the answers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import ssl
 import time
@@ -207,6 +206,36 @@ class Http1Response:
         return b"".join([data async for data in self.iter_any()])
 
 
+class Exchange:
+    """One request and its answer on a pooled connection (a class, not a generator
+    context manager: it is entered once per token-path request)."""
+
+    __slots__ = ("_body", "_connection", "_path", "_pool")
+
+    def __init__(self, pool: Http1Pool, path: str, body: bytes) -> None:
+        self._pool = pool
+        self._path = path
+        self._body = body
+        self._connection: Http1Connection | None = None
+
+    async def __aenter__(self) -> Http1Response:
+        pool = self._pool
+        connection = self._connection = await pool.acquire()
+        connection.begin()
+        connection.transport.write(pool.request_head(self._path, len(self._body)) + self._body)
+        try:
+            while not connection.headers_complete:
+                await connection.wait(pool.read_timeout_s)
+        except BaseException:  # no `__aexit__` follows a failed `__aenter__`
+            pool.release(connection)
+            raise
+        return Http1Response(connection, pool.read_timeout_s)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._connection is not None:
+            self._pool.release(self._connection)
+
+
 class Http1Pool:
     """Kept-alive connections to one backend (`http://` or `https://` base URL)."""
 
@@ -244,25 +273,20 @@ class Http1Pool:
     def open_connections(self) -> int:
         return len(self._open)
 
-    @contextlib.asynccontextmanager
-    async def post(self, path: str, body: bytes) -> AsyncIterator[Http1Response]:
-        """POST a JSON `body`; yields the answer once its headers are in. The connection
-        goes back to the pool only when the answer was read to its end."""
-        connection = await self._connection()
-        connection.begin()
-        connection.transport.write(
-            b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s"
-            % (self._prefix, path.encode(), self._host_header, len(body), body)
-        )
-        try:
-            while not connection.headers_complete:
-                await connection.wait(self.read_timeout_s)
-            yield Http1Response(connection, self.read_timeout_s)
-        finally:
-            self._release(connection)
+    def post(self, path: str, body: bytes) -> Exchange:
+        """POST a JSON `body`: `async with pool.post(path, body) as response`, entered
+        once the answer's headers are in. The connection goes back to the pool only when
+        the answer was read to its end."""
+        return Exchange(self, path, body)
 
-    async def _connection(self) -> Http1Connection:
+    def request_head(self, path: str, length: int) -> bytes:
+        return (
+            b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (self._prefix, path.encode(), self._host_header, length)
+        )
+
+    async def acquire(self) -> Http1Connection:
+        """An idle kept-alive connection, else a new one."""
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
@@ -277,7 +301,8 @@ class Http1Pool:
         self._open.add(connection)
         return connection
 
-    def _release(self, connection: Http1Connection) -> None:
+    def release(self, connection: Http1Connection) -> None:
+        """Back to the pool if its answer was read whole and it may be kept, else closed."""
         if connection.reusable():
             connection.idle_since = time.monotonic()
             self._idle.append(connection)

@@ -120,6 +120,7 @@ def test_gpu_stack_reserves_a_gpu_and_enables_the_plugin(tmp_path: Path) -> None
     assert command_value(command, "--model-path") == "/models/m"
     assert "--enable-metrics" in command
     assert "--enable-cache-report" in command
+    assert "--incremental-streaming-output" in command
     assert sglang["build"]["dockerfile"] == "deploy/sglang.Dockerfile"
     # The proxy sees the model directory at the same path (for --tokenizer auto).
     assert services["proxy"]["environment"]["PRISM_TOKENIZER"] == "auto"

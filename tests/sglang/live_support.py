@@ -8,8 +8,10 @@ start-ups overlap, and stopped at the end:
 * `tight_dart` / `tight_lru`: 2,048 KV tokens under DART and under the plugin's `lru`
   order: eviction order under pressure. `tight_lru` is killed by the last test that
   uses it (a backend dying mid-stream);
-* `stock`: 2,048 KV tokens, SGLang's own radix cache (no plugin selected): the tight
-  differential run against prism-sim.
+* `stock`: 2,048 KV tokens, SGLang's own radix cache (no plugin selected), streaming
+  incremental chunks (`--incremental-streaming-output`, as docker-compose.yml deploys
+  SGLang): the tight differential run against prism-sim (non-streamed), and the proxy
+  relaying incremental streams.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ SPECS = {
     "tight_lru": (TIGHT_TOKENS, "lru"),
     "stock": (TIGHT_TOKENS, "stock"),
 }
+EXTRA_ARGS = {"stock": ["--sglang-arg=--incremental-streaming-output"]}
 
 
 @contextlib.contextmanager
@@ -103,6 +106,7 @@ def live_servers(log_dir: Path) -> Iterator[dict[str, LiveServer]]:
             args = ["--max-total-tokens", str(tokens), "--eviction", eviction]
             if eviction != "stock":
                 args += ["--control-port", str(control_port), "--control-token", token]
+            args += EXTRA_ARGS.get(name, [])
             process = spawn_server(
                 "backend_plugin.cpu_server.serve", args, log_dir=log_dir, name=f"sglang-{name}"
             )

@@ -9,6 +9,7 @@ import os
 import aiohttp
 import httpx
 import openai
+import orjson
 import pytest
 from live_support import LiveServer, eventually
 
@@ -78,6 +79,42 @@ async def test_openai_client_chat_stream_completions_and_generate(
             direct = await r.json()
     assert via_proxy["output_ids"] == direct["output_ids"] and len(direct["output_ids"]) <= 7
     assert via_proxy["text"] == direct["text"] and via_proxy["meta_info"]["id"] == "mine"
+
+
+async def test_incremental_streams_from_sglang_give_the_same_answers(
+    live: dict[str, LiveServer], live_proxy_factory
+) -> None:
+    """`stock` streams incremental chunks (`--incremental-streaming-output`, the
+    deployment's setting): the proxy assembles and relays them into the same answer
+    SGLang gives directly, streamed or not (greedy decoding of the same ids)."""
+    server = live["stock"]
+    proxy = await live_proxy_factory(server, control_url=None, control_token=None)
+    ids = load_tokenizer(str(ensure_tiny_model())).encode("Count the bridges.")
+    sampling = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    async with aiohttp.ClientSession() as http:
+        body = {"input_ids": ids, "sampling_params": sampling, "stream": True}
+        async with http.post(server.url + "/generate", json=body) as r:
+            chunks = [
+                orjson.loads(line[5:]) async for line in r.content if line.startswith(b"data: {")
+            ]
+        async with http.post(server.url + "/generate", json={**body, "stream": False}) as r:
+            direct = await r.json()
+    # The server's mode: every chunk carries its own new ids, not all of them so far.
+    assert sum(len(chunk["output_ids"]) for chunk in chunks) == 12 < len(chunks) * 12
+
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
+    request = {"model": "m", "prompt": ids, "max_tokens": 12, "temperature": 0}
+    whole = await client.completions.create(**request, extra_body={"ignore_eos": True})
+    pieces = [
+        choice.text
+        async for chunk in await client.completions.create(
+            **request, stream=True, extra_body={"ignore_eos": True}
+        )
+        for choice in chunk.choices
+    ]
+    await client.close()
+    assert whole.choices[0].text == direct["text"] == "".join(pieces)
+    assert whole.usage.completion_tokens == 12
 
 
 async def test_the_same_documents_twice_reuse_exactly_the_serialized_prefix(

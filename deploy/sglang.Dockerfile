@@ -38,4 +38,4 @@ HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=5 \
     CMD curl -fsS http://127.0.0.1:30000/health || exit 1
 ENTRYPOINT ["python3", "-m", "sglang.launch_server"]
 CMD ["--host", "0.0.0.0", "--port", "30000", "--enable-metrics", "--enable-cache-report", \
-     "--radix-cache-backend", "prism_dart"]
+     "--incremental-streaming-output", "--radix-cache-backend", "prism_dart"]

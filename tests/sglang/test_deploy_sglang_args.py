@@ -38,7 +38,9 @@ def test_compose_command_is_a_valid_sglang_command_with_dart() -> None:
     args = sglang_parser().parse_args(argv)
     assert args.radix_cache_backend == "prism_dart"
     assert args.enable_metrics is True
+    assert args.incremental_streaming_output is True
     assert args.enable_cache_report is True
+    assert args.incremental_streaming_output is True  # deltas per chunk (performance.md)
     assert args.model_path == "/models/Qwen3-4B-Instruct-2507"
     assert (args.host, args.port) == ("0.0.0.0", 30000)
     assert args.tp_size == 1  # the plugin refuses tp > 1
@@ -52,6 +54,7 @@ def test_dockerfile_cmd_is_a_valid_sglang_command_with_dart() -> None:
     args = sglang_parser().parse_args([*cmd, "--model-path", "/models/m"])
     assert args.radix_cache_backend == "prism_dart"
     assert args.enable_metrics is True
+    assert args.incremental_streaming_output is True
 
 
 def test_the_backend_the_deployment_selects_is_registered() -> None:

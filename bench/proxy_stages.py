@@ -53,7 +53,7 @@ def instrument(stages: dict[str, list[float]]) -> None:
     current: dict[str, float] = {}
     token_path = handlers.token_path
     generate_batches = backend_client.BackendClient.generate_batches
-    submit = admission.AdmissionController.submit
+    submit = admission.AdmissionController._admit  # what `slot` calls
 
     async def timed_token_path(request, job, **kwargs):
         current["start"] = started = time.perf_counter()
@@ -74,16 +74,19 @@ def instrument(stages: dict[str, list[float]]) -> None:
 
     def timed_submit(self, request):
         stages["handler start -> submit"].append(time.perf_counter() - current["start"])
-        future = submit(self, request)
         at = time.perf_counter()
-        future.add_done_callback(
-            lambda _: stages["submit -> release"].append(time.perf_counter() - at)
-        )
+        future = submit(self, request)
+        if future.done():  # an idle proxy released it in the same call
+            stages["submit -> release"].append(time.perf_counter() - at)
+        else:
+            future.add_done_callback(
+                lambda _: stages["submit -> release"].append(time.perf_counter() - at)
+            )
         return future
 
     handlers.token_path = timed_token_path
     backend_client.BackendClient.generate_batches = timed_batches
-    admission.AdmissionController.submit = timed_submit
+    admission.AdmissionController._admit = timed_submit
 
 
 async def run(requests: int) -> None:

@@ -4,7 +4,10 @@
 
 Starts the stub backend and `prism-proxy serve --policy fifo --window-ms 0` (or the
 given policy with its default window), sends bursts of non-streamed 8-token chats from
-64 concurrent clients (as `bench.peers` does) while py-spy samples the proxy, and prints
+64 concurrent clients (as `bench.peers` does; `--stream`: streamed 256-token chats from
+64 clients, the stub streaming cumulative chunks like SGLang's default, or deltas with
+`--incremental`) while py-spy
+samples the proxy, and prints
 the share of on-CPU samples by where the innermost frame lives: aiohttp, the lean
 backend client, the tokenizer, Jinja, pydantic, admission, metrics, the handlers... and
 the functions with the most samples. py-spy comes with the dev extras; it needs ptrace
@@ -24,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.peers import burst
+from bench.peers import burst, streams
 from loadgen.processes import run_server
 
 # First match wins: a frame's file path fragment → its category.
@@ -79,6 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--policy", default="fifo")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--stream", action="store_true", help="streamed 256-token chats from 64 clients instead"
+    )
+    parser.add_argument(
+        "--incremental", action="store_true", help="the stub streams deltas, not cumulative"
+    )
     args = parser.parse_args(argv)
     beside = Path(sys.executable).parent / "py-spy"  # the venv's, when not on PATH
     py_spy = str(beside) if beside.exists() else shutil.which("py-spy")
@@ -87,7 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     flags = ["--policy", args.policy] + (["--window-ms", "0"] if args.policy == "fifo" else [])
     with (
         tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp,
-        run_server("bench.stub_backend", [], log_dir=Path(tmp), name="stub") as stub,
+        run_server(
+            "bench.stub_backend",
+            ["--incremental"] if args.incremental else [],
+            log_dir=Path(tmp),
+            name="stub",
+        ) as stub,
         run_server(
             "prism_proxy",
             ["serve", "--backend", stub.url, "--log-level", "warning", *flags],
@@ -105,8 +119,12 @@ def main(argv: list[str] | None = None) -> None:
         deadline = time.monotonic() + args.seconds
         served = 0
         while time.monotonic() < deadline:
-            asyncio.run(burst(proxy.url, 1000, 64))
-            served += 1000
+            if args.stream:
+                asyncio.run(streams(proxy.url, 64, 1, 256))
+                served += 64
+            else:
+                asyncio.run(burst(proxy.url, 1000, 64))
+                served += 1000
         sampler.wait(timeout=args.seconds + 60)
         by_category, by_function, total = categorize(out.read_text())
     print(f"{total} on-CPU samples, {args.seconds:g} s, {served} requests, policy {args.policy}")

@@ -191,9 +191,9 @@ class BackendClient:
         stream, which the relay then writes to the client at once. A `{"error": ...}`
         chunk raises BackendError(502), after the chunks that preceded it.
         """
-        data = _encoded({**body, "stream": True})
+        payload = _encoded({**body, "stream": True})
         try:
-            async with self.pool.post("/generate", data) as response:
+            async with self.pool.post("/generate", payload) as response:
                 await self._check_lean(response)
                 rest = b""
                 async for data in response.iter_any():

@@ -24,6 +24,9 @@ What it measures, per target (non-streamed chat completions of 8 tokens unless s
    per step: 64 streams at 10 ms = 6,400 chunks/s), and unpaced (the relay's ceiling;
    with chunks relayed per CPU second of the target: chunks/s per core).
 
+The stub streams cumulative `/generate` chunks, SGLang's default; `--incremental` has it
+stream deltas, as the deployment's SGLang does (`--incremental-streaming-output`).
+
 Every target shares the 2 cores with the stub and this client. No thresholds: it
 prints the table and the ratios the issue names (docs/performance.md).
 """
@@ -237,12 +240,13 @@ def measure(args: argparse.Namespace, log_dir: Path) -> list[Target]:
     if args.only:
         wanted = [name.strip() for name in args.only.split(",")]
         lines = [line for line in lines if line.name == "direct" or line.name in wanted]
+    stub_args = ["--incremental"] if args.incremental else []
     with (
-        run_server("bench.stub_backend", [], log_dir=log_dir, name="stub") as plain,
+        run_server("bench.stub_backend", stub_args, log_dir=log_dir, name="stub") as plain,
         running(lines, plain.url, log_dir) as started,
     ):
         _latency_burst_unpaced(lines, started, args)
-    paced_args = ["--step-ms", f"{args.step_ms:g}"]
+    paced_args = ["--step-ms", f"{args.step_ms:g}", *stub_args]
     with (
         run_server("bench.stub_backend", paced_args, log_dir=log_dir, name="paced") as paced,
         running(lines, paced.url, log_dir) as started,
@@ -295,7 +299,8 @@ def report(lines: list[Target], args: argparse.Namespace) -> str:
     out.append(
         f"(sequential {args.sequential} per target, burst {args.burst} at {args.concurrency} "
         f"concurrent, 256-token streams x {args.stream_rounds} per client, "
-        f"step {args.step_ms:g} ms)"
+        f"step {args.step_ms:g} ms, {'incremental' if args.incremental else 'cumulative'} "
+        "backend chunks)"
     )
     return "\n".join(out)
 
@@ -308,6 +313,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stream-rounds", type=int, default=2)
     parser.add_argument("--step-ms", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
+    parser.add_argument(
+        "--incremental",
+        action="store_true",
+        help="the stub streams deltas (SGLang's --incremental-streaming-output), not cumulative",
+    )
     parser.add_argument(
         "--only", default="", help="comma-separated target names (direct is always run)"
     )

@@ -47,6 +47,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.peers_launch import installed_peers, start_peer
+from bench.stub_backend import run_stub
 from loadgen.processes import ServerProcess, run_server
 
 MODEL = "stub-model"
@@ -240,15 +241,15 @@ def measure(args: argparse.Namespace, log_dir: Path) -> list[Target]:
     if args.only:
         wanted = [name.strip() for name in args.only.split(",")]
         lines = [line for line in lines if line.name == "direct" or line.name in wanted]
-    stub_args = ["--incremental"] if args.incremental else []
     with (
-        run_server("bench.stub_backend", stub_args, log_dir=log_dir, name="stub") as plain,
+        run_stub(log_dir, incremental=args.incremental) as plain,
         running(lines, plain.url, log_dir) as started,
     ):
         _latency_burst_unpaced(lines, started, args)
-    paced_args = ["--step-ms", f"{args.step_ms:g}", *stub_args]
     with (
-        run_server("bench.stub_backend", paced_args, log_dir=log_dir, name="paced") as paced,
+        run_stub(
+            log_dir, incremental=args.incremental, step_ms=args.step_ms, name="paced"
+        ) as paced,
         running(lines, paced.url, log_dir) as started,
     ):
         _paced(lines, started, args)

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import aiohttp
 
-from loadgen.processes import free_port, run_server, wait_healthy
+from bench.stub_backend import run_stub
+from loadgen.processes import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "Say something short."}]}
@@ -132,12 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, dict[str, float]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="prism-icount-") as tmp,
-        run_server(
-            "bench.stub_backend",
-            ["--incremental"] if args.incremental else [],
-            log_dir=Path(tmp),
-            name="stub",
-        ) as stub,
+        run_stub(Path(tmp), incremental=args.incremental) as stub,
         contextlib.ExitStack() as stack,
     ):
         trees = {"this tree": ROOT}

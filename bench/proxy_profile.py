@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from bench.peers import burst, streams
+from bench.stub_backend import run_stub
 from loadgen.processes import run_server
 
 # First match wins: a frame's file path fragment → its category.
@@ -96,12 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     flags = ["--policy", args.policy] + (["--window-ms", "0"] if args.policy == "fifo" else [])
     with (
         tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp,
-        run_server(
-            "bench.stub_backend",
-            ["--incremental"] if args.incremental else [],
-            log_dir=Path(tmp),
-            name="stub",
-        ) as stub,
+        run_stub(Path(tmp), incremental=args.incremental) as stub,
         run_server(
             "prism_proxy",
             ["serve", "--backend", stub.url, "--log-level", "warning", *flags],

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from loadgen.processes import ServerProcess, run_server
 
 MODEL = "stub-model"
 TOKEN_TEXT = " tok"
@@ -201,6 +205,16 @@ async def health(request: web.Request) -> web.Response:
 
 INCREMENTAL = web.AppKey("incremental", bool)
 TICKER = web.AppKey("ticker", Ticker | None)
+
+
+def run_stub(
+    log_dir: Path, *, incremental: bool = False, step_ms: float = 0.0, name: str = "stub"
+) -> contextlib.AbstractContextManager[ServerProcess]:
+    """The stub as a server process for a benchmark (`loadgen.processes.run_server`)."""
+    args = ["--incremental"] if incremental else []
+    if step_ms:
+        args += ["--step-ms", f"{step_ms:g}"]
+    return run_server("bench.stub_backend", args, log_dir=log_dir, name=name)
 
 
 def create_app(incremental: bool = False, step_ms: float = 0.0) -> web.Application:

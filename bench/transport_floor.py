@@ -33,6 +33,7 @@ import uvloop
 from aiohttp import ClientSession, TCPConnector, web
 
 from bench.peers import burst, cpu_seconds, sequential
+from bench.stub_backend import run_stub
 from loadgen.processes import run_server
 from prism_proxy.backend_http import Http1Pool
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory(prefix="prism-floor-") as tmp,
-        run_server("bench.stub_backend", [], log_dir=Path(tmp), name="stub") as stub,
+        run_stub(Path(tmp)) as stub,
         contextlib.ExitStack() as stack,
     ):
         servers = {

@@ -143,31 +143,27 @@ class BackendClient:
             return BackendError(503, "backend timed out")
         return BackendError(502, "backend unreachable")
 
-    async def _check(self, response: aiohttp.ClientResponse) -> None:
-        if response.status < 400:
+    def _answered(self, status: int, text: str) -> None:
+        """The backend answered `status`: raise its BackendError (body `text`) if >= 400."""
+        if status < 400:
             self._up(True)
             return
-        text = await response.text(errors="replace")
-        message = _error_message(response.status, text)
-        if response.status >= 500:
+        message = _error_message(status, text)
+        if status >= 500:
             self._up(False)
-            status = 503 if response.status == 503 else 502
-            raise BackendError(status, f"backend answered HTTP {response.status}: {message}")
+            raise BackendError(
+                503 if status == 503 else 502, f"backend answered HTTP {status}: {message}"
+            )
         self._up(True)
-        raise BackendError(response.status, message)
+        raise BackendError(status, message)
+
+    async def _check(self, response: aiohttp.ClientResponse) -> None:
+        text = "" if response.status < 400 else await response.text(errors="replace")
+        self._answered(response.status, text)
 
     async def _check_lean(self, response: Http1Response) -> None:
-        if response.status < 400:
-            self._up(True)
-            return
-        text = (await response.read()).decode("utf-8", errors="replace")
-        message = _error_message(response.status, text)
-        if response.status >= 500:
-            self._up(False)
-            status = 503 if response.status == 503 else 502
-            raise BackendError(status, f"backend answered HTTP {response.status}: {message}")
-        self._up(True)
-        raise BackendError(response.status, message)
+        body = b"" if response.status < 400 else await response.read()
+        self._answered(response.status, body.decode("utf-8", errors="replace"))
 
     @contextlib.asynccontextmanager
     async def _post(self, path: str, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:

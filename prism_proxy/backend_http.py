@@ -138,12 +138,6 @@ class Http1Connection(asyncio.Protocol):
                 self._fail(BackendProtocolError("backend closed the connection mid-answer"))
         self._pool.forget(self)
 
-    def pause_writing(self) -> None:  # the request body is small; nothing to hold back
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # --- httptools callbacks ---------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")

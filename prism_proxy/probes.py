@@ -27,7 +27,7 @@ from aiohttp import web
 
 from prism_proxy import state
 from prism_proxy.backend_client import BackendError
-from prism_proxy.handlers import ApiError
+from prism_proxy.handlers import ApiError, json_answer
 
 
 def _failed(exc: BackendError) -> ApiError:
@@ -69,19 +69,15 @@ async def _backend_json(request: web.Request, path: str) -> Any:
         raise _failed(exc) from None
 
 
-def _json(body: Any) -> web.Response:
-    return web.json_response(body)
-
-
 async def server_info(request: web.Request) -> web.Response:
     info = await _backend_json(request, request.path)
     if isinstance(info, dict):
         info = {**info, "prism": proxy_state(request.app)}
-    return _json(info)
+    return json_answer(info)
 
 
 async def model_info(request: web.Request) -> web.Response:
-    return _json(await _backend_json(request, request.path))
+    return json_answer(await _backend_json(request, request.path))
 
 
 async def loads(request: web.Request) -> web.Response:
@@ -96,7 +92,7 @@ async def loads(request: web.Request) -> web.Response:
         backend = {"timestamp": datetime.now(UTC).isoformat(), "loads": []}
     if not isinstance(backend, dict):
         raise ApiError(502, "backend sent a /v1/loads answer that is not an object")
-    return _json(with_proxy_queue(backend, proxy))
+    return json_answer(with_proxy_queue(backend, proxy))
 
 
 async def health_generate(request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
+from proxy_support import eventually
 
 import prism_proxy.backend_http as backend_http
 from prism_proxy.backend_http import BackendProtocolError, Http1Pool
@@ -139,7 +140,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None
     async with scripted(answer_once_then_close) as (url, accepted):
         pool = pool_for(url)
         assert await post_read(pool) == (200, b"{}")
-        await asyncio.sleep(0.05)  # the server's close reaches the client
+        await eventually(lambda: pool.open_connections == 0)  # the server's close arrived
         assert await post_read(pool) == (200, b"{}")
         assert accepted[0] == 2
         pool.close()
@@ -153,11 +154,11 @@ async def test_an_idle_connection_is_dropped_after_idle_s() -> None:
             await writer.drain()
 
     async with scripted(answer_forever) as (url, accepted):
-        pool = pool_for(url, idle_s=0.05)
+        pool = pool_for(url, idle_s=60.0)
         await post_read(pool)
         await post_read(pool)
         assert accepted[0] == 1
-        await asyncio.sleep(0.1)
+        pool.idle_s = 0.0  # every idle connection is now too old to reuse
         await post_read(pool)
         assert accepted[0] == 2
         pool.close()
@@ -231,12 +232,14 @@ async def test_a_body_delimited_by_the_close_is_read_whole_and_not_reused() -> N
 
 
 async def test_an_answer_left_unread_closes_its_connection() -> None:
+    reader_left = asyncio.Event()
+
     async def two_chunks(reader, writer) -> None:
         while True:
             await read_request(reader)
             writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await reader_left.wait()  # the second chunk only after the first reader left
             writer.write(b"3\r\ntwo\r\n0\r\n\r\n")
             await writer.drain()
 
@@ -244,6 +247,7 @@ async def test_an_answer_left_unread_closes_its_connection() -> None:
         pool = pool_for(url)
         async with pool.post("/generate", b"{}") as response:
             assert await anext(response.iter_any()) == b"one"  # the reader stops here
+        reader_left.set()
         assert await post_read(pool) == (200, b"onetwo")
         assert accepted[0] == 2
         pool.close()
@@ -251,6 +255,14 @@ async def test_an_answer_left_unread_closes_its_connection() -> None:
 
 async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(monkeypatch) -> None:
     monkeypatch.setattr(backend_http, "HIGH_WATER", 1024)
+    reading: list[bool] = []  # the socket's state after each piece of body
+    on_body = backend_http.Http1Connection.on_body
+
+    def watched(self, body: bytes) -> None:
+        on_body(self, body)
+        reading.append(self.transport.is_reading())
+
+    monkeypatch.setattr(backend_http.Http1Connection, "on_body", watched)
     payload = bytes(range(256)) * 1024  # 256 KiB
 
     async def big(reader, writer) -> None:
@@ -267,6 +279,7 @@ async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(monkeypatch) ->
                 received.append(piece)
                 await asyncio.sleep(0)  # the reader lags the socket
         assert b"".join(received) == payload
+        assert False in reading  # paused behind the reader (and resumed: all of it came)
         pool.close()
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -29,7 +29,12 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from prism_proxy import state
-from prism_proxy.admission import DuplicateRidError, QueueFullError, ShuttingDownError
+from prism_proxy.admission import (
+    DuplicateRidError,
+    QueueFullError,
+    Release,
+    ShuttingDownError,
+)
 from prism_proxy.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -109,7 +114,7 @@ def new_rid() -> str:
     by a client could abort other clients' requests; a client's `rid` only names its
     response.
     """
-    return "prism-" + uuid.uuid4().hex
+    return "prism-" + os.urandom(16).hex()  # uuid4().hex costs 4x as much
 
 
 # Fields of a native /generate body that a client may not forward: they would steer
@@ -213,10 +218,9 @@ async def make_job(
             param="prompt",
         )
     try:
-        job = await off_loop(size_chars, build)
+        return await off_loop(size_chars, build)
     except PromptError as exc:
         raise _prompt_error(exc) from None
-    return replace(job, size_chars=size_chars)
 
 
 def checked_ids(ids: Sequence[int], vocab_size: int, param: str) -> list[int]:
@@ -258,32 +262,62 @@ def ttft_slo_s(request: web.Request) -> float | None:
     return value / 1000.0
 
 
-@contextlib.asynccontextmanager
-async def _admitted(request: web.Request, queued: QueuedRequest, lane: str | None = None):
+def _admission_error(exc: BaseException, retry_after_s: float) -> ApiError | None:
+    """The answer to an admission failure, or to a backend failure inside the block."""
+    if isinstance(exc, QueueFullError):
+        headers = {"Retry-After": str(retry_after_s)}
+        return ApiError(429, str(exc), kind="rate_limit_exceeded", headers=headers)
+    if isinstance(exc, ShuttingDownError):
+        return ApiError(503, str(exc), kind="service_unavailable")
+    if isinstance(exc, DuplicateRidError):
+        return ApiError(400, f"rid: {exc}", param="rid")
+    if isinstance(exc, BackendError):
+        return ApiError(exc.status, exc.message, kind="backend_error")
+    return None
+
+
+class _Admitted:
     """QAS admission as a block: 429 when full, 503 when stopping; always frees the slot.
-    A TTFT SLO header gives the request its own admission deadline (issue 13)."""
-    app = request.app
-    slo_s = ttft_slo_s(request)
-    if slo_s is not None:
-        queued = replace(queued, ttft_slo_s=slo_s)
-    try:
-        async with app[state.ADMISSION].slot(queued) as release:
-            chosen = lane or release.lane.value
-            request[LANE] = chosen
-            metrics = app[state.METRICS]
-            metrics.child(metrics.admission_wait, chosen).observe(release.wait_s)
-            yield release
-    except QueueFullError as exc:
-        retry = str(app[state.CONFIG].retry_after_s)
-        raise ApiError(
-            429, str(exc), kind="rate_limit_exceeded", headers={"Retry-After": retry}
-        ) from None
-    except ShuttingDownError as exc:
-        raise ApiError(503, str(exc), kind="service_unavailable") from None
-    except DuplicateRidError as exc:
-        raise ApiError(400, f"rid: {exc}", param="rid") from None
-    except BackendError as exc:
-        raise ApiError(exc.status, exc.message, kind="backend_error") from None
+    A TTFT SLO header gives the request its own admission deadline (issue 13). A class,
+    not a generator-based context manager: one per request (issue 14)."""
+
+    __slots__ = ("_lane", "_queued", "_request", "_slot")
+
+    def __init__(
+        self, request: web.Request, queued: QueuedRequest, lane: str | None = None
+    ) -> None:
+        self._request = request
+        self._queued = queued
+        self._lane = lane
+
+    async def __aenter__(self) -> Release:
+        request = self._request
+        app = request.app
+        queued = self._queued
+        slo_s = ttft_slo_s(request)
+        if slo_s is not None:
+            queued = replace(queued, ttft_slo_s=slo_s)
+        self._slot = app[state.ADMISSION].slot(queued)
+        try:
+            release = await self._slot.__aenter__()
+        except Exception as exc:
+            self._raise_mapped(exc)
+            raise
+        chosen = self._lane or release.lane.value
+        request[LANE] = chosen
+        metrics = app[state.METRICS]
+        metrics.child(metrics.admission_wait, chosen).observe(release.wait_s)
+        return release
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        await self._slot.__aexit__(exc_type, exc, tb)
+        if exc is not None:
+            self._raise_mapped(exc)
+
+    def _raise_mapped(self, exc: BaseException) -> None:
+        error = _admission_error(exc, self._request.app[state.CONFIG].retry_after_s)
+        if error is not None:
+            raise error from None
 
 
 # --- the token path -------------------------------------------------------------------
@@ -291,6 +325,7 @@ async def token_path(
     request: web.Request,
     job: TokenJob,
     *,
+    size_chars: int,
     rid: str,
     sampling_params: dict[str, Any],
     stream: bool,
@@ -305,10 +340,10 @@ async def token_path(
     """
     app = request.app
     backend = app[state.BACKEND]
-    async with _admitted(request, job.queued(rid, time.monotonic())) as release:
+    async with _Admitted(request, job.queued(rid, time.monotonic())) as release:
         lane = release.lane.value
         payload = await off_loop(
-            job.size_chars,
+            size_chars,
             lambda: job.payload(
                 release.skeleton,
                 rid=rid,
@@ -412,7 +447,7 @@ async def passthrough(
     if rid is not None:
         body["rid"] = rid
     queued = QueuedRequest(rid=rid or new_rid(), arrival=time.monotonic())
-    async with _admitted(request, queued, lane="passthrough"):
+    async with _Admitted(request, queued, lane="passthrough"):
         try:
             async with backend.forward(path, body) as upstream:
                 if not upstream.content_type.startswith("text/event-stream"):
@@ -499,8 +534,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         ids = tokenizer.encode(tokenizer.render_chat(messages))
         return private_job({"input_ids": ids}, len(ids))
 
+    size_chars = body.prompt_chars()
     try:
-        job = await make_job(request, body.prompt_chars(), build)
+        job = await make_job(request, size_chars, build)
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
         return await passthrough(request, "/v1/chat/completions", raw, set_rid=True)
@@ -508,6 +544,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await token_path(
         request,
         job,
+        size_chars=size_chars,
         rid=rid,
         sampling_params=body.sampling_params(body.max_new_tokens),
         stream=body.stream,
@@ -533,11 +570,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
         ids = checked_ids(prompt, vocab_size, "prompt")
         return private_job({"input_ids": ids}, len(ids))
 
-    job = await make_job(request, body.prompt_chars(), build)
+    size_chars = body.prompt_chars()
+    job = await make_job(request, size_chars, build)
     rid = new_rid()
     return await token_path(
         request,
         job,
+        size_chars=size_chars,
         rid=rid,
         sampling_params=body.sampling_params(body.max_tokens),
         stream=body.stream,
@@ -568,12 +607,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return private_job({"text": body.text}, None)
         raise PromptError("text", "either text or input_ids is required")
 
-    job = await make_job(request, body.prompt_chars(), build)
+    size_chars = body.prompt_chars()
+    job = await make_job(request, size_chars, build)
     extra = {k: v for k, v in raw.items() if k not in _GENERATE_NOT_FORWARDED}
     rid = new_rid()
     return await token_path(
         request,
         job,
+        size_chars=size_chars,
         rid=rid,
         sampling_params=body.backend_sampling_params(),
         stream=body.stream,

@@ -46,7 +46,6 @@ class TokenJob:
     head_tokens: int
     segment_tokens: tuple[int, ...] | None
     build: Callable[[Sequence[str]], Dispatch]
-    size_chars: int = 0  # the prompt's size (prompt_size): large ones serialize off-loop
 
     def payload(
         self,

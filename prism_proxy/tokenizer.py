@@ -30,9 +30,6 @@ from prism_proxy.builtin_tokenizer import ensure_builtin
 BUILTIN = "builtin"
 
 
-LONG_TEXT_CHARS = 8192
-
-
 class ChatTemplateError(ValueError):
     """The chat template is missing, or it raised (``raise_exception``) while rendering."""
 
@@ -112,12 +109,12 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added.
 
-        A long text goes through ``encode_batch``, which releases the GIL while the
-        Rust tokenizer works (``encode`` holds it: a 4 MB text stalled every other thread
-        for ~3 s), so a caller in a worker thread leaves the event loop free."""
-        if len(text) >= LONG_TEXT_CHARS:
-            return self._backend.encode_batch([text], add_special_tokens=False)[0].ids
-        return self._backend.encode(text, add_special_tokens=False).ids
+        Through ``encode_batch_fast`` (tokenizers >= 0.20): the same ids as ``encode``
+        without computing offsets, 14-25 % cheaper (a short chat: 14.4 -> 10.9 us). It
+        also releases the GIL while the Rust tokenizer works (``encode`` holds it: a
+        4 MB text stalled every other thread for ~1 s), so a caller in a worker thread
+        leaves the event loop free."""
+        return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -149,6 +149,19 @@ def test_builtin_round_trips_any_text(builtin: Tokenizer, text: str) -> None:
     assert builtin.decode(builtin.encode(text)) == text
 
 
+_CHAT_PIECES = st.sampled_from(["<|im_start|>", "<|im_end|>", "user\n", " ", "\n\n", "é漢🙂"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), _CHAT_PIECES), max_size=12))
+def test_encode_gives_the_libraries_plain_encode_ids(builtin: Tokenizer, pieces: list[str]) -> None:
+    # `encode` goes through `encode_batch_fast` (no offsets); the ids must not change,
+    # special tokens written in the text included.
+    text = "".join(pieces)
+    plain = builtin._backend.encode(text, add_special_tokens=False).ids
+    assert builtin.encode(text) == plain
+
+
 def test_builtin_chat_template_is_chatml(builtin: Tokenizer) -> None:
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     assert builtin.render_chat(messages) == (

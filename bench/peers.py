@@ -11,7 +11,8 @@ target, measured side by side:
 * each peer `make peers` installed (`bench/peers_launch.py`): smg, sglang-router,
   ContextPilot, as plain pass-throughs (round robin, no retries, no circuit breaker).
 
-What it measures, per target (non-streamed chat completions of 8 tokens unless said):
+What it measures, per target (non-streamed chat completions of 8 tokens unless said;
+every request's user message is new, a counter, as real users' are):
 
 1. added latency: `--sequential` requests one at a time, the targets interleaved
    request by request; P50 and P99, and P50 − direct's P50;
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import statistics
 import tempfile
@@ -43,6 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -110,12 +113,19 @@ def targets() -> list[Target]:
 
 
 # --- load ----------------------------------------------------------------------------------
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say something short."}]}
+_SENT = itertools.count()
+
+
+def chat_body(**fields: Any) -> dict[str, Any]:
+    """A short chat whose user message is new every time, as real users' are: no cache
+    (the proxy's tokenized pieces, a peer's) answers a repeated prompt here."""
+    message = {"role": "user", "content": f"Say something short. ({next(_SENT)})"}
+    return {"model": MODEL, "messages": [message], **fields}
 
 
 async def _chat(session: aiohttp.ClientSession, url: str, max_tokens: int) -> None:
     async with session.post(
-        url + "/v1/chat/completions", json={**CHAT, "max_tokens": max_tokens}
+        url + "/v1/chat/completions", json=chat_body(max_tokens=max_tokens)
     ) as response:
         await response.read()
         if response.status != 200:
@@ -123,7 +133,7 @@ async def _chat(session: aiohttp.ClientSession, url: str, max_tokens: int) -> No
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, max_tokens: int) -> int:
-    body = {**CHAT, "max_tokens": max_tokens, "stream": True}
+    body = chat_body(max_tokens=max_tokens, stream=True)
     events = 0
     async with session.post(url + "/v1/chat/completions", json=body) as response:
         if response.status != 200:

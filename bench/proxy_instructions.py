@@ -13,7 +13,10 @@ divided by `--requests`, is what one request costs; start-up, warm-up and shutdo
 cancel out. Two loads, each sent one request at a time:
 
 * `chat`: non-streamed chat completions of 8 tokens (the peer table's P50 request);
-* `stream`: streamed chat completions of 256 tokens (also given per content chunk).
+* `stream`: streamed chat completions of 256 tokens (also given per content chunk);
+* `agent`: non-streamed 8-token chats of agents re-sending their history each turn
+  (`bench.agent_chats`: ~23k characters, ~4.9k tokens per request). Not in the default
+  `--loads`; a request costs ~20x a `chat` under valgrind.
 
 `--incremental` has the stub stream deltas, as SGLang does with
 `--incremental-streaming-output`, instead of its default cumulative text and ids.
@@ -35,23 +38,36 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
+from bench.agent_chats import agent_turns
 from bench.stub_backend import run_stub
 from loadgen.processes import free_port, wait_healthy
+from prism_proxy.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "Say something short."}]}
 LOADS = {"chat": {"max_tokens": 8}, "stream": {"max_tokens": 256, "stream": True}}
 
 
+def bodies(load: str, requests: int) -> list[dict[str, Any]]:
+    """The first `requests` bodies of `load` (the same sequence in every run)."""
+    if load == "agent":
+        turns = agent_turns(load_tokenizer(), requests)
+        return [{**CHAT, "messages": messages, "max_tokens": 8} for messages in turns]
+    # A new user message each time, as real users send (the proxy caches tokenized
+    # pieces of chats; a repeated message would be a cache hit).
+    users = ({"role": "user", "content": f"Say something short. ({n})"} for n in range(requests))
+    return [{**CHAT, "messages": [user], **LOADS[load]} for user in users]
+
+
 async def send(url: str, load: str, requests: int) -> int:
     """`requests` requests of `load`, one at a time; returns the content chunks seen."""
     chunks = 0
-    body = {**CHAT, **LOADS[load]}
     async with aiohttp.ClientSession() as session:
-        for _ in range(requests):
+        for body in bodies(load, requests):
             async with session.post(url + "/v1/chat/completions", json=body) as response:
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}: {await response.text()}")

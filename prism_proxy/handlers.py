@@ -531,7 +531,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             system, suffix = chat_defaults(body.messages)
             return hinted_job(serializer, body.prism, system=system, suffix=suffix, chat=True)
         messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
-        ids = tokenizer.encode(tokenizer.render_chat(messages))
+        ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
         return private_job({"input_ids": ids}, len(ids))
 
     size_chars = body.prompt_chars()

@@ -26,6 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from prism_proxy.builtin_tokenizer import ensure_builtin
+from prism_proxy.chat_pieces import ChatPieces
 
 BUILTIN = "builtin"
 
@@ -105,6 +106,7 @@ class Tokenizer:
         # The template's globals, flattened once: `Template.render` merges its ChainMap
         # of globals into a new dict on every call (a third of a render; issue 14).
         self._globals = dict(self._template.globals) if self._template is not None else {}
+        self.chat_pieces = ChatPieces.for_tokenizer(backend)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added.
@@ -115,6 +117,14 @@ class Tokenizer:
         4 MB text stalled every other thread for ~1 s), so a caller in a worker thread
         leaves the event loop free."""
         return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+    def encode_chat(self, text: str) -> list[int]:
+        """``encode(text)`` for a rendered chat: the pieces between special tokens are
+        cached (`ChatPieces`), so a turn re-sending its history encodes only what is new.
+        Whole texts for tokenizers where that could give other ids."""
+        if self.chat_pieces is None:
+            return self.encode(text)
+        return self.chat_pieces.encode(text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

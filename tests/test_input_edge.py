@@ -191,14 +191,14 @@ async def test_a_large_prompt_is_tokenized_off_the_event_loop(sim_url, monkeypat
     a worker thread, a small one on the loop, and /health answers meanwhile."""
     async with running_proxy(sim_url) as proxy, aiohttp.ClientSession() as http:
         tokenizer = proxy.app[state.TOKENIZER]
-        encode = tokenizer.encode
+        encode_chat = tokenizer.encode_chat  # what a rendered chat is tokenized with
         threads: list[tuple[int, int]] = []  # (characters, thread)
 
         def recording_encode(text: str) -> list[int]:
             threads.append((len(text), threading.get_ident()))
-            return encode(text)
+            return encode_chat(text)
 
-        monkeypatch.setattr(tokenizer, "encode", recording_encode)
+        monkeypatch.setattr(tokenizer, "encode_chat", recording_encode)
         loop_thread = threading.get_ident()
         for chars in (100, 200_000):
             body = {**CHAT, "messages": [{"role": "user", "content": "word " * (chars // 5)}]}

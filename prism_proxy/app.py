@@ -25,7 +25,7 @@ from prism_proxy.backend_client import BackendClient, BackendError
 from prism_proxy.config import ProxyConfig
 from prism_proxy.control_client import ControlClient
 from prism_proxy.handlers import add_routes, error_middleware
-from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.metrics import CacheStats, ProxyMetrics, TokenCacheCollector
 from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.probes import add_probe_routes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
@@ -33,7 +33,7 @@ from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import ResidentSegments, UnionResidency
 from prism_proxy.residency_poller import ResidencyPoller
 from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,21 @@ async def resolve_tokenizer_spec(config: ProxyConfig, backend: BackendClient) ->
     return path
 
 
+def token_cache_stats(tokenizer: Tokenizer, serializer: Serializer) -> dict[str, CacheStats]:
+    """Entries, hits and misses of each tokenization cache (for `TokenCacheCollector`)."""
+    stats: dict[str, CacheStats] = {**serializer.cache_stats()}
+    if tokenizer.chat_pieces is not None:
+        stats["chat_pieces"] = tokenizer.chat_pieces.info()
+    return stats
+
+
 async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     spec = await resolve_tokenizer_spec(app[state.CONFIG], app[state.BACKEND])
     tokenizer = await asyncio.to_thread(load_tokenizer, spec)
     app[state.TOKENIZER] = tokenizer
-    app[state.SERIALIZER] = Serializer(tokenizer)
+    app[state.SERIALIZER] = serializer = Serializer(tokenizer)
+    collector = TokenCacheCollector(lambda: token_cache_stats(tokenizer, serializer))
+    app[state.METRICS].registry.register(collector)
     log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
     yield
 

@@ -7,11 +7,14 @@ before admission carry lane `none`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 # 1 ms .. 60 s, roughly x1.5-2 per step: fine enough for 10 ms - 60 s latencies.
 LATENCY_BUCKETS_S = (
@@ -148,3 +151,31 @@ class ProxyMetrics:
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+CacheStats = Mapping[str, int]  # entries, hits, misses
+
+
+class TokenCacheCollector(Collector):
+    """The tokenization caches' counts, read when Prometheus scrapes (no cost per
+    request): `cache` is `chat_pieces` (rendered chats, `prism_proxy.chat_pieces`),
+    `segments` or `heads` (the serializer's, SPEC §1)."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, CacheStats]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        hits = CounterMetricFamily(
+            "prism:token_cache_hits", "Lookups a tokenization cache answered", labels=["cache"]
+        )
+        misses = CounterMetricFamily(
+            "prism:token_cache_misses", "Lookups that tokenized", labels=["cache"]
+        )
+        entries = GaugeMetricFamily(
+            "prism:token_cache_entries", "Entries a tokenization cache holds", labels=["cache"]
+        )
+        for cache, stats in self._stats().items():
+            hits.add_metric([cache], stats["hits"])
+            misses.add_metric([cache], stats["misses"])
+            entries.add_metric([cache], stats["entries"])
+        yield from (hits, misses, entries)

@@ -130,6 +130,9 @@ class _LRU:
     def __len__(self) -> int:
         return len(self._items)
 
+    def stats(self) -> dict[str, int]:
+        return {"entries": len(self._items), "hits": self.hits, "misses": self.misses}
+
 
 class Serializer:
     """Serializes ``SegmentedPrompt`` for one tokenizer, with bounded token caches."""
@@ -227,6 +230,10 @@ class Serializer:
             order=chosen,
             tail_tokens=len(tail_ids),
         )
+
+    def cache_stats(self) -> dict[str, dict[str, int]]:
+        """Entries, hits and misses of the ``segments`` and ``heads`` caches."""
+        return {"segments": self._segments.stats(), "heads": self._frames.stats()}
 
     def cache_info(self) -> dict[str, int]:
         """Sizes and hit/miss counts of the segment and head caches."""

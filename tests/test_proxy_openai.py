@@ -177,6 +177,47 @@ async def test_backend_receives_reordered_token_ids(proxy_factory: ProxyFactory,
     assert await _cached_tokens_of_second(proxy_factory, "prism", "prism") == reordered
 
 
+async def test_a_multi_turn_chat_reuses_its_tokenized_history(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """Each turn re-sends the history; the proxy tokenizes only its new pieces
+    (`chat_pieces`), the backend still gets exactly the ids of the whole rendered chat,
+    and /metrics shows the tokenization caches."""
+    proxy = await proxy_factory()
+    tokenizer = load_tokenizer()
+    messages = [{"role": "system", "content": SYSTEM + " Keep answers short. " * 20}]
+    sent: list[list[int]] = []
+    async with _client(proxy.url) as client:
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"Question {turn}: what then?"})
+            answer = await client.chat.completions.create(
+                model="m", messages=messages, max_tokens=4
+            )
+            ids = tokenizer.encode(tokenizer.render_chat(messages))
+            assert answer.usage.prompt_tokens == len(ids)
+            if sent:  # at least the history's tokens came from the engine's prefix cache
+                shared = next(
+                    (n for n, (x, y) in enumerate(zip(ids, sent[-1], strict=False)) if x != y),
+                    min(len(ids), len(sent[-1])),
+                )
+                assert answer.usage.prompt_tokens_details.cached_tokens >= shared > 0
+            sent.append(ids)
+            messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(proxy.url + "/metrics")).text
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("prism:token_cache_")
+    }
+    # Turns 2 and 3 found the system message and earlier turns among the pieces.
+    assert samples['prism:token_cache_hits_total{cache="chat_pieces"}'] >= 4
+    assert samples['prism:token_cache_misses_total{cache="chat_pieces"}'] > 0
+    assert samples['prism:token_cache_entries{cache="chat_pieces"}'] > 0
+    assert 'prism:token_cache_hits_total{cache="segments"}' in samples
+    assert 'prism:token_cache_entries{cache="heads"}' in samples
+
+
 async def test_models_and_health(proxy_factory: ProxyFactory) -> None:
     proxy = await proxy_factory(policy="klpm")
     async with _client(proxy.url) as client:

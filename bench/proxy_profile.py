@@ -35,7 +35,8 @@ from loadgen.processes import run_server
 CATEGORIES = (
     ("aiohttp (server side, syscalls)", "aiohttp/"),
     ("backend client (backend_http, backend_client)", "prism_proxy/backend_"),
-    ("tokenizers encode", "prism_proxy/tokenizer.py"),
+    ("tokenizing (tokenizer, chat_pieces)", "prism_proxy/tokenizer.py"),
+    ("tokenizing (tokenizer, chat_pieces)", "prism_proxy/chat_pieces.py"),
     ("jinja chat template", "jinja2/"),
     ("jinja chat template", "<template>"),
     ("pydantic validation", "pydantic"),

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     hit_rate = info["hits"] / max(1, info["hits"] + info["misses"])
     print(
         f"cached pieces / whole text: {pieces_s / whole_s:.3f}; same ids for all {n} requests; "
-        f"piece hit rate {hit_rate:.1%}, {info['entries']} pieces ({info['chars']:,} characters) "
-        "held"
+        f"piece hit rate {hit_rate:.1%}, {info['entries']} pieces held "
+        f"({info['bytes'] / 2**20:.1f} MiB)"
     )
 
 

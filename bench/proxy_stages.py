@@ -34,11 +34,11 @@ from prism_proxy.config import ProxyConfig
 CLIENT = """
 import asyncio, statistics, sys, time, aiohttp
 async def main(url, n):
-    body = {"model": "m", "messages": [{"role": "user", "content": "Say something short."}],
-            "max_tokens": 8}
     async with aiohttp.ClientSession() as session:
         samples = []
-        for _ in range(n):
+        for i in range(n):  # a new user message each time, as in bench.peers
+            message = {"role": "user", "content": f"Say something short. ({i})"}
+            body = {"model": "m", "messages": [message], "max_tokens": 8}
             started = time.perf_counter()
             async with session.post(url + "/v1/chat/completions", json=body) as response:
                 await response.read()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from array import array
 from collections import OrderedDict
@@ -33,9 +34,15 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-# The cache holds at most this many characters of pieces (and their ids, 4 bytes each).
-DEFAULT_CAPACITY_CHARS = 8 * 1024 * 1024
+# The cache holds at most this many bytes of pieces and their ids (`sys.getsizeof`):
+# about 8M characters of ASCII text, 4M of other BMP text.
+DEFAULT_CAPACITY_BYTES = 32 * 1024 * 1024
 _PROBE_TEXT = " Hello,\n world  ünïcödé 漢字 🙂 1234 "
+
+
+def _size(piece: str, ids: array[int]) -> int:
+    """What an entry holds: the text and the ids (an OrderedDict node adds ~100 bytes)."""
+    return sys.getsizeof(piece) + sys.getsizeof(ids)
 
 
 def _metaspace_first(config: Any) -> bool:
@@ -58,21 +65,21 @@ class ChatPieces:
         backend: HFTokenizer,
         splitter: re.Pattern[str],
         added: dict[str, int],
-        capacity_chars: int = DEFAULT_CAPACITY_CHARS,
+        capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
     ) -> None:
         self._backend = backend
         self._splitter = splitter
         self._added = added
-        self.capacity_chars = capacity_chars
+        self.capacity_bytes = capacity_bytes
         self._pieces: OrderedDict[str, array[int]] = OrderedDict()
-        self._chars = 0
+        self._bytes = 0
         self._lock = threading.Lock()  # `encode` may run in worker threads (off_loop)
         self.hits = 0
         self.misses = 0
 
     @classmethod
     def for_tokenizer(
-        cls, backend: HFTokenizer, capacity_chars: int = DEFAULT_CAPACITY_CHARS
+        cls, backend: HFTokenizer, capacity_bytes: int = DEFAULT_CAPACITY_BYTES
     ) -> ChatPieces | None:
         """A cache for `backend`, or None when cutting outside the library could give
         other ids (see the module docstring)."""
@@ -92,7 +99,7 @@ class ChatPieces:
             # Longest first: at one position the library takes the longest added token.
             alternatives = sorted(added, key=len, reverse=True)
             splitter = re.compile("|".join(map(re.escape, alternatives)))
-        pieces = cls(backend, splitter, added, capacity_chars)
+        pieces = cls(backend, splitter, added, capacity_bytes)
         probe = _PROBE_TEXT + _PROBE_TEXT.join(added) + _PROBE_TEXT
         whole = backend.encode_batch_fast([probe], add_special_tokens=False)[0].ids
         if pieces.encode(probe) != whole:
@@ -122,29 +129,29 @@ class ChatPieces:
                 return cached
             self.misses += 1
         ids = array("I", self._backend.encode_batch_fast([piece], add_special_tokens=False)[0].ids)
-        if len(piece) > self.capacity_chars:
+        size = _size(piece, ids)
+        if size > self.capacity_bytes:
             return ids
         with self._lock:
             if piece not in self._pieces:
                 self._pieces[piece] = ids
-                self._chars += len(piece)
-                while self._chars > self.capacity_chars:
-                    evicted, _ = self._pieces.popitem(last=False)
-                    self._chars -= len(evicted)
+                self._bytes += size
+                while self._bytes > self.capacity_bytes:
+                    self._bytes -= _size(*self._pieces.popitem(last=False))
         return ids
 
     def clear(self) -> None:
         with self._lock:
             self._pieces.clear()
-            self._chars = 0
+            self._bytes = 0
             self.hits = self.misses = 0
 
     def info(self) -> dict[str, int]:
-        """Entries, characters held, hits and misses."""
+        """Entries, bytes held, hits and misses."""
         with self._lock:
             return {
                 "entries": len(self._pieces),
-                "chars": self._chars,
+                "bytes": self._bytes,
                 "hits": self.hits,
                 "misses": self.misses,
             }

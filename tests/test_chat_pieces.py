@@ -130,24 +130,25 @@ def test_added_tokens_the_library_matches_differently_are_not_cut(
 def test_the_cache_stays_within_its_capacity_and_forgets_the_oldest(
     builtin: ProxyTokenizer,
 ) -> None:
-    pieces = ChatPieces.for_tokenizer(builtin._backend, capacity_chars=100)
+    pieces = ChatPieces.for_tokenizer(builtin._backend, capacity_bytes=600)
     assert pieces is not None
     texts = [f"<|im_start|>user\nmessage number {n} " + "x" * 20 for n in range(10)]
     for text in texts:
         assert pieces.encode(text) == _whole(builtin, text)
-        assert pieces.info()["chars"] <= 100
+        assert 0 < pieces.info()["bytes"] <= 600
+    assert pieces.info()["entries"] < len(texts)
     hits = pieces.info()["hits"]
     pieces.encode(texts[-1])  # recent: still held
     assert pieces.info()["hits"] == hits + 1
     pieces.encode(texts[0])  # the oldest: evicted, encoded again
     assert pieces.info()["hits"] == hits + 1
-    huge = "<|im_start|>" + "y" * 500
+    huge = "<|im_start|>" + "y" * 1000
     assert pieces.encode(huge) == _whole(builtin, huge)  # larger than the cache: not held
-    assert pieces.info()["chars"] <= 100
+    assert pieces.info()["bytes"] <= 600
 
 
 def test_threads_sharing_the_cache_get_the_right_ids(builtin: ProxyTokenizer) -> None:
-    pieces = ChatPieces.for_tokenizer(builtin._backend, capacity_chars=2_000)
+    pieces = ChatPieces.for_tokenizer(builtin._backend, capacity_bytes=4_000)
     assert pieces is not None
     texts = [
         f"<|im_start|>system\nshared {n % 7}<|im_end|>\n<|im_start|>user\n{n}" * 3
@@ -157,4 +158,4 @@ def test_threads_sharing_the_cache_get_the_right_ids(builtin: ProxyTokenizer) ->
         results = list(pool.map(pieces.encode, texts))
     assert results == [_whole(builtin, text) for text in texts]
     info = pieces.info()
-    assert info["hits"] > 0 and info["chars"] <= 2_000
+    assert info["hits"] > 0 and info["bytes"] <= 4_000

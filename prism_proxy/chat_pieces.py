@@ -85,8 +85,8 @@ class ChatPieces:
         other ids (see the module docstring)."""
         if getattr(backend, "encode_special_tokens", False):
             return None
-        config = json.loads(backend.to_str())
-        if _metaspace_first(config.get("pre_tokenizer")):
+        pre_tokenizer = backend.pre_tokenizer
+        if pre_tokenizer is not None and _metaspace_first(json.loads(pre_tokenizer.__getstate__())):
             return None
         added: dict[str, int] = {}
         for token_id, token in backend.get_added_tokens_decoder().items():

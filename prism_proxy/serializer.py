@@ -234,14 +234,3 @@ class Serializer:
     def cache_stats(self) -> dict[str, dict[str, int]]:
         """Entries, hits and misses of the ``segments`` and ``heads`` caches."""
         return {"segments": self._segments.stats(), "heads": self._frames.stats()}
-
-    def cache_info(self) -> dict[str, int]:
-        """Sizes and hit/miss counts of the segment and head caches."""
-        return {
-            "segment_entries": len(self._segments),
-            "segment_hits": self._segments.hits,
-            "segment_misses": self._segments.misses,
-            "head_entries": len(self._frames),
-            "head_hits": self._frames.hits,
-            "head_misses": self._frames.misses,
-        }

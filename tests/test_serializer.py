@@ -179,10 +179,10 @@ def test_cache_hits_are_identical_and_edits_are_not_stale(
     for tok in tokenizers.values():
         serializer = Serializer(tok)
         first = serializer.serialize(prompt, chat=chat)
-        hits = serializer.cache_info()["segment_hits"]
+        hits = serializer.cache_stats()["segments"]["hits"]
         again = serializer.serialize(prompt, chat=chat)
         assert again == first
-        assert serializer.cache_info()["segment_hits"] == hits + len(prompt.segments)
+        assert serializer.cache_stats()["segments"]["hits"] == hits + len(prompt.segments)
         # Same ids, new texts: must equal what a fresh serializer produces.
         edited = _prompt(
             prompt.system, [(s.id, s.text + edit) for s in prompt.segments], prompt.suffix
@@ -190,9 +190,9 @@ def test_cache_hits_are_identical_and_edits_are_not_stale(
         assert serializer.serialize(edited, chat=chat) == Serializer(tok).serialize(
             edited, chat=chat
         )
-        misses = serializer.cache_info()["segment_misses"]
+        misses = serializer.cache_stats()["segments"]["misses"]
         lengths = serializer.skeleton_lengths(edited)
-        assert serializer.cache_info()["segment_misses"] == misses  # served from the cache
+        assert serializer.cache_stats()["segments"]["misses"] == misses  # served from the cache
         assert lengths == Serializer(tok).serialize(edited, chat=chat).segment_tokens
 
 
@@ -249,12 +249,12 @@ def test_segment_cache_is_bounded_lru(tokenizers: dict[str, Tokenizer]) -> None:
     serializer = Serializer(tokenizers["builtin"], segment_cache_size=2)
     for seg_id in ("a", "b", "c"):
         serializer.serialize(_prompt(None, [(seg_id, "text " + seg_id)], ""))
-    info = serializer.cache_info()
-    assert (info["segment_entries"], info["segment_misses"]) == (2, 3)
+    info = serializer.cache_stats()["segments"]
+    assert (info["entries"], info["misses"]) == (2, 3)
     serializer.serialize(_prompt(None, [("c", "text c")], ""))  # still cached
     serializer.serialize(_prompt(None, [("a", "text a")], ""))  # evicted: a miss
-    info = serializer.cache_info()
-    assert (info["segment_hits"], info["segment_misses"]) == (1, 4)
+    info = serializer.cache_stats()["segments"]
+    assert (info["hits"], info["misses"]) == (1, 4)
     with pytest.raises(ValueError, match="cache sizes"):
         Serializer(tokenizers["builtin"], segment_cache_size=0)
 

@@ -97,6 +97,12 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
 
+def backend_failure(exc: BackendError) -> ApiError:
+    """The answer to a failed backend exchange: its status (502/503, or the backend's own
+    4xx) and message."""
+    return ApiError(exc.status, exc.message, kind="backend_error")
+
+
 def json_answer(
     body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> web.Response:
@@ -272,7 +278,7 @@ def _admission_error(exc: BaseException, retry_after_s: float) -> ApiError | Non
     if isinstance(exc, DuplicateRidError):
         return ApiError(400, f"rid: {exc}", param="rid")
     if isinstance(exc, BackendError):
-        return ApiError(exc.status, exc.message, kind="backend_error")
+        return backend_failure(exc)
     return None
 
 
@@ -627,7 +633,7 @@ async def models(request: web.Request) -> web.Response:
     try:
         return json_answer(await request.app[state.BACKEND].get_json("/v1/models"))
     except BackendError as exc:
-        raise ApiError(exc.status, exc.message, kind="backend_error") from None
+        raise backend_failure(exc) from None
 
 
 async def health(request: web.Request) -> web.Response:

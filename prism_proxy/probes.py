@@ -27,11 +27,7 @@ from aiohttp import web
 
 from prism_proxy import state
 from prism_proxy.backend_client import BackendError
-from prism_proxy.handlers import ApiError, json_answer
-
-
-def _failed(exc: BackendError) -> ApiError:
-    return ApiError(exc.status, exc.message, kind="backend_error")
+from prism_proxy.handlers import ApiError, backend_failure, json_answer
 
 
 def proxy_state(app: web.Application) -> dict[str, Any]:
@@ -66,7 +62,7 @@ async def _backend_json(request: web.Request, path: str) -> Any:
     try:
         return await request.app[state.BACKEND].get_json(path)
     except BackendError as exc:
-        raise _failed(exc) from None
+        raise backend_failure(exc) from None
 
 
 async def server_info(request: web.Request) -> web.Response:
@@ -88,7 +84,7 @@ async def loads(request: web.Request) -> web.Response:
         backend = await request.app[state.BACKEND].get_json(path)
     except BackendError as exc:
         if exc.status != 404:
-            raise _failed(exc) from None
+            raise backend_failure(exc) from None
         backend = {"timestamp": datetime.now(UTC).isoformat(), "loads": []}
     if not isinstance(backend, dict):
         raise ApiError(502, "backend sent a /v1/loads answer that is not an object")
@@ -99,7 +95,7 @@ async def health_generate(request: web.Request) -> web.Response:
     try:
         await request.app[state.BACKEND].get_ok("/health_generate")
     except BackendError as exc:
-        raise _failed(exc) from None
+        raise backend_failure(exc) from None
     return web.Response(text="")
 
 

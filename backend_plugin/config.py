@@ -2,6 +2,9 @@
 
 PRISM_DART_POLICY      dart | lru | lru+active | lfu          (default dart)
 PRISM_DART_PROTECT     protection budget f before the first push (default 8)
+PRISM_DART_PROTECT_FRACTION
+                       most of the KV pool the protected owners F_t may hold, in
+                       [0, 1] (default 0.25; issue 23)
 PRISM_CONTROL_PORT     control RPC port of dp rank 0; rank r listens on port + r
                        (unset: no control RPC)
 PRISM_CONTROL_HOST     bind address (default 127.0.0.1)
@@ -20,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backend_plugin.dart.keys import EvictionPolicy
-from backend_plugin.dart.priority import DEFAULT_PROTECT
+from backend_plugin.dart.priority import DEFAULT_PROTECT, DEFAULT_PROTECT_FRACTION
 
 DEFAULT_CONTROL_HOST = "127.0.0.1"
 
@@ -81,6 +84,15 @@ class PluginConfig:
     policy: EvictionPolicy = EvictionPolicy.DART
     protect: int = DEFAULT_PROTECT
     control: ControlConfig = ControlConfig()
+    protect_fraction: float = DEFAULT_PROTECT_FRACTION
+
+    def __post_init__(self) -> None:
+        if self.protect < 0:
+            raise ValueError(f"PRISM_DART_PROTECT must be >= 0, got {self.protect}")
+        if not 0.0 <= self.protect_fraction <= 1.0:
+            raise ValueError(
+                f"PRISM_DART_PROTECT_FRACTION must be in [0, 1], got {self.protect_fraction}"
+            )
 
 
 def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:
@@ -90,6 +102,7 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:
     return PluginConfig(
         policy=EvictionPolicy(env.get("PRISM_DART_POLICY", EvictionPolicy.DART.value)),
         protect=int(env.get("PRISM_DART_PROTECT", DEFAULT_PROTECT)),
+        protect_fraction=float(env.get("PRISM_DART_PROTECT_FRACTION", DEFAULT_PROTECT_FRACTION)),
         control=ControlConfig(
             port=int(port) if port else None,
             host=env.get("PRISM_CONTROL_HOST", DEFAULT_CONTROL_HOST),

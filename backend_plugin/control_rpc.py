@@ -11,7 +11,8 @@
                             400 when `since` is not a non-negative integer
     GET  /prism/health      {"status": "ok"} (no auth: it reveals nothing)
     GET  /prism/metrics     Prometheus text: prism:dart_evicted_tokens_total{class},
-                            prism:dart_protected_tokens, prism:dart_anchors_resident,
+                            prism:dart_protected_tokens, prism:dart_protect_cap_tokens,
+                            prism:dart_anchors_resident,
                             prism:dart_priority_epoch, prism:dart_segments_resident,
                             prism:dart_residency_version
 
@@ -153,6 +154,11 @@ class DartCollector(Collector):
             "prism:dart_protected_tokens",
             "Resident tokens of the protected segments F_t",
             value=stats.protected_tokens,
+        )
+        yield GaugeMetricFamily(
+            "prism:dart_protect_cap_tokens",
+            "Most resident tokens F_t may hold: protect_fraction x KV pool (-1: no bound)",
+            value=-1 if stats.protect_cap_tokens is None else stats.protect_cap_tokens,
         )
         yield GaugeMetricFamily(
             "prism:dart_anchors_resident", "Resident anchor nodes", value=stats.anchors_resident

@@ -9,6 +9,7 @@ its own options to the environment the scheduler processes inherit:
     --prism-control-host H    → PRISM_CONTROL_HOST
     --prism-policy P          → PRISM_DART_POLICY   (dart | lru | lru+active | lfu)
     --prism-protect F         → PRISM_DART_PROTECT
+    --prism-protect-fraction X → PRISM_DART_PROTECT_FRACTION
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _ENV_FLAGS = {
     "--prism-control-host": "PRISM_CONTROL_HOST",
     "--prism-policy": "PRISM_DART_POLICY",
     "--prism-protect": "PRISM_DART_PROTECT",
+    "--prism-protect-fraction": "PRISM_DART_PROTECT_FRACTION",
 }
 
 

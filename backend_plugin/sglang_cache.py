@@ -10,7 +10,9 @@ insertion stay SGLang's own; DART changes which evictable leaf goes first (SPEC 
   `mem_cache/common.py`) inserts as usual, then reads `req.rid` / `req.kv_hints`,
   splits nodes at the anchor offsets and annotates the path;
 * `_split_node` carries a node's owner to the new upper half; `_delete_leaf` counts
-  evicted tokens per class; `on_release` ends the request's share of a_t.
+  evicted tokens per class; `on_release` ends the request's share of a_t;
+* the KV pool's size (`token_to_kv_pool_allocator.size`, in tokens) is handed to the
+  core, which bounds the protected set F_t to `protect_fraction` of it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ from backend_plugin.dart.keys import NodeMeta
 from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
 
 logger = logging.getLogger(__name__)
+
+
+def kv_capacity_tokens(params: CacheInitParams) -> int | None:
+    """The KV pool's size in tokens, read from the tree's allocator (None: no allocator
+    or one that does not say, e.g. a test double)."""
+    size = getattr(params.token_to_kv_pool_allocator, "size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 class SGLangTreeAdapter:
@@ -80,6 +89,11 @@ class DartRadixCache(RadixCache):
         self.control: Any = None  # the ControlThread, when this process serves the RPC
         super().__init__(params)
         self.eviction_strategy = DartStrategy(core)
+        capacity = kv_capacity_tokens(params)
+        if capacity is not None:
+            core.set_capacity(capacity)
+        elif not self.disable:
+            logger.warning("PRISM DART: KV pool size unknown; F_t is not bounded by it")
 
     # ---- SGLang hooks --------------------------------------------------------------
     def reset(self) -> None:

@@ -63,7 +63,8 @@ def build_dart_cache(ctx: Any) -> Any:
             "HiCache only (hybrid SWA/SSM and hierarchical caches are not supported)"
         )
     config = load_config()
-    cache = DartRadixCache(ctx.params, DartCore(config.policy, config.protect))
+    core = DartCore(config.policy, config.protect, protect_fraction=config.protect_fraction)
+    cache = DartRadixCache(ctx.params, core)  # hands the KV pool's size to the core
     if config.control.port is not None:
         from backend_plugin.control_rpc import ControlThread
 
@@ -72,5 +73,11 @@ def build_dart_cache(ctx: Any) -> Any:
         port = control.start(config.control.port + rank)
         cache.control = control
         logger.info("PRISM DART control RPC (dp rank %d) on %s:%d", rank, config.control.host, port)
-    logger.info("PRISM DART radix cache: policy=%s protect=%d", config.policy, config.protect)
+    logger.info(
+        "PRISM DART radix cache: policy=%s protect=%d protect_fraction=%g (cap %s tokens)",
+        config.policy,
+        config.protect,
+        config.protect_fraction,
+        core.protect_cap_tokens,
+    )
     return cache

@@ -7,7 +7,9 @@ of its tokens, DART keys as the cache's eviction strategy, the same control RPC
 (`--control-port`, `--control-token` or `PRISM_CONTROL_TOKEN`, bound to 127.0.0.1
 unless `PRISM_CONTROL_HOST` says otherwise) served on the simulator's own event loop.
 The simulator's scheduler steps run synchronously on that loop, so accepted updates are
-applied at once, which is always between two steps.
+applied at once, which is always between two steps. The protected set F_t is bounded to
+`--protect-fraction` (else `PRISM_DART_PROTECT_FRACTION`, else 0.25) of the KV pool,
+`--kv-capacity-tokens` or the profile's.
 """
 
 from __future__ import annotations
@@ -139,9 +141,14 @@ def create_extension(config: Any) -> DartSimExtension:
     A control RPC that could not start (no token, a remote bind not allowed) fails here,
     when the engine is built, not when the server starts."""
     settings = load_config()
-    extension = DartSimExtension(
-        DartCore(config.eviction, settings.protect), config, settings.control
+    fraction = getattr(config, "protect_fraction", None)
+    core = DartCore(
+        config.eviction,
+        settings.protect,
+        capacity_tokens=config.resolved_profile().kv_capacity_tokens,
+        protect_fraction=settings.protect_fraction if fraction is None else fraction,
     )
+    extension = DartSimExtension(core, config, settings.control)
     control = extension.control_settings()
     if control.port is not None:
         control.check_auth()

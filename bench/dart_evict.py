@@ -6,7 +6,9 @@ table over every segment, one in LRU order, then evicts 10^5 tokens from each, s
 side in one run: once as a single pass, and as many small passes (as an allocating
 scheduler does). Prints the time per evicted node and the DART/LRU ratio. No
 thresholds: DART should stay within a small constant factor of LRU (same heap, a tuple
-key, one protection-set snapshot per pass).
+key, one protection-set snapshot per pass). Each system head is its own owner with a
+table entry (issue 23), and DART is told of a KV pool as large as the tree, so F_t's
+bound (a quarter of it) is tracked as a server tracks it.
 
     python -m bench.dart_evict [--tokens 1000000] [--evict 100000] [--tree sim|sglang]
                                [--gc-freeze]
@@ -28,7 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from backend_plugin.dart import DartCore, PriorityUpdate, make_kv_hints, parse_kv_hints
+from backend_plugin.dart import (
+    DartCore,
+    PriorityUpdate,
+    make_kv_hints,
+    parse_kv_hints,
+    system_owner,
+)
 
 SYSTEM_TOKENS = 64
 SEGMENT_TOKENS = 128
@@ -39,6 +47,7 @@ PRIVATE_TOKENS = 40
 class Workload:
     requests: list[tuple[str, list[int], Any]]
     table: dict[str, float]
+    capacity_tokens: int  # the KV pool DART is told about: the tree's own size
 
 
 def make_workload(total_tokens: int, seed: int) -> Workload:
@@ -58,7 +67,8 @@ def make_workload(total_tokens: int, seed: int) -> Workload:
         segs = rng.sample(names, 3)
         private = [rng.randrange(100, 5000) for _ in range(PRIVATE_TOKENS)]
         tokens = system + [t for s in segs for t in segments[s]] + private
-        anchors = [{"kind": "system", "segment_id": None, "offset": len(system)}]
+        head = f"h{system[0]}"
+        anchors = [{"kind": "system", "segment_id": head, "offset": len(system)}]
         offset = len(system)
         for s in segs:
             offset += SEGMENT_TOKENS
@@ -68,7 +78,9 @@ def make_workload(total_tokens: int, seed: int) -> Workload:
         requests.append((rid, tokens, make_kv_hints(anchors, message_id=rid)))
         size += len(tokens) - SYSTEM_TOKENS  # segments rarely repeat in the same position
     table = {name: float(rng.randrange(1, 10**6)) for name in names}
-    return Workload(requests, table)
+    for system in systems:
+        table[system_owner(f"h{system[0]}")] = float(rng.randrange(1, 10**6))
+    return Workload(requests, table, size)
 
 
 @dataclass
@@ -80,12 +92,12 @@ class Tree:
     size: Callable[[], int]
 
 
-def sim_tree(policy: str, table: dict[str, float] | None) -> Tree:
+def sim_tree(policy: str, table: dict[str, float] | None, capacity: int) -> Tree:
     from backend_plugin.sim_extension import DartSimExtension
     from prism_sim.radix_cache import RadixCache
     from prism_sim.request import SimRequest
 
-    ext = DartSimExtension(DartCore(policy, protect=8))
+    ext = DartSimExtension(DartCore(policy, protect=8, capacity_tokens=capacity))
     clock = [0.0]
     cache = RadixCache(ext.strategy, clock=lambda: clock[0])
     ext.attach(cache)
@@ -113,7 +125,7 @@ def _torchvision_shim() -> Any:
     return lib
 
 
-def sglang_tree(policy: str, table: dict[str, float] | None) -> Tree:
+def sglang_tree(policy: str, table: dict[str, float] | None, capacity: int) -> Tree:
     _torchvision_shim()
     from array import array
 
@@ -126,6 +138,7 @@ def sglang_tree(policy: str, table: dict[str, float] | None) -> Tree:
     class Allocator:
         device = "cpu"
         page_size = 1
+        size = capacity
         freed_nodes = 0
 
         def free_segment(self, indices: Any, start_pos: int = 0) -> None:
@@ -153,7 +166,8 @@ def sglang_tree(policy: str, table: dict[str, float] | None) -> Tree:
 
 def build_trees(tree_kind: str, workload: Workload, verbose: bool) -> dict[str, Tree]:
     build = sim_tree if tree_kind == "sim" else sglang_tree
-    trees = {"lru": build("lru", None), "dart": build("dart", workload.table)}
+    capacity = workload.capacity_tokens
+    trees = {"lru": build("lru", None, capacity), "dart": build("dart", workload.table, capacity)}
     for name, tree in trees.items():
         start = time.perf_counter()
         for rid, tokens, kv_hints in workload.requests:

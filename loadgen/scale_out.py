@@ -1,4 +1,4 @@
-"""Scale-out: N replicas behind sgl-model-gateway (smg), measured side by side (issue 15).
+"""Scale-out: N replicas behind sgl-model-gateway (smg), measured side by side.
 
     make smg-peer && prism-loadgen scale-out --out runs/scale-out [--replicas 3 --qps 40,120]
 
@@ -174,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     from loadgen.trace_format import write_trace
     from prism_proxy.tokenizer import load_tokenizer
 
-    parser = argparse.ArgumentParser(prog="prism-loadgen scale-out", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="prism-loadgen scale-out",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--qps", default="40,120")

@@ -424,7 +424,7 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
         "--qas",
         choices=tuple(QAS_VARIANTS),
         default=DEFAULT_QAS_VARIANT,
-        help="QAS variant of the plain prism line (issue 13; 'paper': the paper's QAS)",
+        help="QAS variant of the plain prism line ('paper': the paper's QAS)",
     )
     parser.add_argument(
         "--qas-variants", default="", help="QAS variants run as extra prism[qas=...] lines"

@@ -68,6 +68,7 @@ class TwinSetup:
     max_inflight: int = 0
     window_s: float = 0.010
     protect: int = 8
+    protect_fraction: float | None = None  # DART's bound on F_t (None: the default)
     profile: str = DEFAULT_PROFILE
     kv_capacity_tokens: int | None = None
     seed: int = 0
@@ -81,6 +82,7 @@ class TwinSetup:
             schedule_policy=self.schedule_policy,
             eviction=self.eviction,
             seed=self.seed,
+            protect_fraction=self.protect_fraction,
         )
 
 

@@ -236,7 +236,8 @@ class AdmissionCore:
             if waiting is None:
                 continue
             skeleton = tuple(plan.skeletons.get(entry.rid, waiting.request.segments))
-            self._active[entry.rid] = ActiveRequest(rid=entry.rid, segments=skeleton)
+            head = waiting.request.head
+            self._active[entry.rid] = ActiveRequest(entry.rid, skeleton, head)
             self._pending[entry.rid] = now
             priorities = {s: table[s] for s in skeleton if s in table}
             released.append(

@@ -8,8 +8,10 @@ optional `prism` object carries segment hints (SPEC §1):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Self
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from prism_proxy.request_model import (
@@ -25,6 +27,27 @@ from prism_proxy.request_model import (
     check_token_range,
     field_parts,
 )
+
+# What one message or segment costs the proxy beyond its characters (rendering it in the
+# chat template, validating it), counted in characters: 100,000 empty messages cost
+# far more than their characters say.
+ITEM_CHARS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    """What a request's prompt costs: its characters of text, token ids counting one
+    each (the limit `max_prompt_chars` counts these), and its items (messages, content
+    parts, tools, segments)."""
+
+    chars: int
+    items: int = 0
+
+    @property
+    def work(self) -> int:
+        """Characters plus `ITEM_CHARS` per item: decides whether to leave the loop."""
+        return self.chars + ITEM_CHARS * self.items
+
 
 # Client bodies are JSON: types are checked strictly ("stream": "yes" is not a boolean,
 # 1 is not a string) and numbers must be finite.
@@ -59,15 +82,22 @@ class PrismHint(BaseModel):
         return sum(map(len, pieces))
 
 
-def prompt_size(prompt: Any, hint: PrismHint | None) -> int:
+def prompt_size(prompt: Any, hint: PrismHint | None) -> PromptSize:
     """Characters of prompt text (token ids count one each), batches summed, plus the
-    hint's text: what the prompt-size limit counts."""
-    size = hint.chars() if hint is not None else 0
+    hint's text; items: the batch's prompts and the hint's segments."""
+    chars = hint.chars() if hint is not None else 0
+    items = len(hint.segments) if hint is not None else 0
     if not prompt:
-        return size
+        return PromptSize(chars, items)
     if isinstance(prompt, str) or isinstance(prompt[0], int):
-        return size + len(prompt)
-    return size + sum(len(p) for p in prompt)
+        return PromptSize(chars + len(prompt), items)
+    return PromptSize(chars + sum(len(p) for p in prompt), items + len(prompt))
+
+
+def _json_chars(value: Any) -> int:
+    """Characters of a JSON value the backend renders into the prompt (tools, tool
+    calls)."""
+    return len(orjson.dumps(value)) if value else 0
 
 
 class ChatMessage(BaseModel):
@@ -78,10 +108,18 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
     def chars(self) -> int:
+        """Characters of its text, and of the other fields a template renders (tool
+        calls, names)."""
         content = self.content
         if isinstance(content, str):
-            return len(content)
-        return sum(len(str(part.get("text", ""))) for part in content or ())
+            size = len(content)
+        else:
+            size = sum(len(str(part.get("text", ""))) for part in content or ())
+        return size + len(self.name or "") + _json_chars(self.model_extra)
+
+    def items(self) -> int:
+        """The message and its content parts."""
+        return 1 + (len(self.content) if isinstance(self.content, list) else 0)
 
 
 class _SamplingFields(BaseModel):
@@ -195,10 +233,19 @@ class ChatCompletionRequest(_SamplingFields):
             return self.max_completion_tokens
         return self.max_tokens
 
-    def prompt_chars(self) -> int:
-        """Characters of prompt text (messages and hints): the prompt-size limit."""
-        hinted = self.prism.chars() if self.prism is not None else 0
-        return hinted + sum(m.chars() for m in self.messages)
+    def prompt_size(self) -> PromptSize:
+        """Messages, tools and hints: their characters and items."""
+        chars = sum(m.chars() for m in self.messages) + _json_chars(self.tools)
+        chars += _json_chars(self.functions)
+        items = (
+            sum(m.items() for m in self.messages)
+            + len(self.tools or ())
+            + len(self.functions or ())
+        )
+        if self.prism is not None:
+            chars += self.prism.chars()
+            items += len(self.prism.segments)
+        return PromptSize(chars, items)
 
 
 class CompletionRequest(_SamplingFields):
@@ -226,7 +273,7 @@ class CompletionRequest(_SamplingFields):
             return "batch prompt" if len(self.prompt) != 1 else None
         return None
 
-    def prompt_chars(self) -> int:
+    def prompt_size(self) -> PromptSize:
         return prompt_size(self.prompt, self.prism)
 
     def single_prompt(self) -> str | list[int]:
@@ -271,7 +318,7 @@ class GenerateRequest(BaseModel):
             return "n"
         return None
 
-    def prompt_chars(self) -> int:
+    def prompt_size(self) -> PromptSize:
         return prompt_size(self.text if self.text is not None else self.input_ids, self.prism)
 
     def backend_sampling_params(self) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """`create_app(config)`: wiring only. Each long-lived resource has its own cleanup
-context (started in order, stopped in reverse): backend session → tokenizer and
+context (started in order, stopped in reverse): JSON parser → backend session → tokenizer and
 serializer → control RPC sender → QAS loop (and DART residency poller) → backend health
 probe.
 
-Shutdown (`runner.cleanup()`): aiohttp stops listening, waits up to
+Serving (`start_proxy`, `serve`): the proxy's own HTTP/1.x server (`http_server`),
+with its connection limits, and when `metrics_listen` is set an admin listener for
+/metrics. Shutdown (`RunningProxy.stop()`): aiohttp stops listening, waits up to
 `shutdown_timeout_s` for in-flight handlers (the QAS loop still runs, so queued
 requests are released and streams finish), then the contexts below stop.
 """
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,10 +25,13 @@ from aiohttp import web
 from prism_proxy import state
 from prism_proxy.admission import AdmissionController, PushFn
 from prism_proxy.backend_client import BackendClient, BackendError
-from prism_proxy.config import ProxyConfig
+from prism_proxy.bodies import JsonParser
+from prism_proxy.config import ProxyConfig, parse_listen
 from prism_proxy.control_client import ControlClient
 from prism_proxy.handlers import add_routes, error_middleware
-from prism_proxy.metrics import CacheStats, ProxyMetrics, TokenCacheCollector
+from prism_proxy.handlers import metrics as metrics_handler
+from prism_proxy.http_server import ConnectionPolicy, ProxyRunner, fd_budget, listen
+from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
 from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.probes import add_probe_routes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
@@ -33,7 +39,7 @@ from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import ResidentSegments, UnionResidency
 from prism_proxy.residency_poller import ResidencyPoller
 from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import Tokenizer, load_tokenizer
+from prism_proxy.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,13 @@ async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
     await session.close()
 
 
+async def parser_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The JSON parser and its worker process for costly bodies (`prism_proxy.bodies`)."""
+    app[state.PARSER] = parser = JsonParser()
+    yield
+    await asyncio.to_thread(parser.close)
+
+
 async def resolve_tokenizer_spec(config: ProxyConfig, backend: BackendClient) -> str:
     """`auto` → the backend's `model_path` when it is a local directory (else fail)."""
     if config.tokenizer != "auto":
@@ -76,21 +89,33 @@ async def resolve_tokenizer_spec(config: ProxyConfig, backend: BackendClient) ->
     return path
 
 
-def token_cache_stats(tokenizer: Tokenizer, serializer: Serializer) -> dict[str, CacheStats]:
-    """Entries, hits and misses of each tokenization cache (for `TokenCacheCollector`)."""
-    stats: dict[str, CacheStats] = {**serializer.cache_stats()}
-    if tokenizer.chat_pieces is not None:
-        stats["chat_pieces"] = tokenizer.chat_pieces.info()
+def cache_stats(app: web.Application) -> dict[str, CacheStats]:
+    """Entries, bytes and capacity (hits and misses where counted) of every cache the
+    proxy keeps, once its resources are up (for `CacheCollector`)."""
+    stats: dict[str, CacheStats] = {}
+    serializer = app.get(state.SERIALIZER)
+    if serializer is not None:
+        stats.update(serializer.cache_stats())
+        chat_pieces = serializer.tokenizer.chat_pieces
+        if chat_pieces is not None:
+            stats["chat_pieces"] = chat_pieces.info()
+    admission = app.get(state.ADMISSION)
+    view = admission.core.policy.cache_view if admission is not None else None
+    if view is not None:
+        stats["view"] = view.stats()
     return stats
 
 
 async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
-    spec = await resolve_tokenizer_spec(app[state.CONFIG], app[state.BACKEND])
-    tokenizer = await asyncio.to_thread(load_tokenizer, spec)
+    config = app[state.CONFIG]
+    spec = await resolve_tokenizer_spec(config, app[state.BACKEND])
+    tokenizer = await asyncio.to_thread(
+        load_tokenizer, spec, chat_cache_bytes=config.chat_cache_bytes
+    )
     app[state.TOKENIZER] = tokenizer
-    app[state.SERIALIZER] = serializer = Serializer(tokenizer)
-    collector = TokenCacheCollector(lambda: token_cache_stats(tokenizer, serializer))
-    app[state.METRICS].registry.register(collector)
+    app[state.SERIALIZER] = Serializer(
+        tokenizer, config.segment_cache_bytes, config.head_cache_bytes
+    )
     log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
     yield
 
@@ -215,35 +240,94 @@ def create_app(config: ProxyConfig) -> web.Application:
     # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
     app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
     app[state.CONFIG] = config
-    app[state.METRICS] = ProxyMetrics.create()
+    app[state.METRICS] = metrics = ProxyMetrics.create()
+    metrics.registry.register(CacheCollector(lambda: cache_stats(app)))
     app.on_shutdown.append(log_drain)
-    app.cleanup_ctx.extend([backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx])
+    app.cleanup_ctx.extend(
+        [parser_ctx, backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx]
+    )
     app.on_cleanup.append(log_stopped)
     add_routes(app)
     add_probe_routes(app)
     return app
 
 
+def create_admin_app(app: web.Application) -> web.Application:
+    """The admin listener's application (`metrics_listen`): /metrics of `app`."""
+    admin = web.Application(middlewares=[error_middleware])
+    admin[state.CONFIG] = app[state.CONFIG]
+    admin[state.METRICS] = app[state.METRICS]
+    admin.router.add_get("/metrics", metrics_handler)
+    return admin
+
+
 @dataclass
 class RunningProxy:
-    """An in-process proxy on loopback (tests and benchmarks)."""
+    """A started proxy: its client listener's URL, and the admin listener's when
+    `metrics_listen` is set."""
 
     runner: web.AppRunner
     app: web.Application
     url: str
+    admin: web.AppRunner | None = None
+    admin_url: str | None = None
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        """Stop listening, drain the client connections, stop (admin last)."""
+        try:
+            await self.runner.cleanup()
+        finally:
+            if self.admin is not None:
+                await self.admin.cleanup()
 
 
 async def start_proxy(config: ProxyConfig) -> RunningProxy:
-    """Start the app on `config.host:config.port` (port 0: any free port)."""
+    """Start the app on `config.host:config.port` (port 0: any free port), and the admin
+    listener on `config.metrics_listen`."""
+    admin_address = parse_listen(config.metrics_listen) if config.metrics_listen else None
+    policy = ConnectionPolicy.from_config(config, fd_budget(config.max_connections))
+    access_log = logging.getLogger("aiohttp.access") if config.log_level == "debug" else None
     app = create_app(config)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout_s
+    runner = ProxyRunner(
+        app, policy, shutdown_timeout=config.shutdown_timeout_s, access_log=access_log
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return RunningProxy(runner, app, f"http://{host}:{port}")
+    proxy = RunningProxy(runner, app, "")
+    try:
+        proxy.url = await listen(runner, config.host, config.port)
+        if admin_address is not None:
+            proxy.admin = ProxyRunner(create_admin_app(app), policy, shutdown_timeout=1.0)
+            await proxy.admin.setup()
+            proxy.admin_url = await listen(proxy.admin, *admin_address)
+    except BaseException:
+        await proxy.stop()
+        raise
+    return proxy
+
+
+async def serve(config: ProxyConfig) -> None:
+    """`prism-proxy serve`: run until SIGTERM or SIGINT, then drain for up to
+    `shutdown_timeout_s` and stop; a second signal stops at once."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    main = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stopping.is_set() and main is not None:
+            main.cancel()
+        stopping.set()
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        proxy = await start_proxy(config)
+        try:
+            where = f"; /metrics on {proxy.admin_url}" if proxy.admin_url else ""
+            log.info("listening on %s%s", proxy.url, where)
+            await stopping.wait()
+        finally:
+            await proxy.stop()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)

@@ -66,6 +66,18 @@ def _encoded(body: dict[str, Any]) -> bytes:
         raise BackendError(400, f"body: cannot be forwarded: {exc}") from None
 
 
+def _private_names(base_url: str, server_info: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(string, its replacement) for what names the backend: its URL and host:port, and
+    the model path, tokenizer path and served model name its server info reports;
+    longest first, so a path is replaced before a name inside it."""
+    names = {base_url: "the backend", base_url.split("://", 1)[-1]: "the backend"}
+    for key in ("model_path", "tokenizer_path", "served_model_name"):
+        value = server_info.get(key)
+        if isinstance(value, str) and len(value) >= 3:
+            names.setdefault(value, "the model")
+    return tuple(sorted(names.items(), key=lambda item: len(item[0]), reverse=True))
+
+
 def parse_sse_line(line: bytes) -> dict[str, Any] | None:
     """The JSON object of one `data: {...}` line; None for other lines and `[DONE]`."""
     line = line.strip()
@@ -115,6 +127,16 @@ class BackendClient:
         self._background: set[asyncio.Task[None]] = set()
         self.aborts_sent = 0
         self.up: bool | None = None  # unknown until the first exchange
+        # What a client must never read in an error: where the backend lives and what it
+        # serves from where (its model path); more is learned from its server info.
+        self._private = _private_names(self.base_url, {})
+
+    def scrub(self, message: str) -> str:
+        """`message` without the backend's address, model path or served model name."""
+        for name, replacement in self._private:
+            if name in message:
+                message = message.replace(name, replacement)
+        return message
 
     @staticmethod
     def create_session() -> aiohttp.ClientSession:
@@ -148,7 +170,7 @@ class BackendClient:
         if status < 400:
             self._up(True)
             return
-        message = _error_message(status, text)
+        message = self.scrub(_error_message(status, text))
         if status >= 500:
             self._up(False)
             raise BackendError(
@@ -199,15 +221,20 @@ class BackendClient:
                     for line in lines:
                         try:
                             chunk = _backend_chunk(line)
-                        except BackendError:
+                        except BackendError as exc:
                             if batch:  # what came before the failure is relayed first
                                 yield batch
+                            exc.message = self.scrub(exc.message)
                             raise
                         if chunk is not None:
                             batch.append(chunk)
                     if batch:
                         yield batch
-                last = _backend_chunk(rest)
+                try:
+                    last = _backend_chunk(rest)
+                except BackendError as exc:
+                    exc.message = self.scrub(exc.message)
+                    raise
                 if last is not None:
                     yield [last]
         except OSError as exc:  # refused, reset, closed mid-answer, invalid HTTP, timeout
@@ -273,7 +300,9 @@ class BackendClient:
             info = await self.get_json("/server_info", timeout_s=5.0)
         except BackendError:
             return None
-        return info if isinstance(info, dict) else {}
+        info = info if isinstance(info, dict) else {}
+        self._private = _private_names(self.base_url, info)
+        return info
 
     async def drain(self) -> None:
         """Wait for the abort tasks still running, then close the pool (shutdown)."""

@@ -27,12 +27,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
 from array import array
-from collections import OrderedDict
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
+
+from prism_proxy.byte_lru import ByteLRU
 
 # The cache holds at most this many bytes of pieces and their ids (`sys.getsizeof`):
 # about 8M characters of ASCII text, 4M of other BMP text.
@@ -41,7 +41,7 @@ _PROBE_TEXT = " Hello,\n world  ünïcödé 漢字 🙂 1234 "
 
 
 def _size(piece: str, ids: array[int]) -> int:
-    """What an entry holds: the text and the ids (an OrderedDict node adds ~100 bytes)."""
+    """What an entry holds: the text and the ids."""
     return sys.getsizeof(piece) + sys.getsizeof(ids)
 
 
@@ -70,12 +70,11 @@ class ChatPieces:
         self._backend = backend
         self._splitter = splitter
         self._added = added
-        self.capacity_bytes = capacity_bytes
-        self._pieces: OrderedDict[str, array[int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()  # `encode` may run in worker threads (off_loop)
-        self.hits = 0
-        self.misses = 0
+        self._pieces: ByteLRU[str, array[int]] = ByteLRU(capacity_bytes, _size)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._pieces.capacity_bytes
 
     @classmethod
     def for_tokenizer(
@@ -121,37 +120,16 @@ class ChatPieces:
         return ids
 
     def _piece(self, piece: str) -> array[int]:
-        with self._lock:
-            cached = self._pieces.get(piece)
-            if cached is not None:
-                self._pieces.move_to_end(piece)
-                self.hits += 1
-                return cached
-            self.misses += 1
+        cached = self._pieces.get(piece)
+        if cached is not None:
+            return cached
         ids = array("I", self._backend.encode_batch_fast([piece], add_special_tokens=False)[0].ids)
-        size = _size(piece, ids)
-        if size > self.capacity_bytes:
-            return ids
-        with self._lock:
-            if piece not in self._pieces:
-                self._pieces[piece] = ids
-                self._bytes += size
-                while self._bytes > self.capacity_bytes:
-                    self._bytes -= _size(*self._pieces.popitem(last=False))
+        self._pieces.put(piece, ids)
         return ids
 
     def clear(self) -> None:
-        with self._lock:
-            self._pieces.clear()
-            self._bytes = 0
-            self.hits = self.misses = 0
+        self._pieces.clear()
 
     def info(self) -> dict[str, int]:
-        """Entries, bytes held, hits and misses."""
-        with self._lock:
-            return {
-                "entries": len(self._pieces),
-                "bytes": self._bytes,
-                "hits": self.hits,
-                "misses": self.misses,
-            }
+        """Entries, bytes held, the capacity, hits and misses."""
+        return self._pieces.stats()

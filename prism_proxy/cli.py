@@ -21,10 +21,14 @@ def _serve(args: argparse.Namespace) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    import uvloop
-    from aiohttp import web
+    import asyncio
 
-    from prism_proxy.app import create_app
+    import uvloop
+
+    from prism_proxy.app import serve
+    from prism_proxy.memory import limit_arenas
+
+    limit_arenas()  # before any thread: see prism_proxy.memory
 
     logging.getLogger(__name__).info(
         "prism-proxy on %s:%d → %s (policy %s, prefill batch %s, max in flight %s,"
@@ -33,18 +37,11 @@ def _serve(args: argparse.Namespace) -> int:
         config.prefill_batch or "auto", config.max_inflight or "auto", config.window_ms,
     )  # fmt: skip
     try:
-        web.run_app(
-            create_app(config),
-            host=config.host,
-            port=config.port,
-            loop=uvloop.new_event_loop(),
-            handler_cancellation=True,
-            shutdown_timeout=config.shutdown_timeout_s,
-            access_log=logging.getLogger("aiohttp.access") if config.log_level == "debug" else None,
-            print=None,
-        )
+        uvloop.run(serve(config))
     except RuntimeError as exc:  # a resource failed to start (e.g. --tokenizer auto)
         sys.stderr.write(f"error: {exc}\n")
+        return 1
+    except asyncio.CancelledError:  # a second SIGTERM/SIGINT cut the drain short
         return 1
     return 0
 

@@ -29,6 +29,15 @@ class ConfigError(ValueError):
     """A setting has a bad value; the message names the setting and where it came from."""
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[::1]:9100` for IPv6; port 0: any free port) of a listener."""
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(f"metrics_listen: expected HOST:PORT, got {text!r}")
+    return host, int(port_text)
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
     """Settings of `prism-proxy serve` (see docs/proxy.md for the reference table)."""
@@ -46,6 +55,17 @@ class ProxyConfig:
     max_queue: int = 10_000
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_chars: int = 1_000_000
+    max_messages: int = 4096
+    max_segments: int = 256
+    segment_cache_bytes: int = 64 * 1024 * 1024
+    head_cache_bytes: int = 16 * 1024 * 1024
+    chat_cache_bytes: int = 32 * 1024 * 1024
+    header_timeout_s: float = 60.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 75.0
+    send_timeout_s: float = 60.0
+    max_connections: int = 4096
+    metrics_listen: str | None = None
     control_url: str | None = None
     control_token: str | None = None
     backend_replicas: int = 0
@@ -70,7 +90,12 @@ class ProxyConfig:
             )
         if self.residency == "dart" and self.control_url is None:
             raise ConfigError("residency: 'dart' needs --control-url (DART's control RPC)")
-        positive = ("max_queue", "max_body_bytes", "max_prompt_chars", "backend_timeout_s")
+        positive = (
+            "max_queue", "max_body_bytes", "max_prompt_chars", "max_messages", "max_segments",
+            "segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "header_timeout_s",
+            "body_timeout_s", "keepalive_timeout_s", "send_timeout_s", "max_connections",
+            "backend_timeout_s",
+        )  # fmt: skip
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
@@ -80,6 +105,8 @@ class ProxyConfig:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: out of range: {self.port}")
+        if self.metrics_listen is not None:
+            parse_listen(self.metrics_listen)
         if not self.backend.startswith(("http://", "https://")):
             raise ConfigError(f"backend: expected an http(s) URL, got {self.backend!r}")
 
@@ -157,6 +184,24 @@ _HELP = {
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_chars": "largest prompt: characters of text (token ids count one each) over "
     "messages, prompt and hints (413 above)",
+    "max_messages": "most chat messages (and content parts, tools, stop strings) in one "
+    "request (413 above)",
+    "max_segments": "most segments in one request's prism hint (400 above)",
+    "segment_cache_bytes": "bytes of segment token ids the serializer keeps (LRU)",
+    "head_cache_bytes": "bytes of rendered system-prompt heads the serializer keeps (LRU)",
+    "chat_cache_bytes": "bytes of chat pieces' token ids the tokenizer keeps (LRU)",
+    "header_timeout_s": "time a client has to send a request's headers, in total: from its "
+    "connection opening, or from a later request's first byte (408 and close after)",
+    "body_timeout_s": "time a client has to send a request's whole body, in total, from its "
+    "headers (408 and close after)",
+    "keepalive_timeout_s": "idle time after a response after which a kept-alive client "
+    "connection is closed",
+    "send_timeout_s": "longest a client may leave a response unread; then its connection is "
+    "closed and its request aborted",
+    "max_connections": "client connections served at once (503 and close above; lowered, "
+    "with a warning, when the open-file limit cannot hold 2x it)",
+    "metrics_listen": "HOST:PORT of an admin listener serving /metrics, which then leaves "
+    "the client port (port 0: any free port; unset: /metrics on the client port)",
     "control_url": "base URL of the DART control RPC, or several comma-separated (one per "
     "replica behind a gateway; unset: no pushes)",
     "control_token": "bearer token for the control RPC",
@@ -180,6 +225,7 @@ _QAS_HELP = {
     "w_n": "P_t weight of the next batch",
     "w_g": "P_t weight of queued requests",
     "k": "k-LPM group size (policy klpm)",
+    "cache_view_bytes": "memory the approximate cache view may take in the proxy",
     "cache_view_tokens": "capacity of the approximate cache view (baselines; prism's "
     "residency without DART)",
     "canonical_ties": "break equal QAS priorities by a global segment order (not position)",

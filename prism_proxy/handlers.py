@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -39,10 +40,14 @@ from prism_proxy.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    PromptSize,
     describe_validation_error,
     openai_error,
 )
 from prism_proxy.backend_client import BackendError
+from prism_proxy.bodies import BodyError, Caps, check_counts
+from prism_proxy.config import ProxyConfig
+from prism_proxy.http_errors import http_exception_response
 from prism_proxy.memory import release_free_memory
 from prism_proxy.openai_format import (
     SSE_DONE,
@@ -146,9 +151,11 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
             status=exc.status,
             headers=exc.headers,
         )
-    except web.HTTPException as exc:
+    except web.HTTPException as exc:  # the router's 404/405, a body read's 408/413
         status = exc.status
-        raise
+        if status < 400:
+            raise
+        return http_exception_response(exc)
     except asyncio.CancelledError:
         status = CLIENT_CLOSED
         raise
@@ -168,9 +175,15 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body exceeds {limit} bytes", param="body")
 
 
+def body_caps(config: ProxyConfig) -> Caps:
+    return Caps(config.max_messages, config.max_segments, config.max_prompt_chars)
+
+
 async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, Any]]:
-    """Parse and validate the JSON body: 413 over the limit, 400 naming the bad field."""
-    limit = request.app[state.CONFIG].max_body_bytes
+    """Parse and validate the JSON body: 413 over the limits, 400 naming the bad field.
+    Costly bodies are judged off the event loop first (`prism_proxy.bodies`)."""
+    config = request.app[state.CONFIG]
+    limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     try:
@@ -178,12 +191,12 @@ async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, 
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(limit) from None
     try:
-        # orjson: strict JSON (no lone surrogates, no NaN/Infinity), nesting <= 1024.
-        raw = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"body: invalid JSON: {exc}", param="body") from None
-    if not isinstance(raw, dict):
-        raise ApiError(400, "body: expected a JSON object", param="body")
+        raw = await request.app[state.PARSER].parse(data)
+        if not isinstance(raw, dict):
+            raise BodyError(400, "body: expected a JSON object")
+        check_counts(raw, body_caps(config))
+    except BodyError as exc:
+        raise ApiError(exc.status, exc.message, param=exc.param) from None
     try:
         return model.model_validate(raw), raw
     except ValidationError as exc:
@@ -195,14 +208,16 @@ def _prompt_error(exc: PromptError) -> ApiError:
     return ApiError(400, str(exc), param=exc.param)
 
 
-# Prompts at least this large are tokenized and serialized in a worker thread (the
-# tokenizer releases the GIL for long texts), so one big request never stalls the loop.
+# Requests whose prompt work (`PromptSize.work`) is at least this large are rendered,
+# tokenized and serialized in a worker thread (the tokenizer releases the GIL for long
+# texts, and the interpreter switches threads every 5 ms in Python code such as the
+# chat template), so one big request never stalls the loop.
 OFFLOAD_CHARS = 32_768
 
 
-async def off_loop(size_chars: int, work: Callable[[], T]) -> T:
+async def off_loop(size: PromptSize, work: Callable[[], T]) -> T:
     """`work()` here for a small prompt, in a worker thread for a large one."""
-    if size_chars >= OFFLOAD_CHARS:
+    if size.work >= OFFLOAD_CHARS:
         try:
             return await asyncio.to_thread(work)
         finally:
@@ -210,21 +225,23 @@ async def off_loop(size_chars: int, work: Callable[[], T]) -> T:
     return work()
 
 
-async def make_job(
-    request: web.Request, size_chars: int, build: Callable[[], TokenJob]
-) -> TokenJob:
-    """Build a request's token job: 413 above `max_prompt_chars`, 400 for a bad prompt,
-    off the event loop when large."""
+def check_prompt_size(request: web.Request, size: PromptSize) -> None:
+    """413 above `max_prompt_chars` (every path, the forwarded one included)."""
     limit = request.app[state.CONFIG].max_prompt_chars
-    if size_chars > limit:
+    if size.chars > limit:
         raise ApiError(
             413,
-            f"prompt: {size_chars} characters (token ids count one each) exceed the "
+            f"prompt: {size.chars} characters (token ids count one each) exceed the "
             f"limit of {limit}",
             param="prompt",
         )
+
+
+async def make_job(size: PromptSize, build: Callable[[], TokenJob]) -> TokenJob:
+    """Build a request's token job (its size already checked): 400 for a bad prompt,
+    off the event loop when large."""
     try:
-        return await off_loop(size_chars, build)
+        return await off_loop(size, build)
     except PromptError as exc:
         raise _prompt_error(exc) from None
 
@@ -249,21 +266,22 @@ def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) ->
 
 SLO_HEADER = "x-prism-ttft-slo-ms"
 MAX_SLO_MS = 3_600_000.0
+# Plain decimal milliseconds: Python's float() also takes "1_000", " 1e3", "inf", "nan".
+_SLO_VALUE = re.compile(r"[0-9]{1,7}(?:\.[0-9]{1,3})?")
 
 
 def ttft_slo_s(request: web.Request) -> float | None:
     """The client's TTFT target from `x-prism-ttft-slo-ms` (None when absent; 400 when
-    not a number of milliseconds in (0, 1 h])."""
+    not plain decimal milliseconds in (0, 1 h])."""
     raw = request.headers.get(SLO_HEADER)
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = float(raw) if _SLO_VALUE.fullmatch(raw) else math.nan
     if not 0.0 < value <= MAX_SLO_MS:  # also refuses NaN
         raise ApiError(
-            400, f"{SLO_HEADER}: expected milliseconds in (0, {MAX_SLO_MS:.0f}]", param=SLO_HEADER
+            400,
+            f"{SLO_HEADER}: expected decimal milliseconds in (0, {MAX_SLO_MS:.0f}]",
+            param=SLO_HEADER,
         )
     return value / 1000.0
 
@@ -331,7 +349,7 @@ async def token_path(
     request: web.Request,
     job: TokenJob,
     *,
-    size_chars: int,
+    size: PromptSize,
     rid: str,
     sampling_params: dict[str, Any],
     stream: bool,
@@ -349,7 +367,7 @@ async def token_path(
     async with _Admitted(request, job.queued(rid, time.monotonic())) as release:
         lane = release.lane.value
         payload = await off_loop(
-            size_chars,
+            size,
             lambda: job.payload(
                 release.skeleton,
                 rid=rid,
@@ -527,6 +545,8 @@ def _format(cls: type[ResponseFormat], rid: str, prefix: str, model: str, usage:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "chat"
     body, raw = await read_body(request, ChatCompletionRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
         return await passthrough(request, "/v1/chat/completions", raw, set_rid=(body.n or 1) == 1)
     tokenizer = request.app[state.TOKENIZER]
@@ -540,9 +560,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
         return private_job({"input_ids": ids}, len(ids))
 
-    size_chars = body.prompt_chars()
     try:
-        job = await make_job(request, size_chars, build)
+        job = await make_job(size, build)
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
         return await passthrough(request, "/v1/chat/completions", raw, set_rid=True)
@@ -550,7 +569,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await token_path(
         request,
         job,
-        size_chars=size_chars,
+        size=size,
         rid=rid,
         sampling_params=body.sampling_params(body.max_new_tokens),
         stream=body.stream,
@@ -561,6 +580,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "completions"
     body, raw = await read_body(request, CompletionRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
         return await passthrough(request, "/v1/completions", raw, set_rid=(body.n or 1) == 1)
     prompt = body.single_prompt()
@@ -576,13 +597,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
         ids = checked_ids(prompt, vocab_size, "prompt")
         return private_job({"input_ids": ids}, len(ids))
 
-    size_chars = body.prompt_chars()
-    job = await make_job(request, size_chars, build)
+    job = await make_job(size, build)
     rid = new_rid()
     return await token_path(
         request,
         job,
-        size_chars=size_chars,
+        size=size,
         rid=rid,
         sampling_params=body.sampling_params(body.max_tokens),
         stream=body.stream,
@@ -597,6 +617,8 @@ _GENERATE_NOT_FORWARDED = _PASSTHROUGH_DROPPED | {"text", "input_ids", "sampling
 async def generate(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "generate"
     body, raw = await read_body(request, GenerateRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
         return await passthrough(request, "/generate", raw, set_rid=False)
     serializer = request.app[state.SERIALIZER]
@@ -613,14 +635,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return private_job({"text": body.text}, None)
         raise PromptError("text", "either text or input_ids is required")
 
-    size_chars = body.prompt_chars()
-    job = await make_job(request, size_chars, build)
+    job = await make_job(size, build)
     extra = {k: v for k, v in raw.items() if k not in _GENERATE_NOT_FORWARDED}
     rid = new_rid()
     return await token_path(
         request,
         job,
-        size_chars=size_chars,
+        size=size,
         rid=rid,
         sampling_params=body.backend_sampling_params(),
         stream=body.stream,
@@ -675,5 +696,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/generate", generate)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
+    if app[state.CONFIG].metrics_listen is None:  # else on the admin listener only
+        app.router.add_get("/metrics", metrics)
     app.on_response_prepare.append(lane_header)

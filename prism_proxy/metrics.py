@@ -153,29 +153,34 @@ class ProxyMetrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-CacheStats = Mapping[str, int]  # entries, hits, misses
+CacheStats = Mapping[str, int]  # entries, bytes, capacity_bytes; hits, misses if it has them
 
 
-class TokenCacheCollector(Collector):
-    """The tokenization caches' counts, read when Prometheus scrapes (no cost per
-    request): `cache` is `chat_pieces` (rendered chats, `prism_proxy.chat_pieces`),
-    `segments` or `heads` (the serializer's, SPEC §1)."""
+class CacheCollector(Collector):
+    """Every cache the proxy keeps, read when Prometheus scrapes (no cost per request):
+    `cache` is `chat_pieces` (rendered chats, `prism_proxy.chat_pieces`), `segments` and
+    `heads` (the serializer's token ids, SPEC §1) or `view` (the policy's view of
+    dispatched prompts, SPEC §5). Each is bounded in bytes by a setting."""
 
     def __init__(self, stats: Callable[[], Mapping[str, CacheStats]]) -> None:
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        hits = CounterMetricFamily(
-            "prism:token_cache_hits", "Lookups a tokenization cache answered", labels=["cache"]
-        )
+        label = ["cache"]
+        hits = CounterMetricFamily("prism:cache_hits", "Lookups a cache answered", labels=label)
         misses = CounterMetricFamily(
-            "prism:token_cache_misses", "Lookups that tokenized", labels=["cache"]
+            "prism:cache_misses", "Lookups a cache could not answer", labels=label
         )
-        entries = GaugeMetricFamily(
-            "prism:token_cache_entries", "Entries a tokenization cache holds", labels=["cache"]
+        entries = GaugeMetricFamily("prism:cache_entries", "Entries a cache holds", labels=label)
+        held = GaugeMetricFamily("prism:cache_bytes", "Bytes a cache holds", labels=label)
+        capacity = GaugeMetricFamily(
+            "prism:cache_capacity_bytes", "Bytes a cache may hold (its setting)", labels=label
         )
         for cache, stats in self._stats().items():
-            hits.add_metric([cache], stats["hits"])
-            misses.add_metric([cache], stats["misses"])
             entries.add_metric([cache], stats["entries"])
-        yield from (hits, misses, entries)
+            held.add_metric([cache], stats["bytes"])
+            capacity.add_metric([cache], stats["capacity_bytes"])
+            if "hits" in stats:
+                hits.add_metric([cache], stats["hits"])
+                misses.add_metric([cache], stats["misses"])
+        yield from (hits, misses, entries, held, capacity)

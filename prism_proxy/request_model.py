@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from backend_plugin.dart.anchors import RESERVED_ID_START
+
 
 @dataclass(frozen=True)
 class RequestLimits:
@@ -81,6 +83,9 @@ class Segment(BaseModel):
     def _check_id(cls, value: str, info: ValidationInfo) -> str:
         if not value.strip():
             raise ValueError("must not be empty")
+        if value.startswith(RESERVED_ID_START):
+            # DART's owners of system heads start with NUL: a segment never shares one
+            raise ValueError("must not start with a NUL character (reserved)")
         limit = _limits(info).max_id_chars
         if len(value) > limit:
             raise ValueError(f"too long: {len(value)} characters > limit {limit}")

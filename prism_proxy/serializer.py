@@ -21,18 +21,20 @@ An anchor is the token offset where a piece ends. A piece with no tokens has no 
 (an empty head, an empty tail in non-chat mode, or a blank segment under a tokenizer that
 drops whitespace), so anchor offsets strictly increase and the last one, if any, is
 ``len(input_ids)``.
-Segment ids are cached by (id, content hash) in a bounded LRU, heads per system prompt.
+Segment ids are cached by (id, content hash), heads by the system prompt's hash, in
+LRUs bounded in bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from prism_proxy.byte_lru import ByteLRU
 from prism_proxy.request_model import SegmentedPrompt
 from prism_proxy.tokenizer import Tokenizer
 
@@ -82,9 +84,27 @@ class SerializedPrompt:
 class _Frame:
     """A system prompt's rendering: head ids, the text that ends the tail, head hash."""
 
-    head_ids: tuple[int, ...]
+    head_ids: array[int]
     tail_text: str
     prefix_key: str
+
+
+# Default capacities of the serializer's caches (the proxy's settings
+# `segment_cache_bytes` and `head_cache_bytes` override them).
+SEGMENT_CACHE_BYTES = 64 * 1024 * 1024
+HEAD_CACHE_BYTES = 16 * 1024 * 1024
+
+_SegmentKey = tuple[str, bytes]  # (segment id, content hash)
+_HeadKey = tuple[bytes, bool]  # (system prompt hash, chat)
+
+
+def _segment_size(key: _SegmentKey, ids: array[int]) -> int:
+    return sys.getsizeof(key) + sys.getsizeof(key[0]) + sys.getsizeof(key[1]) + sys.getsizeof(ids)
+
+
+def _head_size(key: _HeadKey, frame: _Frame) -> int:
+    owned = (key, key[0], frame, frame.head_ids, frame.tail_text, frame.prefix_key)
+    return sum(map(sys.getsizeof, owned))
 
 
 def segment_piece(text: str) -> str:
@@ -101,57 +121,28 @@ def _content_hash(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-@dataclass
-class _LRU:
-    """A small thread-safe LRU map with hit/miss counters."""
-
-    capacity: int
-    _items: OrderedDict[Any, Any] = field(default_factory=OrderedDict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    hits: int = 0
-    misses: int = 0
-
-    def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-                self.hits += 1
-                return value
-            self.misses += 1
-        value = make()
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-        return value
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def stats(self) -> dict[str, int]:
-        return {"entries": len(self._items), "hits": self.hits, "misses": self.misses}
-
-
 class Serializer:
-    """Serializes ``SegmentedPrompt`` for one tokenizer, with bounded token caches."""
+    """Serializes ``SegmentedPrompt`` for one tokenizer, with token caches bounded in
+    bytes (keys hold hashes, not the texts; ids are 4-byte arrays)."""
 
     def __init__(
-        self, tokenizer: Tokenizer, segment_cache_size: int = 65_536, head_cache_size: int = 1024
+        self,
+        tokenizer: Tokenizer,
+        segment_cache_bytes: int = SEGMENT_CACHE_BYTES,
+        head_cache_bytes: int = HEAD_CACHE_BYTES,
     ) -> None:
-        if segment_cache_size < 1 or head_cache_size < 1:
-            raise ValueError("cache sizes must be >= 1")
         self.tokenizer = tokenizer
-        self._segments = _LRU(segment_cache_size)
-        self._frames = _LRU(head_cache_size)
+        self._segments: ByteLRU[_SegmentKey, array[int]] = ByteLRU(
+            segment_cache_bytes, _segment_size
+        )
+        self._frames: ByteLRU[_HeadKey, _Frame] = ByteLRU(head_cache_bytes, _head_size)
 
-    def segment_ids(self, segment_id: str, text: str) -> tuple[int, ...]:
+    def segment_ids(self, segment_id: str, text: str) -> array[int]:
         """Token ids of one segment, from the (id, content hash) cache. A changed text
         under the same id is a different key, so it is never served stale."""
         key = (segment_id, _content_hash(text))
         return self._segments.get_or_make(
-            key, lambda: tuple(self.tokenizer.encode(segment_piece(text)))
+            key, lambda: array("I", self.tokenizer.encode(segment_piece(text)))
         )
 
     def skeleton_lengths(self, prompt: SegmentedPrompt) -> dict[str, int]:
@@ -167,7 +158,9 @@ class Serializer:
         return self._frame(system, chat).prefix_key
 
     def _frame(self, system: str | None, chat: bool) -> _Frame:
-        return self._frames.get_or_make((system, chat), lambda: self._render(system, chat))
+        # None and "" render differently (no system message vs an empty one).
+        digest = b"" if system is None else _content_hash(system)
+        return self._frames.get_or_make((digest, chat), lambda: self._render(system, chat))
 
     def _render(self, system: str | None, chat: bool) -> _Frame:
         if not chat:
@@ -182,7 +175,7 @@ class Serializer:
                     "message verbatim exactly once; cannot split head and tail"
                 )
             head, tail = text.split(SENTINEL)
-        head_ids = tuple(self.tokenizer.encode(head)) if head else ()
+        head_ids = array("I", self.tokenizer.encode(head) if head else ())
         return _Frame(head_ids=head_ids, tail_text=tail, prefix_key=prefix_key_of(head_ids))
 
     def _check_order(self, prompt: SegmentedPrompt, order: Sequence[str]) -> tuple[str, ...]:
@@ -208,7 +201,9 @@ class Serializer:
         input_ids = list(frame.head_ids)
         anchors: list[Anchor] = []
         if input_ids:
-            anchors.append(Anchor("system", None, len(input_ids)))
+            # the head's id is its prefix_key: DART ranks each head as its own owner by
+            # the demand the proxy pushes for it (issue 23), never by its kind
+            anchors.append(Anchor("system", frame.prefix_key, len(input_ids)))
         segment_tokens: dict[str, int] = {}
         for segment_id in chosen:
             ids = self.segment_ids(segment_id, by_id[segment_id].text)
@@ -232,5 +227,6 @@ class Serializer:
         )
 
     def cache_stats(self) -> dict[str, dict[str, int]]:
-        """Entries, hits and misses of the ``segments`` and ``heads`` caches."""
+        """Entries, bytes, capacity, hits and misses of the ``segments`` and ``heads``
+        caches."""
         return {"segments": self._segments.stats(), "heads": self._frames.stats()}

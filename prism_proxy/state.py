@@ -6,6 +6,7 @@ from aiohttp import web
 
 from prism_proxy.admission import AdmissionController
 from prism_proxy.backend_client import BackendClient
+from prism_proxy.bodies import JsonParser
 from prism_proxy.config import ProxyConfig
 from prism_proxy.control_client import ControlClient
 from prism_proxy.metrics import ProxyMetrics
@@ -19,3 +20,4 @@ TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 SERIALIZER = web.AppKey("serializer", Serializer)
 CONTROLS = web.AppKey("controls", list[ControlClient])  # one per DART control RPC
 ADMISSION = web.AppKey("admission", AdmissionController)
+PARSER = web.AppKey("parser", JsonParser)

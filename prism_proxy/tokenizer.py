@@ -26,7 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from prism_proxy.builtin_tokenizer import ensure_builtin
-from prism_proxy.chat_pieces import ChatPieces
+from prism_proxy.chat_pieces import DEFAULT_CAPACITY_BYTES, ChatPieces
 
 BUILTIN = "builtin"
 
@@ -92,6 +92,7 @@ class Tokenizer:
         chat_template: str | None = None,
         bos_token: str | None = None,
         eos_token: str | None = None,
+        chat_cache_bytes: int = DEFAULT_CAPACITY_BYTES,
     ) -> None:
         self.name = name
         self.chat_template = chat_template
@@ -106,7 +107,7 @@ class Tokenizer:
         # The template's globals, flattened once: `Template.render` merges its ChainMap
         # of globals into a new dict on every call (a third of a render; issue 14).
         self._globals = dict(self._template.globals) if self._template is not None else {}
-        self.chat_pieces = ChatPieces.for_tokenizer(backend)
+        self.chat_pieces = ChatPieces.for_tokenizer(backend, chat_cache_bytes)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added.
@@ -160,7 +161,11 @@ class Tokenizer:
         return f"Tokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
 
 
-def load_model_dir(path: str | os.PathLike[str], name: str | None = None) -> Tokenizer:
+def load_model_dir(
+    path: str | os.PathLike[str],
+    name: str | None = None,
+    chat_cache_bytes: int = DEFAULT_CAPACITY_BYTES,
+) -> Tokenizer:
     """Load ``tokenizer.json`` (+ ``tokenizer_config.json`` / ``chat_template.jinja``)."""
     directory = Path(path)
     tokenizer_file = directory / "tokenizer.json"
@@ -180,6 +185,7 @@ def load_model_dir(path: str | os.PathLike[str], name: str | None = None) -> Tok
         chat_template=template,
         bos_token=_token_text(config.get("bos_token")),
         eos_token=_token_text(config.get("eos_token")),
+        chat_cache_bytes=chat_cache_bytes,
     )
 
 
@@ -191,16 +197,22 @@ def default_cache_dir() -> Path:
     return Path(xdg) / "prism" if xdg else Path.home() / ".cache" / "prism"
 
 
-def load_tokenizer(spec: str | None = None, cache_dir: Path | None = None) -> Tokenizer:
+def load_tokenizer(
+    spec: str | None = None,
+    cache_dir: Path | None = None,
+    chat_cache_bytes: int = DEFAULT_CAPACITY_BYTES,
+) -> Tokenizer:
     """``None``/``"builtin"``: the deterministic builtin tokenizer (built on first use,
     cached under ``cache_dir``, default ``default_cache_dir()`` or, if that cannot be
-    written, the temp directory); anything else: a model directory path."""
+    written, the temp directory); anything else: a model directory path.
+    ``chat_cache_bytes`` bounds the cache of chat pieces (`ChatPieces`)."""
     if spec is None or spec == BUILTIN:
         if cache_dir is not None:
-            return load_model_dir(ensure_builtin(cache_dir), name=BUILTIN)
-        try:
-            directory = ensure_builtin(default_cache_dir())
-        except OSError:  # e.g. a read-only home: fall back to the temp directory
-            directory = ensure_builtin(Path(tempfile.gettempdir()) / f"prism-{os.getuid()}")
-        return load_model_dir(directory, name=BUILTIN)
-    return load_model_dir(spec)
+            directory = ensure_builtin(cache_dir)
+        else:
+            try:
+                directory = ensure_builtin(default_cache_dir())
+            except OSError:  # e.g. a read-only home: fall back to the temp directory
+                directory = ensure_builtin(Path(tempfile.gettempdir()) / f"prism-{os.getuid()}")
+        return load_model_dir(directory, name=BUILTIN, chat_cache_bytes=chat_cache_bytes)
+    return load_model_dir(spec, chat_cache_bytes=chat_cache_bytes)

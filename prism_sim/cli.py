@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--control-port", type=int, default=None)
     p.add_argument("--control-token", default=None)
+    p.add_argument(
+        "--protect-fraction",
+        type=float,
+        default=None,
+        help="DART: most of the KV pool the protected set may hold, in [0, 1] "
+        "(default: PRISM_DART_PROTECT_FRACTION, else 0.25)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -62,6 +69,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         incremental_streaming_output=args.incremental_streaming_output,
         control_port=args.control_port,
         control_token=args.control_token,
+        protect_fraction=args.protect_fraction,
     )
 
 

@@ -48,10 +48,13 @@ class SimConfig:
     incremental_streaming_output: bool = False
     control_port: int | None = None
     control_token: str | None = None
+    protect_fraction: float | None = None  # DART: share of the KV pool F_t may hold
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
             raise ValueError("speed must be positive")
+        if self.protect_fraction is not None and not 0.0 <= self.protect_fraction <= 1.0:
+            raise ValueError("protect_fraction must be in [0, 1]")
 
     def resolved_profile(self) -> Profile:
         profile = load_profile(self.profile).with_overrides(

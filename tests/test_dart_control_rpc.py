@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend_plugin.config import ControlConfig, ControlConfigError, load_config
 from backend_plugin.control_rpc import ControlThread, start_control_site
-from backend_plugin.dart import AnchorKind, DartCore, NodeMeta
+from backend_plugin.dart import AnchorKind, DartCore, NodeMeta, system_owner
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -119,8 +119,23 @@ async def test_stats_and_metrics_report_evictions_by_class(rpc):
     assert samples[("prism:dart_evicted_tokens_total", "segment")] == 5
     assert samples[("prism:dart_evicted_tokens_total", "protected")] == 0
     assert samples[("prism:dart_protected_tokens", None)] == 6
+    assert samples[("prism:dart_protect_cap_tokens", None)] == -1  # capacity unknown
     assert samples[("prism:dart_anchors_resident", None)] == 1
     assert samples[("prism:dart_priority_epoch", None)] == 7
+
+
+async def test_a_head_is_ranked_by_its_pushed_entry_and_shown_readably(rpc):
+    """Issue 23: the proxy pushes a head's demand under its owner ("\u0000sys:" + its
+    id, JSON-escaped on the wire); stats name it `<system:ID>`."""
+    core, client = rpc
+    core.on_assign(None, NodeMeta(AnchorKind.SYSTEM, "9f2c", True), 8)
+    core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "A", True), 6)
+    body = {"epoch": 1, "table": {system_owner("9f2c"): 3.0, "A": 2.0}, "protect": 1}
+    assert (await client.post("/prism/priorities", json=body, headers=AUTH)).status_code == 200
+    core.apply_pending()
+    stats = (await client.get("/prism/stats", headers=AUTH)).json()
+    assert stats["protected_segments"] == ["<system:9f2c>"] and stats["protected_tokens"] == 8
+    assert stats["protect_fraction"] == 0.25 and stats["protect_cap_tokens"] is None
 
 
 async def test_refuses_to_start_without_a_token_unless_explicitly_open():
@@ -139,7 +154,11 @@ async def test_refuses_to_start_without_a_token_unless_explicitly_open():
 def test_config_from_environment_binds_loopback_by_default():
     config = load_config({"PRISM_CONTROL_PORT": "4100", "PRISM_CONTROL_TOKEN": "t"})
     assert config.control == ControlConfig(port=4100, host="127.0.0.1", token="t")
-    assert config.policy == "dart" and config.protect == 8
+    assert config.policy == "dart" and config.protect == 8 and config.protect_fraction == 0.25
+    assert load_config({"PRISM_DART_PROTECT_FRACTION": "0.1"}).protect_fraction == 0.1
+    for bad in ("1.5", "-0.1"):
+        with pytest.raises(ValueError, match="PROTECT_FRACTION"):
+            load_config({"PRISM_DART_PROTECT_FRACTION": bad})
     opened = load_config({"PRISM_CONTROL_OPEN": "1", "PRISM_DART_POLICY": "lru+active"})
     assert opened.control.allow_open and opened.control.port is None
     assert opened.policy == "lru+active"
@@ -182,6 +201,7 @@ def test_launcher_maps_its_options_to_env_and_selects_the_backend():
             "--prism-control-token=t0k",
             "--prism-policy",
             "lru+active",
+            "--prism-protect-fraction=0.1",
             "--tp-size",
             "1",
         ],
@@ -192,6 +212,7 @@ def test_launcher_maps_its_options_to_env_and_selects_the_backend():
         "PRISM_CONTROL_PORT": "4100",
         "PRISM_CONTROL_TOKEN": "t0k",
         "PRISM_DART_POLICY": "lru+active",
+        "PRISM_DART_PROTECT_FRACTION": "0.1",
     }
     kept = build_argv(["--radix-cache-backend=other"], {})
     assert kept == ["--radix-cache-backend=other"]

@@ -1,11 +1,13 @@
 """DART core on the simulator's radix tree (SPEC §3), no sglang involved.
 
-The scripted scenario: a system prompt S, segments A-D, one private suffix per request,
-each request = S + one segment + its suffix, inserted in the order A, B, C, D (so plain
-LRU would evict pA, A, pB, B, ...). Table P̂ = {A: 40, B: 10, C: 30, D: 20} with
-protect = 2, so F_t = {S (always highest), A}. Expected DART order: the private
-suffixes by age (pA, pB, pC, pD), then the unprotected segments by ascending priority
-(B 10, D 20, C 30), then the protected ones (A 40, then S).
+The scripted scenario: a system head S (its own owner `system_owner("h")`, issue 23),
+segments A-D, one private suffix per request, each request = S + one segment + its
+suffix, inserted in the order A, B, C, D (so plain LRU would evict pA, A, pB, B, ...).
+Table P̂ = {A: 40, B: 10, C: 30, D: 20} with protect = 2, so F_t = {A, C}: the head has
+no table entry (no demand), hence P̂ = 0 and no protection. Expected DART order: the
+private suffixes by age (pA, pB, pC, pD), then the unprotected segments by ascending
+priority (B 10, D 20), then the protected ones (C 30, A 40), then S, a parent of every
+other node, last.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from typing import Any
 import pytest
 
 from backend_plugin.dart import (
-    SYSTEM_OWNER,
     AnchorError,
     AnchorKind,
     DartCore,
@@ -30,6 +31,7 @@ from backend_plugin.dart import (
     eviction_key,
     make_kv_hints,
     parse_kv_hints,
+    system_owner,
 )
 from backend_plugin.sim_extension import DartSimExtension
 from prism_sim.radix_cache import RadixCache
@@ -39,10 +41,13 @@ SYSTEM = list(range(1000, 1008))
 SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
 PRIVATE = {name: list(range(3000 + 10 * i, 3004 + 10 * i)) for i, name in enumerate("ABCD")}
 TABLE = {"A": 40.0, "B": 10.0, "C": 30.0, "D": 20.0}
+HEAD = system_owner("h")  # the head S's owner
 
 
-def anchors_for(segment_ids: list[str], private_len: int, system_len: int = 8) -> list[dict]:
-    out = [{"kind": "system", "segment_id": None, "offset": system_len}]
+def anchors_for(
+    segment_ids: list[str], private_len: int, system_len: int = 8, head: str | None = "h"
+) -> list[dict]:
+    out = [{"kind": "system", "segment_id": head, "offset": system_len}]
     offset = system_len
     for seg in segment_ids:
         offset += len(SEGMENTS[seg])
@@ -59,9 +64,11 @@ class Clock:
         return self.now
 
 
-def dart_sim_cache(policy: str = "dart", protect: int = 2) -> tuple[RadixCache, Clock, Any]:
+def dart_sim_cache(
+    policy: str = "dart", protect: int = 2, capacity_tokens: int | None = None
+) -> tuple[RadixCache, Clock, Any]:
     clock = Clock()
-    ext = DartSimExtension(DartCore(policy, protect=protect))
+    ext = DartSimExtension(DartCore(policy, protect=protect, capacity_tokens=capacity_tokens))
     cache = RadixCache(ext.strategy, clock=clock)
     ext.attach(cache)
     return cache, clock, ext
@@ -78,8 +85,8 @@ def insert_request(cache, ext, rid: str, tokens: list[int], kv_hints) -> SimRequ
     return req
 
 
-def build_scenario(policy: str = "dart"):
-    cache, clock, ext = dart_sim_cache(policy)
+def build_scenario(policy: str = "dart", capacity_tokens: int | None = None):
+    cache, clock, ext = dart_sim_cache(policy, capacity_tokens=capacity_tokens)
     requests = {}
     for name in "ABCD":
         clock.now += 1
@@ -136,7 +143,8 @@ def test_malformed_anchors_are_rejected(payload):
 PRIV = NodeMeta(AnchorKind.PRIVATE, None)
 SEG_A = NodeMeta(AnchorKind.SEGMENT, "A")
 SEG_Z = NodeMeta(AnchorKind.SEGMENT, "Z")
-SYS = NodeMeta(AnchorKind.SYSTEM, None, True)
+SYS = NodeMeta(AnchorKind.SYSTEM, "h", True)
+LEGACY_SYS = NodeMeta(AnchorKind.SYSTEM, None, True)  # a system anchor without an id
 
 
 @pytest.mark.parametrize(
@@ -149,7 +157,11 @@ SYS = NodeMeta(AnchorKind.SYSTEM, None, True)
         (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset(), (1, 7.0, 5.0)),
         (EvictionPolicy.DART, SEG_Z, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),  # not in table
         (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset({"A"}), (2, 7.0, 5.0)),
-        (EvictionPolicy.DART, SYS, {"A": 7.0}, frozenset({SYSTEM_OWNER}), (2, float("inf"), 5.0)),
+        # a system head: its own table entry, no special case (issue 23)
+        (EvictionPolicy.DART, SYS, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),
+        (EvictionPolicy.DART, SYS, {"A": 7.0, HEAD: 3.0}, frozenset(), (1, 3.0, 5.0)),
+        (EvictionPolicy.DART, SYS, {HEAD: 3.0}, frozenset({HEAD}), (2, 3.0, 5.0)),
+        (EvictionPolicy.DART, LEGACY_SYS, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),
         # lru+active: (a_t(seg), last) with a_t(A) = 3
         (EvictionPolicy.LRU_ACTIVE, SEG_A, None, frozenset(), (3, 5.0)),
         (EvictionPolicy.LRU_ACTIVE, PRIV, None, frozenset(), (0, 5.0)),
@@ -183,22 +195,146 @@ def test_stale_epochs_are_rejected_and_reset_restarts_them():
     assert core.stats().epoch == 1
 
 
-def test_protection_set_is_top_f_resident_with_system_first():
+def test_protection_is_earned_by_table_entries_heads_included():
+    """F_t = the top-f resident owners with P̂ > 0; a system head is one more owner,
+    ranked by its own entry (issue 23), never by its kind."""
     core = DartCore(protect=3)
-    for owner_meta, tokens in ((SYS, 8), (SEG_A, 6), (NodeMeta(AnchorKind.SEGMENT, "B"), 6)):
-        core.on_assign(None, owner_meta, tokens)
-    # C is in the table with the highest score but not resident; Z is resident, no score
-    core.on_assign(None, SEG_Z, 6)
-    core.inbox.submit(PriorityUpdate(1, {"A": 5.0, "B": 1.0, "C": 99.0}, protect=2))
-    core.apply_pending()
-    assert core.protected == frozenset({SYSTEM_OWNER, "A"})
+    seg_b = NodeMeta(AnchorKind.SEGMENT, "B")
+    for meta, tokens in ((SYS, 8), (LEGACY_SYS, 8), (SEG_A, 6), (seg_b, 6), (SEG_Z, 6)):
+        core.on_assign(None, meta, tokens)
+
+    def push(epoch: int, table: dict[str, float], protect: int = 2) -> frozenset[str]:
+        core.inbox.submit(PriorityUpdate(epoch, table, protect=protect))
+        core.apply_pending()
+        return core.protected
+
+    # C ranks highest but is not resident; Z is resident with no entry; the heads have
+    # no entry (no demand): neither is protected, whatever its kind
+    assert push(1, {"A": 5.0, "B": 1.0, "C": 99.0}) == {"A", "B"}
+    assert push(2, {"A": 5.0, "B": 1.0, HEAD: 7.0}) == {HEAD, "A"}  # ranked by its entry
+    assert push(3, {"A": 5.0, "B": 1.0, HEAD: 3.0}) == {"A", HEAD}
+    assert push(4, {"A": 5.0, HEAD: 0.0}) == {"A"}  # P̂ = 0 earns nothing
+    # the legacy head (a system anchor without an id) is an ordinary owner too
+    assert push(5, {system_owner(None): 2.0, "B": 1.0}, protect=1) == {system_owner(None)}
+    assert core.stats().as_dict()["protected_segments"] == ["<system>"]
+    push(6, {"A": 5.0, "B": 1.0, HEAD: 3.0})
+    assert core.stats().as_dict()["protected_segments"] == ["<system:h>", "A"]
     core.on_evicted(SEG_A, 6)  # A leaves the tree: the snapshot changes at the next pass
-    assert core.protected == frozenset({SYSTEM_OWNER, "A"})
+    assert core.protected == {"A", HEAD}
     core.begin_eviction()
-    assert core.protected == frozenset({SYSTEM_OWNER, "B"})
-    core.inbox.submit(PriorityUpdate(2, {"A": 5.0, "B": 1.0}, protect=0))
+    assert core.protected == {HEAD, "B"}
+    assert push(7, {"A": 5.0, "B": 1.0}, protect=0) == frozenset()
+
+
+def test_protection_is_bounded_by_a_share_of_the_pool():
+    """F_t is the longest prefix of the ranking within f owners and the token cap:
+    capacity 40 x fraction 0.5 = 20 tokens."""
+    core = DartCore(protect=3, capacity_tokens=40, protect_fraction=0.5)
+    metas = {name: NodeMeta(AnchorKind.SEGMENT, name) for name in "ABC"}
+    for meta in metas.values():
+        core.on_assign(None, meta, 8)
+    core.inbox.submit(PriorityUpdate(1, {"A": 3.0, "B": 2.0, "C": 1.0}, protect=3))
     core.apply_pending()
+    assert core.protected == {"A", "B"}  # 16 tokens; with C 24 > 20
+    stats = core.stats()
+    assert (stats.protect_cap_tokens, stats.capacity_tokens, stats.protected_tokens) == (20, 40, 16)
+    assert stats.as_dict()["protect_cap_tokens"] == 20
+    # B shrinks to 2 tokens (a partial eviction): C now fits, at the next pass
+    core.on_evicted(NodeMeta(AnchorKind.SEGMENT, "B"), 6)
+    core.begin_eviction()
+    assert core.protected == {"A", "B", "C"} and core.stats().protected_tokens == 18
+    # A grows past the cap on its own (resident on a second path): a prefix, not a best
+    # fit, so nothing ranked below A is protected over it
+    core.on_assign(None, metas["A"], 16)
+    core.begin_eviction()
     assert core.protected == frozenset()
+    # without a known capacity there is no cap; a zero fraction protects nothing
+    uncapped = DartCore(protect=3)
+    zero = DartCore(protect=3, capacity_tokens=40, protect_fraction=0.0)
+    for other in (uncapped, zero):
+        other.on_assign(None, metas["A"], 100)
+        other.inbox.submit(PriorityUpdate(1, {"A": 3.0}))
+        other.apply_pending()
+    assert uncapped.protected == {"A"} and uncapped.stats().protect_cap_tokens is None
+    assert zero.protected == frozenset()
+    with pytest.raises(ValueError):
+        DartCore(protect_fraction=1.5)
+
+
+def reference_protection(
+    table: dict[str, float], resident: dict[str, int], protect: int, cap: int | None
+) -> frozenset[str]:
+    """F_t written the obvious way: sort everything, take the fitting prefix."""
+    ranked = sorted(((p, o) for o, p in table.items() if p > 0 and resident.get(o, 0) > 0))
+    chosen: list[str] = []
+    used = 0
+    for _, owner in reversed(ranked):
+        if len(chosen) == protect or (cap is not None and used + resident[owner] > cap):
+            break
+        chosen.append(owner)
+        used += resident[owner]
+    return frozenset(chosen)
+
+
+@pytest.mark.parametrize("capacity", [None, 30, 60, 200])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_incremental_protection_equals_a_fresh_computation(seed, capacity):
+    """F_t refreshed only when `_dirty` says so equals F_t recomputed from scratch at
+    every pass, over random growth, partial evictions, departures and pushes."""
+    rng = random.Random(seed)
+    core = DartCore(protect=3, capacity_tokens=capacity)
+    cap = None if capacity is None else capacity // 4
+    owners = [*"ABCDEF", "h1", "h2"]
+    meta = {
+        o: NodeMeta(AnchorKind.SYSTEM, o) if o.startswith("h") else NodeMeta(AnchorKind.SEGMENT, o)
+        for o in owners
+    }
+    key = {o: meta[o].owner for o in owners}
+    resident: dict[str, int] = {}
+    table: dict[str, float] = {}
+    protect = 3
+    refreshes = 0
+    refresh = core._refresh_protection
+
+    def counted() -> None:
+        nonlocal refreshes
+        refreshes += 1
+        refresh()
+
+    core._refresh_protection = counted
+    passes = 0
+    for epoch in range(600):
+        owner = rng.choice(owners)
+        op = rng.random()
+        if op < 0.35:
+            tokens = rng.randint(1, 6)
+            core.on_assign(None, meta[owner], tokens)
+            resident[key[owner]] = resident.get(key[owner], 0) + tokens
+        elif op < 0.6 and resident.get(key[owner], 0) > 0:
+            tokens = rng.randint(1, resident[key[owner]])
+            core.on_evicted(meta[owner], tokens)
+            resident[key[owner]] -= tokens
+        elif op < 0.65:
+            protect = rng.randint(0, 4)
+            picked = rng.sample(owners, rng.randint(0, len(owners)))
+            table = {key[o]: float(rng.choice([0, 1, 2, 2, 5, 9])) for o in picked}
+            core.inbox.submit(PriorityUpdate(epoch, table, protect=protect))
+            core.apply_pending()
+        else:
+            core.begin_eviction()
+            passes += 1
+            assert core.protected == reference_protection(table, resident, protect, cap)
+            if cap is not None:
+                assert core.stats().protected_tokens <= cap
+    assert refreshes < passes / 2  # most passes reused the snapshot
+
+
+def test_segment_ids_may_not_enter_the_heads_namespace():
+    forged = {"kind": "segment", "segment_id": HEAD, "offset": 3}
+    with pytest.raises(AnchorError, match="NUL"):
+        parse_kv_hints({"prism": {"anchors": [forged]}})
+    hints = parse_kv_hints({"prism": {"anchors": anchors_for(["A"], 4)}})
+    assert hints.owners == {"A", HEAD}
 
 
 # ---- scenario on the simulator's tree ---------------------------------------------------
@@ -211,8 +347,8 @@ def test_scenario_evicts_private_then_segments_by_priority_then_protected():
     expected = [PRIVATE[n] for n in "ABCD"] + [SEGMENTS[n] for n in "BDCA"] + [SYSTEM]
     assert order == expected
     stats = ext.core.stats()
-    # 4 suffixes x 4 tokens; B, D, C x 6; A (6) and S (8) protected
-    assert dict(stats.evicted_tokens) == {"private": 16, "segment": 18, "protected": 14}
+    # 4 suffixes x 4 tokens; B, D (6 each) and S (8) unprotected; C, A (6 each) protected
+    assert dict(stats.evicted_tokens) == {"private": 16, "segment": 20, "protected": 12}
     assert stats.anchors_resident == 0 and stats.annotated_tokens_resident == 0
 
 
@@ -269,7 +405,7 @@ def test_anchors_split_nodes_at_exact_offsets_and_own_the_whole_span():
     spans = [(start, end, getattr(n, "prism_meta", None)) for n, start, end in cache.walk(tokens)]
     assert [(s, e) for s, e, _ in spans] == [(0, 8), (8, 11), (11, 14), (14, 20), (20, 24)]
     owners = [m.owner for _, _, m in spans]
-    assert owners == [SYSTEM_OWNER, "A", "A", "B", None]
+    assert owners == [HEAD, "A", "A", "B", None]
     assert [m.is_anchor for _, _, m in spans] == [True, False, True, True, True]
     # a later split inside B (a match ending there) keeps B as the owner of both halves
     cache.match_prefix(SYSTEM + SEGMENTS["A"] + SEGMENTS["B"][:2])
@@ -381,7 +517,7 @@ def test_strategy_fast_path_equals_the_reference_key(policy):
 
     rng = random.Random(7)
     core = DartCore(policy, protect=2)
-    metas = [None, PRIV, SEG_A, SEG_Z, SYS, NodeMeta(AnchorKind.SEGMENT, "B")]
+    metas = [None, PRIV, SEG_A, SEG_Z, SYS, LEGACY_SYS, NodeMeta(AnchorKind.SEGMENT, "B")]
     for meta in metas:
         if meta is not None:
             core.on_assign(None, meta, 3)
@@ -395,5 +531,6 @@ def test_strategy_fast_path_equals_the_reference_key(policy):
             assert strategy.get_priority(node) == core.key(
                 meta, node.last_access_time, node.hit_count
             )
-        core.inbox.submit(PriorityUpdate(epoch, {"A": rng.random(), "B": rng.random()}, 2))
+        table = {"A": rng.random(), "B": rng.random(), HEAD: rng.random()}
+        core.inbox.submit(PriorityUpdate(epoch, table, 2))
         core.apply_pending()

@@ -24,7 +24,7 @@ from proxy_support import eventually, loopback_app
 
 from backend_plugin.config import ControlConfig
 from backend_plugin.control_rpc import start_control_site
-from backend_plugin.dart import SYSTEM_OWNER, AnchorKind, DartCore, NodeMeta, make_kv_hints
+from backend_plugin.dart import AnchorKind, DartCore, NodeMeta, make_kv_hints, system_owner
 from backend_plugin.dart.residency import ResidencyLog
 from backend_plugin.sim_extension import DartSimExtension
 from loadgen.processes import free_port, run_server
@@ -43,7 +43,7 @@ SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enume
 
 def anchors(segment: str, private_len: int = 4) -> list[dict]:
     return [
-        {"kind": "system", "segment_id": None, "offset": 8},
+        {"kind": "system", "segment_id": "h", "offset": 8},
         {"kind": "segment", "segment_id": segment, "offset": 14},
         {"kind": "private", "segment_id": None, "offset": 14 + private_len},
     ]
@@ -130,9 +130,9 @@ def test_system_prompt_is_never_reported() -> None:
     tree.insert("B")
     assert tree.core.stats().annotated_tokens_resident > 6  # S is annotated and resident
     full = tree.summary()
-    assert full.resident == ["B"] and SYSTEM_OWNER not in full.resident
+    assert full.resident == ["B"] and system_owner("h") not in full.resident
     assert full.version == 3  # A in, A out, B in: S's own comings and goings are not steps
-    assert SYSTEM_OWNER not in tree.summary(tree.generation, 0).gone
+    assert system_owner("h") not in tree.summary(tree.generation, 0).gone
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,10 @@ pressure from fresh prompts, and the realized `cached_tokens` afterwards (SPEC Â
 
 Capacity 64 tokens. Four requests S+A+pA ... S+D+pD (8 + 6 + 4 prompt tokens, one
 generated token each) fill 8 + 4 x 11 = 52. Table {A: 40, B: 10, C: 30, D: 20}, f = 2,
-so F_t = {S, A}. A fresh 40-token prompt then needs 41 - (64 - 52) = 29 tokens of room:
-DART drops the four private suffixes (with their generated token: 20), then B and D
-(lowest priorities, 12), and keeps A, so S+A+q hits 14 cached tokens and S+B+q only 8.
+so F_t = {A, C} (12 tokens, within the cap 0.25 x 64 = 16; the head S has no entry). A
+fresh 40-token prompt then needs 41 - (64 - 52) = 29 tokens of room: DART drops the four
+private suffixes (with their generated token: 20), then B and D (lowest priorities, 12),
+and keeps A, so S+A+q hits 14 cached tokens and S+B+q only 8.
 Plain LRU drops request A first (the oldest), so the A probe hits only 8.
 """
 
@@ -27,7 +28,7 @@ SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enume
 
 def anchors(seg: str, private_len: int) -> list[dict]:
     return [
-        {"kind": "system", "segment_id": None, "offset": 8},
+        {"kind": "system", "segment_id": "h", "offset": 8},
         {"kind": "segment", "segment_id": seg, "offset": 14},
         {"kind": "private", "segment_id": None, "offset": 14 + private_len},
     ]
@@ -97,7 +98,8 @@ def test_dart_keeps_the_high_priority_segment_that_lru_drops(tmp_path):
     assert stats is not None and stats["epoch"] == 1
     evicted = stats["evicted_tokens"]
     assert evicted["private"] > 0 and evicted["segment"] >= 6 and evicted["protected"] == 0
-    assert "<system>" in stats["protected_segments"]
+    assert stats["protected_segments"] == ["A", "C"]
+    assert stats["capacity_tokens"] == 64 and stats["protect_cap_tokens"] == 16
 
 
 def test_sim_refuses_an_unauthenticated_control_rpc(tmp_path):

@@ -5,11 +5,13 @@ a 5xx, and the one-line configuration errors."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 
 import aiohttp
 import pytest
+from aiohttp import web
 from proxy_support import loopback_app, running_proxy
 
 from backend_plugin.config import ControlConfig, ControlConfigError
@@ -97,6 +99,39 @@ async def test_backend_errors_do_not_name_the_backend() -> None:
     ):
         message = (await response.json())["error"]["message"]
         assert response.status == 502 and message == "backend unreachable"
+
+
+async def test_backend_error_messages_never_name_its_model_path_or_address() -> None:
+    """A backend whose errors quote its model path and address (4xx answers, errors in
+    a stream): the client reads neither."""
+    model_path = "/srv/secret-models/qwen3-4b"
+    box: dict[str, str] = {}
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response({"model_path": model_path, "served_model_name": model_path})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        quoted = f"{model_path} at {box['url']} cannot serve this"
+        if (await request.json())["sampling_params"].get("max_new_tokens") == 1:
+            return web.json_response({"error": {"message": quoted}}, status=400)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: " + json.dumps({"error": quoted}).encode() + b"\n\n")
+        return response
+
+    backend = web.Application()
+    backend.router.add_get("/server_info", server_info)
+    backend.router.add_post("/generate", generate)
+    async with loopback_app(backend) as url:
+        box["url"] = url
+        async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+            for max_tokens, stream in ((1, False), (2, False), (2, True)):
+                body = {**CHAT, "max_tokens": max_tokens, "stream": stream}
+                async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
+                    text = await response.text()
+                assert response.status in (400, 200, 502), text
+                assert "cannot serve this" in text
+                assert model_path not in text and url.split("://")[1] not in text, text
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from proxy_support import ProxyFactory, eventually, loopback_app, proxy_factory_fixture, sim_server
 
+from backend_plugin.dart import SYSTEM_OWNER_PREFIX
 from loadgen.processes import free_port
 from prism_proxy import state
 
@@ -60,15 +61,20 @@ async def test_waves_push_dispatch_priorities(proxy_factory: ProxyFactory) -> No
                 ) as response:
                     assert response.status == 200
         await eventually(lambda: len(received) >= 2)
-        assert [set(body["table"]) for body in received[:2]] == [
+        # the segments, and the chat template's head under its own owner (issue 23)
+        heads = {key for body in received[:2] for key in body["table"] if key.startswith("\x00")}
+        assert len(heads) == 1 and next(iter(heads)).startswith(SYSTEM_OWNER_PREFIX)
+        assert [set(body["table"]) - heads for body in received[:2]] == [
             {"alpha", "beta"},
             {"beta", "gamma"},
         ]
         assert all(body["protect"] == 5 for body in received)
         epochs = [body["epoch"] for body in received]
         assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs)
-        # One request in the wave: P̂ = w_n·1 + w_g·1 for each of its segments (SPEC §3).
+        # One request in the wave: P̂ = w_n·1 + w_g·1 for each of its segments (SPEC §3)
+        # and for its head.
         assert received[0]["table"]["alpha"] == 1e5 + 1
+        assert received[0]["table"][next(iter(heads))] == 1e5 + 1
         registry = proxy.app[state.METRICS].registry
         assert registry.get_sample_value("prism:control_rpc_pushes_total") == len(received)
         assert registry.get_sample_value("prism:control_rpc_up") == 1

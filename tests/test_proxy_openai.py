@@ -208,14 +208,18 @@ async def test_a_multi_turn_chat_reuses_its_tokenized_history(
     samples = {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("prism:token_cache_")
+        if line.startswith("prism:cache_")
     }
     # Turns 2 and 3 found the system message and earlier turns among the pieces.
-    assert samples['prism:token_cache_hits_total{cache="chat_pieces"}'] >= 4
-    assert samples['prism:token_cache_misses_total{cache="chat_pieces"}'] > 0
-    assert samples['prism:token_cache_entries{cache="chat_pieces"}'] > 0
-    assert 'prism:token_cache_hits_total{cache="segments"}' in samples
-    assert 'prism:token_cache_entries{cache="heads"}' in samples
+    assert samples['prism:cache_hits_total{cache="chat_pieces"}'] >= 4
+    assert samples['prism:cache_misses_total{cache="chat_pieces"}'] > 0
+    assert samples['prism:cache_entries{cache="chat_pieces"}'] > 0
+    assert 'prism:cache_hits_total{cache="segments"}' in samples
+    assert 'prism:cache_entries{cache="heads"}' in samples
+    for cache in ("chat_pieces", "segments", "heads", "view"):
+        held = samples[f'prism:cache_bytes{{cache="{cache}"}}']
+        assert 0 <= held <= samples[f'prism:cache_capacity_bytes{{cache="{cache}"}}']
+    assert samples['prism:cache_bytes{cache="chat_pieces"}'] > 0
 
 
 async def test_models_and_health(proxy_factory: ProxyFactory) -> None:

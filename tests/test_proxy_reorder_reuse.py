@@ -109,16 +109,17 @@ async def test_ttft_slo_header_is_checked_and_honoured(proxy_factory) -> None:
     proxy = await proxy_factory()
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     async with httpx.AsyncClient(base_url=proxy.url) as http:
-        for bad in ("abc", "0", "-5", "nan", "inf", "3600001"):
+        for bad in ("abc", "0", "-5", "nan", "inf", "3600001", "1_000", "1e3", "+5", "5 ms", "0x10"):
             answer = await http.post(
                 "/v1/chat/completions", json=body, headers={"x-prism-ttft-slo-ms": bad}
             )
             assert answer.status_code == 400, bad
             assert answer.json()["error"]["param"] == "x-prism-ttft-slo-ms"
-        good = await http.post(
-            "/v1/chat/completions", json=body, headers={"x-prism-ttft-slo-ms": "1500"}
-        )
-        assert good.status_code == 200
+        for good in ("1500", "250.5"):
+            answer = await http.post(
+                "/v1/chat/completions", json=body, headers={"x-prism-ttft-slo-ms": good}
+            )
+            assert answer.status_code == 200, good
     assert proxy.app[state.ADMISSION].queue_depth == 0
 
 

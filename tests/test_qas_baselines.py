@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from prism_proxy.qas.cache_view import CacheView
@@ -45,6 +47,43 @@ def test_cache_view_prunes_least_recently_used_leaves() -> None:
     view.insert(q("d", 0, "d1", "d3"), ("d1", "d3"))
     view.insert(q("e", 0, "d1", "d5"), ("d1", "d5"))
     assert view.match_tokens(q("x", 0, "d1", "d4"), ("d1", "d4")) == 110
+    assert view.match_tokens(q("x", 0, "d1", "d3"), ("d1", "d3")) == 210
+
+
+def test_cache_view_is_bounded_in_bytes_by_what_it_really_holds() -> None:
+    """Many one-token segments with long ids: the token budget would hold 400,000 nodes;
+    the byte budget stops the view at its capacity, and the bytes it counts are what
+    tracemalloc sees it keep (within 25 %)."""
+    capacity = 1024 * 1024
+    view = CacheView(capacity_tokens=400_000, capacity_bytes=capacity)
+    ids = [f"{n:06d}-" + "x" * 120 for n in range(12_000)]
+    requests = [
+        QueuedRequest(f"r{n}", 0, tuple(ids[n * 4 : n * 4 + 4]), prefix_key="h", head_tokens=1)
+        for n in range(3_000)
+    ]
+    view.insert(requests[0], requests[0].segments)
+    tracemalloc.start()
+    try:
+        before, counted = tracemalloc.get_traced_memory()[0], view.total_bytes
+        for request in requests[1:]:
+            view.insert(request, request.segments)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert view.total_bytes <= capacity < 3_000 * 4 * 120  # pruned by bytes, not tokens
+    assert view.total_tokens < 400_000
+    assert abs(held - (view.total_bytes - counted)) <= 0.25 * view.total_bytes, held
+
+
+def test_cache_view_forgets_stale_entries_of_paths_inserted_again() -> None:
+    """A hot path dispatched over and over, far below capacity: the view's memory stays
+    that of its nodes (its LRU heap once grew by an entry per insert)."""
+    view = CacheView(capacity_tokens=10_000)
+    hot = [q(f"r{n}", 0, "d1", f"d{2 + n % 3}") for n in range(30)]
+    for n in range(20_000):
+        view.insert(hot[n % 30], hot[n % 30].segments)
+    assert view.nodes == 5  # head, d1, d2, d3, d4
+    assert len(view._lru) <= 2 * view.nodes + 64
     assert view.match_tokens(q("x", 0, "d1", "d3"), ("d1", "d3")) == 210
 
 

@@ -1,4 +1,5 @@
-"""QAS beyond the paper (issue 13): canonical ties, residency, the deadline lane.
+"""QAS beyond the paper (issue 13): canonical ties, residency, the deadline lane; and
+the system heads' entries in DART's table (issue 23).
 
 Pure policy and admission-core tests; the proxy end of it is in
 `test_proxy_reorder_reuse.py`, DART's residency RPC in `test_dart_residency.py`.
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from prism_proxy.admission_core import AdmissionCore
 from prism_proxy.pacing import PrefillPacing
 from prism_proxy.qas.alignment import canonical_key
+from prism_proxy.qas.counters import head_key
 from prism_proxy.qas.params import QAS_VARIANTS, RESIDENCY_WEIGHT, QasParams, qas_params
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
@@ -238,3 +240,33 @@ def test_every_variant_builds() -> None:
         assert isinstance(make_policy("prism", qas_params(name)), PrismPolicy)
     with pytest.raises(ValueError, match="unknown QAS variant"):
         qas_params("nope")
+
+
+# --- system heads in DART's table (issue 23) ---------------------------------------------
+def test_system_heads_earn_their_table_entry_by_demand() -> None:
+    """A head's P̂_t counts the requests carrying it exactly as a segment's does.
+
+    Wave size 1 with q_cold = 2: the cold lane takes the oldest, "a", so B = {a}.
+    h1: a_t = 1 (x), n_t = 1 (a), g_t = 2 (a, b)  -> 1e6 + 1e5 + 2
+    h2: g_t = 1 (c)                               -> 1
+    d1: n_t = 1, g_t = 2 (a, c)                   -> 1e5 + 2
+    """
+    queue = [
+        QueuedRequest("a", 0.0, ("d1",), prefix_key="h1", head_tokens=5),
+        QueuedRequest("b", 1.0, ("d2",), prefix_key="h1", head_tokens=5),
+        QueuedRequest("c", 2.0, ("d1",), prefix_key="h2", head_tokens=5),
+        QueuedRequest("p", 3.0),  # an unhinted request: no head
+        QueuedRequest("e", 4.0, ("d2",), prefix_key="empty", head_tokens=0),  # empty head
+    ]
+    active = [ActiveRequest("x", ("d3",), "h1")]
+    plan = PrismPolicy(QasParams()).plan_round(queue, active, 1)
+    assert [e.rid for e in plan.wave] == ["a"]
+    assert plan.dispatch_priorities == {
+        "d1": 100_002.0,
+        "d2": 2.0,
+        "d3": 1_000_000.0,
+        head_key("h1"): 1_100_002.0,
+        head_key("h2"): 1.0,
+    }
+    assert set(plan.priorities) == {"d1", "d2", "d3"}  # heads rank no segment
+    assert head_key("h1").startswith("\x00")  # a namespace no segment id can enter

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prism_proxy.qas.counters import head_key
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import POLICIES, make_policy
 from prism_proxy.qas.types import ActiveRequest, Lane, QueuedRequest
@@ -166,3 +169,45 @@ def test_klpm_incremental_matches_equal_a_full_rescan(rounds_, k, capacity) -> N
     for queue, active, wave_size in rounds_:
         expected = reference_klpm(reference_view, queue, wave_size, k)
         assert [e.rid for e in policy.plan_round(queue, active, wave_size).wave] == expected
+
+
+def _without_heads(request: QueuedRequest) -> QueuedRequest:
+    return replace(request, prefix_key="", head_tokens=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rounds(), st.lists(st.sampled_from(["sys-a", "sys-b", None]), max_size=4), st.booleans())
+def test_system_heads_only_add_their_own_table_entries(round_, active_heads, canonical) -> None:
+    """Issue 23: heads are counted like segments for DART's table and nowhere else. A
+    prism round (residency off, so `prefix_key` is not otherwise read) plans exactly the
+    same with or without them; every policy's table gains one entry per head,
+    w_a·a_t(h) + w_n·n_t(h; B) + w_g·g_t(h) under `head_key(h)`."""
+    queue, active, wave_size = round_
+    active = [
+        ActiveRequest(a.rid, a.segments, head)
+        for a, head in zip(active, active_heads + [None] * len(active), strict=False)
+    ]
+    params = QasParams(canonical_ties=canonical)
+    plan = make_policy("prism", params).plan_round(queue, active, wave_size)
+    bare = make_policy("prism", params).plan_round(
+        [_without_heads(q) for q in queue],
+        [ActiveRequest(a.rid, a.segments) for a in active],
+        wave_size,
+    )
+    table = plan.dispatch_priorities
+    heads = {k for k in table if k.startswith("\x00")}
+    assert replace(plan, dispatch_priorities={}) == replace(bare, dispatch_priorities={})
+    assert {k: v for k, v in table.items() if k not in heads} == bare.dispatch_priorities
+    by_rid = {q.rid: q for q in queue}
+    for name in sorted(POLICIES):
+        plan = make_policy(name, params).plan_round(queue, active, wave_size)
+        wave_heads = [by_rid[e.rid].head for e in plan.wave]
+        expected = {
+            head_key(head): params.w_a * sum(a.head == head for a in active)
+            + params.w_n * wave_heads.count(head)
+            + params.w_g * sum(q.head == head for q in queue)
+            for head in {q.head for q in queue} | {a.head for a in active}
+            if head is not None
+        }
+        table = plan.dispatch_priorities
+        assert {k: v for k, v in table.items() if k.startswith("\x00")} == expected

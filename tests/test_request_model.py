@@ -32,6 +32,8 @@ def _seg(seg_id: Any, text: Any = "t") -> dict[str, Any]:
             {"segments": [_seg("a"), _seg("b"), _seg("a")]},
             "segments: duplicate segment id 'a' at segments[2] (first at segments[0])",
         ),
+        # NUL starts DART's owners of system heads (issue 23): no segment may take one
+        ({"segments": [_seg("\x00sys:h")]}, "segments[0].id: must not start with a NUL"),
         ({"segments": [_seg(7)]}, "segments[0].id: Input should be a valid string"),
         ({"segments": [_seg("a", None)]}, "segments[0].text: Input should be a valid string"),
         ({"segments": [{"id": "a"}]}, "segments[0].text: Field required"),

@@ -5,6 +5,7 @@ with whitespace pre-tokenization (which drops the separator entirely)."""
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,7 +39,9 @@ def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tokenizer]
 
 @pytest.fixture(scope="module")
 def serializers(tokenizers: dict[str, Tokenizer]) -> dict[str, Serializer]:
-    return {name: Serializer(tok, segment_cache_size=64) for name, tok in tokenizers.items()}
+    return {
+        name: Serializer(tok, segment_cache_bytes=64 * 1024) for name, tok in tokenizers.items()
+    }
 
 
 texts = st.text(st.characters(codec="utf-8"), max_size=30)
@@ -90,7 +93,8 @@ def test_anchors_are_exact(
         pieces = [tok.encode(p) for p in _pieces(tok, prompt, order, chat)]
         assert out.input_ids == [t for piece in pieces for t in piece]
         kinds = ["system", *(["segment"] * len(order)), "private"]
-        owners = [None, *order, None]
+        # the system anchor names its head by prefix_key (DART's per-head owner, issue 23)
+        owners = [prefix_key_of(pieces[0]), *order, None]
         expected, offset = [], 0
         for piece, kind, owner in zip(pieces, kinds, owners, strict=True):
             offset += len(piece)
@@ -245,18 +249,55 @@ def test_order_is_validated(
     assert serializer.serialize(prompt, order=["a", "b", "c"]).order == ("a", "b", "c")
 
 
-def test_segment_cache_is_bounded_lru(tokenizers: dict[str, Tokenizer]) -> None:
-    serializer = Serializer(tokenizers["builtin"], segment_cache_size=2)
+def test_segment_cache_is_an_lru_bounded_in_bytes(tokenizers: dict[str, Tokenizer]) -> None:
+    probe = Serializer(tokenizers["builtin"])
+    probe.serialize(_prompt(None, [("a", "text a")], ""))
+    one = probe.cache_stats()["segments"]["bytes"]  # every entry below has this size
+    capacity = 2 * one + one // 2
+    serializer = Serializer(tokenizers["builtin"], segment_cache_bytes=capacity)
     for seg_id in ("a", "b", "c"):
         serializer.serialize(_prompt(None, [(seg_id, "text " + seg_id)], ""))
     info = serializer.cache_stats()["segments"]
-    assert (info["entries"], info["misses"]) == (2, 3)
+    assert (info["entries"], info["misses"], info["bytes"]) == (2, 3, 2 * one)
+    assert info["capacity_bytes"] == capacity
     serializer.serialize(_prompt(None, [("c", "text c")], ""))  # still cached
     serializer.serialize(_prompt(None, [("a", "text a")], ""))  # evicted: a miss
     info = serializer.cache_stats()["segments"]
     assert (info["hits"], info["misses"]) == (1, 4)
-    with pytest.raises(ValueError, match="cache sizes"):
-        Serializer(tokenizers["builtin"], segment_cache_size=0)
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        Serializer(tokenizers["builtin"], segment_cache_bytes=0)
+
+
+def test_the_caches_count_the_memory_they_really_hold(tokenizers: dict[str, Tokenizer]) -> None:
+    """The bytes a cache reports are what tracemalloc sees it keep (within 20 %), so a
+    bound in bytes bounds the process's memory: distinct segments and system prompts,
+    far more than fit, leave the caches at their capacity."""
+    capacity = 2 * 1024 * 1024
+    serializer = Serializer(tokenizers["builtin"], capacity, capacity)
+    words = [f"w{n:05d}" for n in range(20_000)]
+    prompts = [
+        _prompt(
+            " ".join(words[n * 50 : n * 50 + 400]),  # a distinct ~2.8k-character system prompt
+            [(f"doc-{n}-{k}", " ".join(words[n * 7 + k * 900 :][:300])) for k in range(4)],
+            "?",
+        )
+        for n in range(300)
+    ]
+    serializer.serialize(prompts[0])  # the tokenizer's own first-use allocations
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for prompt in prompts[1:]:
+            serializer.serialize(prompt)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    stats = serializer.cache_stats()
+    reported = stats["segments"]["bytes"] + stats["heads"]["bytes"]
+    assert stats["segments"]["bytes"] <= capacity and stats["heads"]["bytes"] <= capacity
+    assert stats["segments"]["bytes"] > capacity * 0.9  # full: entries were evicted
+    assert stats["segments"]["entries"] < 4 * len(prompts)
+    assert abs(held - reported) <= 0.2 * reported, (held, reported)
 
 
 def test_unusable_chat_templates(tmp_path: Path) -> None:

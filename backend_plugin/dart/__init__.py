@@ -2,16 +2,18 @@
 the SGLang plugin and the simulated engine run the very same code."""
 
 from backend_plugin.dart.anchors import (
+    SYSTEM_OWNER_PREFIX,
     Anchor,
     AnchorError,
     AnchorHints,
     AnchorKind,
+    display_owner,
     make_kv_hints,
     parse_kv_hints,
+    system_owner,
 )
 from backend_plugin.dart.core import DartCore, DartStats
 from backend_plugin.dart.keys import (
-    SYSTEM_OWNER,
     EvictionClass,
     EvictionPolicy,
     NodeMeta,
@@ -22,7 +24,7 @@ from backend_plugin.dart.tree import META_ATTR, DartStrategy, TreeAdapter, place
 
 __all__ = [
     "META_ATTR",
-    "SYSTEM_OWNER",
+    "SYSTEM_OWNER_PREFIX",
     "Anchor",
     "AnchorError",
     "AnchorHints",
@@ -37,8 +39,10 @@ __all__ = [
     "StaleEpochError",
     "TreeAdapter",
     "UpdateInbox",
+    "display_owner",
     "eviction_key",
     "make_kv_hints",
     "parse_kv_hints",
     "place_anchors",
+    "system_owner",
 ]

@@ -11,6 +11,15 @@ anchors ride in one action of that envelope::
                   "payload": {"anchors": [{"kind", "segment_id", "offset"}, ...],
                               "priorities": {segment_id: score}}}]}
 
+A system anchor's `segment_id` names its head (the proxy sends a hash of the head's
+token ids, `SerializedPrompt.prefix_key`); each head is then its own DART owner,
+`system_owner(segment_id)`, ranked by the table like any segment (issue 23). Owners of
+system heads live in their own namespace, `SYSTEM_OWNER_PREFIX` (a NUL byte first): a
+segment id may not start with NUL (rejected here and by the proxy's request model), so a
+head and a segment never share an owner. A system anchor without a `segment_id` (the
+older form) is still read: every such head shares the owner `system_owner(None)`, which
+no table ranks.
+
 `make_kv_hints` builds it. `parse_kv_hints` also accepts the bare
 `{"prism": {"anchors": ..., "priorities": ...}}` form of the shared contract (the
 simulated engine is not bound by SGLang's envelope) and the typed `KvHintsEnvelope`
@@ -28,6 +37,27 @@ from typing import Any
 ACTION_TYPE = "prism.dart.anchors"
 ACTION_VERSION = "1"
 PROTOCOL_VERSION = "1"
+# First characters of every system head's owner; never the start of a segment id.
+SYSTEM_OWNER_PREFIX = "\x00sys:"
+RESERVED_ID_START = "\x00"
+
+
+def system_owner(head_id: str | None) -> str:
+    """The DART owner, and priority-table key, of the system head `head_id` (None: an
+    anchor without an id, from a sender that predates per-head owners)."""
+    return SYSTEM_OWNER_PREFIX + (head_id or "")
+
+
+def is_system_owner(owner: str) -> bool:
+    return owner.startswith(SYSTEM_OWNER_PREFIX)
+
+
+def display_owner(owner: str) -> str:
+    """An owner as stats show it: `<system:9f2c...>` for a head, the id for a segment."""
+    if not is_system_owner(owner):
+        return owner
+    head = owner[len(SYSTEM_OWNER_PREFIX) :]
+    return f"<system:{head}>" if head else "<system>"
 
 
 class AnchorKind(StrEnum):
@@ -53,8 +83,11 @@ class Anchor:
     def __post_init__(self) -> None:
         if self.offset <= 0:
             raise AnchorError(f"anchor offset must be positive, got {self.offset}")
-        if self.kind is AnchorKind.SEGMENT and not self.segment_id:
-            raise AnchorError("a segment anchor needs a segment_id")
+        if self.kind is AnchorKind.SEGMENT:
+            if not self.segment_id:
+                raise AnchorError("a segment anchor needs a segment_id")
+            if self.segment_id.startswith(RESERVED_ID_START):
+                raise AnchorError("a segment_id may not start with NUL (system heads' owners)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +110,12 @@ class AnchorHints:
         return frozenset(
             a.segment_id for a in self.anchors if a.kind is AnchorKind.SEGMENT and a.segment_id
         )
+
+    @property
+    def owners(self) -> frozenset[str]:
+        """The DART owners of the request: its segments and its system head's owner."""
+        heads = {system_owner(a.segment_id) for a in self.anchors if a.kind is AnchorKind.SYSTEM}
+        return self.segment_ids | heads
 
 
 def _anchor_from(raw: Any) -> Anchor:

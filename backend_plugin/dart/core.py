@@ -7,17 +7,33 @@ Threading: only the thread that owns the tree calls the methods below, except
 inbox take effect at `apply_pending()`, which the owner calls between tree operations
 (the start of each insert and eviction).
 
-Protection set F_t: the top-`protect` resident reusable owners by P̂_t, among the
-system prompt and the segments present in the table. It is a snapshot taken when an
-update is applied and at the start of an eviction pass (`begin_eviction`), never per
-evicted node: within one pass the keys in the eviction heap stay fixed. A pass only
-recomputes it (O(T log f) for a table of T segments) when residency changed in a way
-that can change it: a member left the tree, or a candidate that would rank in it
-arrived.
+Protection set F_t (SPEC §3, bounded on purpose, issue 23): rank the resident owners
+(segments and system heads alike) with P̂_t > 0 by (P̂_t, owner), highest first; F_t is
+the longest prefix of that ranking that has at most `protect` owners and whose resident
+tokens total at most `protect_fraction` x the pool's capacity (`protect_cap_tokens`;
+no cap when the capacity is unknown). A prefix, not a best fit: the cap only cuts
+protection short, it never protects a lower-ranked owner over a higher-ranked one, so
+class 2 still means "ranks above every class-1 owner". An owner larger than the cap on
+its own stops protection there; P̂_t still orders it ahead of everything ranked lower.
+
+    ranking   o1  o2  o3 | o4  o5 ...       F_t = {o1, o2, o3}
+                         ^ frontier: o3 if |F_t| = protect (the lowest member), else
+                           o4, the first owner that did not fit the cap; none when
+                           every candidate is in F_t
+
+F_t is a snapshot taken when an update is applied and at the start of an eviction pass
+(`begin_eviction`), never per evicted node: within one pass the keys in the eviction
+heap stay fixed. A pass recomputes it (O(T log f) for a table of T owners) only when
+residency changed in a way that can change it (`_dirty`): F_t depends only on the
+owners ranked at or above the frontier (`_floor`), so a change to the resident tokens of
+an owner ranked below it (arriving, growing, shrinking, leaving) cannot change F_t and
+leaves the frontier where it was; a change at or above it (a member leaving or growing
+past the cap, the first misfit shrinking, a newcomer ranking above the frontier) marks
+F_t stale. Without a cap only arrivals and departures matter, as token counts do not.
 
 Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
-0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (the system prompt is not a
-segment the proxy ranks and is left out), which answers full or delta summaries.
+0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (system heads are left out: the
+proxy's QAS ranks segments only), which answers full or delta summaries.
 """
 
 from __future__ import annotations
@@ -28,17 +44,21 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from backend_plugin.dart.anchors import AnchorHints, AnchorKind
+from backend_plugin.dart.anchors import AnchorHints, display_owner, is_system_owner
 from backend_plugin.dart.keys import (
-    SYSTEM_OWNER,
     EvictionClass,
     EvictionPolicy,
     NodeMeta,
     eviction_class,
     eviction_key,
-    priority_of,
 )
-from backend_plugin.dart.priority import DEFAULT_PROTECT, PriorityUpdate, Reset, UpdateInbox
+from backend_plugin.dart.priority import (
+    DEFAULT_PROTECT,
+    DEFAULT_PROTECT_FRACTION,
+    PriorityUpdate,
+    Reset,
+    UpdateInbox,
+)
 from backend_plugin.dart.residency import ResidencyLog, ResidencyReport
 
 
@@ -58,16 +78,21 @@ class DartStats:
     evicted_tokens: Mapping[str, int]
     segments_resident: int = 0
     residency_version: int = 0
+    protect_fraction: float = DEFAULT_PROTECT_FRACTION
+    capacity_tokens: int | None = None
+    protect_cap_tokens: int | None = None  # None: capacity unknown, no cap
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
             "epoch": self.epoch,
             "protect": self.protect,
+            "protect_fraction": self.protect_fraction,
+            "capacity_tokens": self.capacity_tokens,
+            "protect_cap_tokens": self.protect_cap_tokens,
             "table_size": self.table_size,
-            "protected_segments": [
-                "<system>" if s == SYSTEM_OWNER else s for s in self.protected_segments
-            ],
+            # owners in F_t, heads shown as "<system:HEAD>"
+            "protected_segments": [display_owner(s) for s in self.protected_segments],
             "protected_tokens": self.protected_tokens,
             "anchors_resident": self.anchors_resident,
             "annotated_tokens_resident": self.annotated_tokens_resident,
@@ -79,29 +104,63 @@ class DartStats:
 
 
 class DartCore:
-    """Priority state and bookkeeping shared by the SGLang adapter and the simulator."""
+    """Priority state and bookkeeping shared by the SGLang adapter and the simulator.
+
+    `capacity_tokens` is the KV pool's size (the tree's adapter reads it from the pool);
+    with `protect_fraction` it bounds F_t's resident tokens. None: no bound.
+    """
 
     def __init__(
         self,
         policy: EvictionPolicy | str = EvictionPolicy.DART,
         protect: int = DEFAULT_PROTECT,
         residency: ResidencyLog | None = None,
+        *,
+        capacity_tokens: int | None = None,
+        protect_fraction: float = DEFAULT_PROTECT_FRACTION,
     ) -> None:
+        if not 0.0 <= protect_fraction <= 1.0:
+            raise ValueError(f"protect_fraction must be in [0, 1], got {protect_fraction}")
         self.policy = EvictionPolicy(policy)
         self.inbox = UpdateInbox()
         self.residency = residency if residency is not None else ResidencyLog()
         self._default_protect = protect
         self._protect = protect
+        self.protect_fraction = protect_fraction
+        self._capacity: int | None = None
+        self._cap: int | None = None
         self._epoch: int | None = None
         self._table: dict[str, float] | None = None
         self._protected: frozenset[str] = frozenset()
-        self._floor: tuple[float, str] | None = None  # lowest (P̂, owner) in a full F_t
+        # the frontier (module docstring): (P̂, owner) of the lowest member when F_t is
+        # full, else of the first owner that did not fit; None: every candidate counts
+        self._floor: tuple[float, str] | None = None
         self._dirty = False
         self._resident_tokens: dict[str, int] = {}
         self._anchors_resident = 0
         self._active: dict[str, int] = {}
         self._requests: dict[str, frozenset[str]] = {}
         self._evicted = {c.value: 0 for c in EvictionClass}
+        self.set_capacity(capacity_tokens)
+
+    # ---- capacity -------------------------------------------------------------------
+    def set_capacity(self, capacity_tokens: int | None) -> None:
+        """The KV pool's size in tokens (None: unknown, F_t is not bounded by it)."""
+        if capacity_tokens is not None and capacity_tokens < 0:
+            raise ValueError(f"capacity_tokens must be >= 0, got {capacity_tokens}")
+        self._capacity = capacity_tokens
+        fraction = self.protect_fraction
+        self._cap = None if capacity_tokens is None else int(fraction * capacity_tokens)
+        self._dirty = True
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        return self._capacity
+
+    @property
+    def protect_cap_tokens(self) -> int | None:
+        """Most resident tokens F_t may hold (None: no bound)."""
+        return self._cap
 
     # ---- priority table -------------------------------------------------------------
     def apply_pending(self) -> bool:
@@ -126,30 +185,48 @@ class DartCore:
         if not self.apply_pending() and self._dirty:
             self._refresh_protection()
 
+    def _protecting(self) -> bool:
+        return self._table is not None and self._protect > 0 and self._cap != 0
+
     def _refresh_protection(self) -> None:
         self._dirty = False
         table = self._table
-        if table is None or self._protect == 0:
+        if table is None or not self._protecting():
             self._protected, self._floor = frozenset(), None
             return
-        resident = self._resident_tokens
-        candidates = [o for o in table if resident.get(o, 0) > 0]
-        if resident.get(SYSTEM_OWNER, 0) > 0:
-            candidates.append(SYSTEM_OWNER)
-        ranked = heapq.nlargest(self._protect, ((priority_of(o, table), o) for o in candidates))
-        self._protected = frozenset(o for _, o in ranked)
-        self._floor = ranked[-1] if len(ranked) == self._protect else None
+        resident, cap, protect = self._resident_tokens, self._cap, self._protect
+        candidates = (
+            (score, owner) for owner, score in table.items() if score > 0 and owner in resident
+        )
+        chosen: list[tuple[float, str]] = []
+        misfit: tuple[float, str] | None = None
+        used = 0
+        # the first protect + 1 are enough: F_t is a prefix of at most `protect`
+        for ranked in heapq.nlargest(protect + 1, candidates):
+            if len(chosen) == protect:
+                break
+            tokens = resident[ranked[1]]
+            if cap is not None and used + tokens > cap:
+                misfit = ranked
+                break
+            chosen.append(ranked)
+            used += tokens
+        self._protected = frozenset(owner for _, owner in chosen)
+        self._floor = chosen[-1] if len(chosen) == protect else misfit
 
-    def _residency_changed(self, owner: str, resident: bool) -> None:
-        """Mark F_t stale if `owner` entering/leaving the tree can change it."""
+    def _tokens_changed(self, owner: str, before: int, after: int) -> None:
+        """Mark F_t stale if `owner`'s resident tokens going `before` -> `after` can
+        change it (module docstring)."""
         table = self._table
-        if table is None or self._protect == 0:
+        if self._dirty or table is None or not self._protecting():
             return
-        if not resident:
-            self._dirty |= owner in self._protected
-        elif owner == SYSTEM_OWNER or owner in table:
-            floor = self._floor
-            self._dirty |= floor is None or (priority_of(owner, table), owner) > floor
+        if self._cap is None and (before > 0) == (after > 0):
+            return  # without a cap only arriving and leaving matter
+        score = table.get(owner, 0.0)
+        if score <= 0:
+            return  # never a candidate
+        floor = self._floor
+        self._dirty = floor is None or (score, owner) >= floor
 
     @property
     def table(self) -> Mapping[str, float] | None:
@@ -175,30 +252,36 @@ class DartCore:
     # ---- residency and requests ----------------------------------------------------
     def on_assign(self, old: NodeMeta | None, new: NodeMeta | None, num_tokens: int) -> None:
         """A resident node of `num_tokens` changes its metadata from `old` to `new`."""
-        self._account(old, -num_tokens)
-        self._account(new, num_tokens)
+        self._count_anchor(old, -1)
+        self._count_anchor(new, 1)
+        old_owner = old.owner if old is not None else None
+        new_owner = new.owner if new is not None else None
+        if old_owner != new_owner:  # same owner (an anchor flag set): its tokens stay
+            self._account(old_owner, -num_tokens)
+            self._account(new_owner, num_tokens)
 
     def on_evicted(self, meta: NodeMeta | None, num_tokens: int) -> None:
         self._evicted[eviction_class(meta, self._protected).value] += num_tokens
-        self._account(meta, -num_tokens)
+        if meta is not None:
+            self._count_anchor(meta, -1)
+            self._account(meta.owner, -num_tokens)
 
-    def _account(self, meta: NodeMeta | None, delta: int) -> None:
-        if meta is None:
+    def _count_anchor(self, meta: NodeMeta | None, delta: int) -> None:
+        if meta is not None and meta.is_anchor:
+            self._anchors_resident += delta
+
+    def _account(self, owner: str | None, delta: int) -> None:
+        if owner is None:
             return
-        if meta.is_anchor:
-            self._anchors_resident += 1 if delta > 0 else -1
-        owner = meta.owner
-        if owner is not None:
-            before = self._resident_tokens.get(owner, 0)
-            left = before + delta
-            if left > 0:
-                self._resident_tokens[owner] = left
-            else:
-                self._resident_tokens.pop(owner, None)
-            if (before > 0) != (left > 0):
-                self._residency_changed(owner, left > 0)
-                if owner != SYSTEM_OWNER:
-                    self.residency.record(owner, left > 0)
+        before = self._resident_tokens.get(owner, 0)
+        left = before + delta
+        if left > 0:
+            self._resident_tokens[owner] = left
+        else:
+            self._resident_tokens.pop(owner, None)
+        self._tokens_changed(owner, before, left)
+        if (before > 0) != (left > 0) and not is_system_owner(owner):
+            self.residency.record(owner, left > 0)
 
     def clear_residency(self) -> None:
         """The tree was emptied (flush)."""
@@ -216,13 +299,9 @@ class DartCore:
         """Count the request in a_t of its segments (idempotent per rid)."""
         if rid in self._requests:
             return
-        owners = (
-            {SYSTEM_OWNER} if any(a.kind is AnchorKind.SYSTEM for a in hints.anchors) else set()
-        )
-        owners |= hints.segment_ids
-        frozen = frozenset(owners)
-        self._requests[rid] = frozen
-        for owner in frozen:
+        owners = hints.owners
+        self._requests[rid] = owners
+        for owner in owners:
             self._active[owner] = self._active.get(owner, 0) + 1
 
     def request_finished(self, rid: str) -> None:
@@ -245,6 +324,9 @@ class DartCore:
             policy=self.policy.value,
             epoch=self._epoch,
             protect=self._protect,
+            protect_fraction=self.protect_fraction,
+            capacity_tokens=self._capacity,
+            protect_cap_tokens=self._cap,
             table_size=len(table) if table is not None else 0,
             protected_segments=tuple(sorted(protected)),
             protected_tokens=sum(resident.get(o, 0) for o in protected),

@@ -15,7 +15,7 @@ anchor):
 
     tokens  |--system--|----seg A----|---seg B---|--private--|(output)
     nodes   [  n1      ][ n2 ][  n3  ][   n4     ][  n5      ][ n6 ...
-    owner     SYSTEM     A     A*       B*          None*       untouched
+    owner     sys(h)*    A     A*       B*          None*       untouched
                                 (* = node ends at an anchor)
 """
 
@@ -27,12 +27,11 @@ from typing import Any, Protocol, TypeVar
 
 from backend_plugin.dart.anchors import AnchorHints
 from backend_plugin.dart.core import DartCore
-from backend_plugin.dart.keys import SYSTEM_OWNER, EvictionPolicy, NodeMeta
+from backend_plugin.dart.keys import EvictionPolicy, NodeMeta
 
 NodeT = TypeVar("NodeT")
 
 META_ATTR = "prism_meta"
-_INF = float("inf")
 
 
 class TreeAdapter(Protocol[NodeT]):
@@ -135,5 +134,8 @@ class DartStrategy:
         owner = meta.owner if meta is not None else None
         if table is None or owner is None:
             return (0, 0.0, node.last_access_time)
-        score = _INF if owner == SYSTEM_OWNER else table.get(owner, 0.0)
-        return (2 if owner in core._protected else 1, score, node.last_access_time)
+        return (
+            2 if owner in core._protected else 1,
+            table.get(owner, 0.0),
+            node.last_access_time,
+        )

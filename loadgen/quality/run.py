@@ -1,4 +1,4 @@
-"""`prism-loadgen quality`: answer quality by document order, through the proxy (issue 16).
+"""`prism-loadgen quality`: answer quality by document order, through the proxy.
 
     prism-loadgen quality --out runs/quality [--engine sglang-cpu --model smollm2]
         [--orders fifo,prism,adversarial,no-answer] [--questions 240] [--concurrency 4]

@@ -35,13 +35,16 @@ def _plan(
     wave: list[WaveEntry],
     buckets: list[BucketView] | None = None,
 ) -> RoundPlan:
+    heads = {q.rid: q.head for q in queue}
     return RoundPlan(
         priorities=counters.base_priorities(),
         skeletons=skeletons,
         signatures={q.rid: () for q in queue},
         buckets=buckets or [],
         wave=wave,
-        dispatch_priorities=counters.batch_priorities(skeletons[e.rid] for e in wave),
+        dispatch_priorities=counters.dispatch_table(
+            (skeletons[e.rid] for e in wave), (heads[e.rid] for e in wave)
+        ),
     )
 
 
@@ -50,6 +53,7 @@ class FifoPolicy:
 
     def __init__(self, params: QasParams) -> None:
         self.params = params
+        self.cache_view: CacheView | None = None
 
     def plan_round(
         self,
@@ -77,7 +81,7 @@ class KlpmPolicy:
 
     def __init__(self, params: QasParams) -> None:
         self.params = params
-        self.view = CacheView(params.cache_view_tokens)
+        self.cache_view = CacheView(params.cache_view_tokens, params.cache_view_bytes)
 
     def plan_round(
         self,
@@ -101,14 +105,14 @@ class KlpmPolicy:
             assert matches is not None
             for j in indices:
                 if not taken[j]:
-                    matches[j] = self.view.match_tokens(ordered[j], ordered[j].segments)
+                    matches[j] = self.cache_view.match_tokens(ordered[j], ordered[j].segments)
 
         def take(i: int, lane: Lane) -> None:
             nonlocal matches
             request = ordered[i]
             taken[i] = True
-            depth, _ = self.view.match(request, request.segments)
-            pruned = self.view.insert(request, request.segments)
+            depth, _ = self.cache_view.match(request, request.segments)
+            pruned = self.cache_view.insert(request, request.segments)
             wave.append(WaveEntry(request.rid, lane))
             if matches is None:
                 return
@@ -145,13 +149,13 @@ class ContextPilotPolicy:
 
     def __init__(self, params: QasParams) -> None:
         self.params = params
-        self.view = CacheView(params.cache_view_tokens)
+        self.cache_view = CacheView(params.cache_view_tokens, params.cache_view_bytes)
 
     def cached_first(self, request: QueuedRequest) -> tuple[str, ...]:
         """Segments along the view's most recently used path first, the rest in order."""
         if not request.reorder:
             return tuple(request.segments)
-        node = self.view.head_node(request)
+        node = self.cache_view.head_node(request)
         remaining = dict.fromkeys(request.segments)
         front: list[str] = []
         while node is not None and remaining:
@@ -184,7 +188,7 @@ class ContextPilotPolicy:
             for request in members:
                 if len(wave) >= wave_size:
                     break
-                self.view.insert(request, skeletons[request.rid])
+                self.cache_view.insert(request, skeletons[request.rid])
                 wave.append(WaveEntry(request.rid, Lane.HOT))
         buckets = [
             BucketView(key, tuple(q.rid for q in members), float(len(members)))

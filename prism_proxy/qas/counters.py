@@ -10,14 +10,22 @@ Raw counts rank within one round only; they are never compared across rounds. Th
 paper's P_t is the case w_c = 0. DART's table P̂_t leaves c_t out: DART knows residency
 better than the proxy, and a bonus shared by every resident segment would not change
 its order.
+
+System heads (issue 23, a deviation from SPEC §3, whose system prompt ranks "always the
+highest"): each head h (a request's `QueuedRequest.head`) is counted exactly like a
+segment, a_t(h), n_t(h; B), g_t(h) over the requests that carry it, and
+w_a·a_t(h) + w_n·n_t(h; B) + w_g·g_t(h) joins DART's table under the head's DART owner
+(`head_key`), so a head earns protection by demand alone. Heads are kept apart from the
+segment counters: they never enter P_t(r; ∅), alignment, signatures or buckets.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from backend_plugin.dart.anchors import system_owner
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.types import ActiveRequest, QueuedRequest
 
@@ -32,14 +40,23 @@ def count_segments(skeletons: Iterable[Sequence[str]]) -> Counter[str]:
     return counts
 
 
+def head_key(head: str) -> str:
+    """The key of system head `head` (a `prefix_key`) in DART's table: its DART owner,
+    in a namespace no segment id can enter."""
+    return system_owner(head)
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentCounters:
-    """g_t, a_t and c_t for one round's snapshot, with the weights that combine them."""
+    """g_t, a_t and c_t for one round's snapshot, with the weights that combine them;
+    g_t and a_t of the system heads apart (`queued_heads`, `active_heads`)."""
 
     queued: Counter[str]
     active: Counter[str]
     params: QasParams
     resident: frozenset[str] = frozenset()
+    queued_heads: Counter[str] = field(default_factory=Counter)
+    active_heads: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def snapshot(
@@ -54,6 +71,8 @@ class SegmentCounters:
             active=count_segments(a.segments for a in active),
             params=params,
             resident=resident if params.w_c > 0 else frozenset(),
+            queued_heads=Counter(q.head for q in queue if q.head is not None),
+            active_heads=Counter(a.head for a in active if a.head is not None),
         )
 
     def demand(self, segment: str) -> float:
@@ -86,3 +105,24 @@ class SegmentCounters:
         next_counts = count_segments(batch)
         w_n = self.params.w_n
         return {r: self.demand(r) + w_n * next_counts[r] for r in self.segments()}
+
+    def head_priorities(self, batch_heads: Iterable[str | None]) -> dict[str, float]:
+        """w_a·a_t(h) + w_n·n_t(h; B) + w_g·g_t(h) for every head seen in the queue or
+        the active set, keyed by `head_key`; B given by its members' heads."""
+        next_counts = Counter(h for h in batch_heads if h is not None)
+        params, queued, active = self.params, self.queued_heads, self.active_heads
+        heads = dict.fromkeys(queued)
+        heads.update(dict.fromkeys(active))
+        return {
+            head_key(h): params.w_a * active[h]
+            + params.w_n * next_counts[h]
+            + params.w_g * queued[h]
+            for h in heads
+        }
+
+    def dispatch_table(
+        self, batch: Iterable[Sequence[str]], batch_heads: Iterable[str | None]
+    ) -> dict[str, float]:
+        """DART's table P̂_t for the dispatch batch B_dispatch_t (SPEC §3): every
+        segment's `batch_priorities` and every head's `head_priorities`."""
+        return {**self.batch_priorities(batch), **self.head_priorities(batch_heads)}

@@ -18,6 +18,8 @@ class QasParams:
     * `k`: k-LPM's group size (`klpm` only).
     * `cache_view_tokens`: capacity of the baselines' approximate cache view (SPEC §5),
       and of `prism`'s own view when it learns residency without DART.
+    * `cache_view_bytes`: the memory that view may take in the proxy, whatever the
+      tokens (many one-token segments with long ids would otherwise cost far more).
 
     Beyond the paper (issue 13; `paper` in `QAS_VARIANTS` turns all three off):
 
@@ -40,12 +42,15 @@ class QasParams:
     w_g: float = 1.0
     k: int = 2
     cache_view_tokens: int = 400_000
+    cache_view_bytes: int = 64 * 1024 * 1024
     canonical_ties: bool = False
     w_c: float = 0.0
     cold_deadline_ms: float = 0.0
     cold_max_fraction: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.cache_view_bytes < 1:
+            raise ValueError(f"cache_view_bytes must be >= 1, got {self.cache_view_bytes}")
         for name in ("f_front", "kappa", "q_cold", "cache_view_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from prism_proxy.qas.baselines import ContextPilotPolicy, FifoPolicy, KlpmPolicy
+from prism_proxy.qas.cache_view import CacheView
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.types import ActiveRequest, QueuedRequest, RoundPlan
@@ -19,9 +20,12 @@ class SchedulingPolicy(Protocol):
     request's segments (the identity when `reorder` is false). The policy may keep state
     across rounds only to model what it released or what the backend holds (a cache
     view, a residency source). `now` is the round's time on the clock of `arrival`.
+    `cache_view` is the bounded view of dispatched prompts it keeps, if any (its memory
+    is reported in the proxy's metrics).
     """
 
     name: str
+    cache_view: CacheView | None
 
     def plan_round(
         self,

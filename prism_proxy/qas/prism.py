@@ -1,4 +1,5 @@
-"""The PRISM policy: one QAS round (SPEC §2) and the DART table P̂_t (SPEC §3).
+"""The PRISM policy: one QAS round (SPEC §2) and the DART table P̂_t (SPEC §3), system
+heads included (issue 23, `counters.head_priorities`).
 
 Beyond the paper (issue 13, each switchable in `QasParams`): canonical tie-breaking,
 residency c_t in P_t, and a deadline lane at the head of the cold lane.
@@ -43,10 +44,17 @@ class PrismPolicy:
 
     def __init__(self, params: QasParams, residency: Residency | None = None) -> None:
         self.params = params
-        self.paths = CacheView(params.cache_view_tokens) if params.w_c > 0 else None
+        self.paths = (
+            CacheView(params.cache_view_tokens, params.cache_view_bytes) if params.w_c > 0 else None
+        )
         if residency is None:
             residency = NoResidency() if self.paths is None else ViewResidency(self.paths)
         self.residency = residency  # a driver that can ask DART replaces it
+
+    @property
+    def cache_view(self) -> CacheView | None:
+        """The view of dispatched paths (None without residency)."""
+        return self.paths
 
     def align(
         self,
@@ -136,8 +144,8 @@ class PrismPolicy:
         scan = scan_order(group_by_signature(members), counters, hot_capacity)
         wave = fill_wave(members, scan, wave_size, q_cold, urgent)
         skeletons = {m.rid: m.skeleton for m in members}
+        by_rid = {request.rid: request for request in fifo}
         if self.paths is not None:
-            by_rid = {request.rid: request for request in fifo}
             for entry in wave:
                 self.paths.insert(by_rid[entry.rid], skeletons[entry.rid])
         return RoundPlan(
@@ -148,5 +156,7 @@ class PrismPolicy:
                 BucketView(b.signature, tuple(m.rid for m in b.members), b.score) for b in scan
             ],
             wave=wave,
-            dispatch_priorities=counters.batch_priorities(skeletons[e.rid] for e in wave),
+            dispatch_priorities=counters.dispatch_table(
+                (skeletons[e.rid] for e in wave), (by_rid[e.rid].head for e in wave)
+            ),
         )

@@ -31,6 +31,10 @@ class QueuedRequest:
     client's time-to-first-token target, if it sent one; `deadline` (same clock as
     `arrival`) is when its admission wait runs out: the admission core sets it from
     the SLO or `cold_deadline_ms` (inf: none).
+
+    `head` names the request's system head for DART's table (issue 23; its entry is
+    keyed `counters.head_key(head)`): the `prefix_key` when the head has tokens, None
+    when there is no head (an unhinted, private request, or an empty head).
     """
 
     rid: str
@@ -46,13 +50,19 @@ class QueuedRequest:
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]
 
+    @property
+    def head(self) -> str | None:
+        return self.prefix_key if self.head_tokens > 0 and self.prefix_key else None
+
 
 @dataclass(frozen=True, slots=True)
 class ActiveRequest:
-    """A request released to the backend and not finished yet (Q_active)."""
+    """A request released to the backend and not finished yet (Q_active); `head` as
+    `QueuedRequest.head`."""
 
     rid: str
     segments: tuple[str, ...] = ()
+    head: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +90,8 @@ class RoundPlan:
     * `buckets`: hot-lane candidate buckets in scan order (policies without buckets
       report none).
     * `wave`: released requests in release order, at most `wave_size` of them.
-    * `dispatch_priorities`: P̂_t(r) = P_t(r; B_dispatch_t) (SPEC §3).
+    * `dispatch_priorities`: P̂_t(r) = P_t(r; B_dispatch_t) (SPEC §3), and the same
+      demand of every system head, keyed by its DART owner (`counters.head_key`).
     """
 
     priorities: dict[str, float] = field(default_factory=dict)

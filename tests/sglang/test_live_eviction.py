@@ -2,11 +2,14 @@
 
 Two live servers with 2,048 KV tokens, one under DART and one under the plugin's `lru`
 order, get the same requests: S+R+p1, then S+U+p2 (system head S = 20 tokens, documents
-R and U = 100 each, private suffixes 10), anchors in `kv_hints` as the proxy sends them,
-the table {R: 100} (U unranked) pushed through the control RPC, then one private filler
-request that needs ~100 tokens more than are free. DART evicts the private suffixes,
-then the unranked U, and keeps R; LRU evicts the oldest path, p1 then R, and keeps U.
-The plugin's eviction counters and the `cached_tokens` of two probes show it.
+R and U = 100 each, private suffixes 10), anchors in `kv_hints` as the proxy sends them
+(the head named by an id, its own DART owner), the table {R: 100} (U and S unranked)
+pushed through the control RPC, then one private filler request that needs ~100 tokens
+more than are free. DART evicts the private suffixes, then the unranked U, and keeps R
+(S has no entry, so no protection, but it is the parent of every other node); LRU
+evicts the oldest path, p1 then R, and keeps U. The plugin's eviction counters and the
+`cached_tokens` of two probes show it, and its stats the protection cap it derived from
+the real server's KV pool (a quarter of 2,048 tokens).
 
 The test sends `/generate` itself, as the proxy would (same `make_kv_hints`), so that it
 controls the table exactly; the proxy's own pushes are covered by test_live_proxy.py.
@@ -41,7 +44,7 @@ def request(doc: str, number: int) -> tuple[list[int], dict]:
     """The ids of S + doc + private suffix and their anchors (SPEC §1)."""
     ids = SYSTEM + DOCS[doc] + private(number)
     anchors = [
-        {"kind": "system", "segment_id": None, "offset": len(SYSTEM)},
+        {"kind": "system", "segment_id": "head-s", "offset": len(SYSTEM)},
         {"kind": "segment", "segment_id": doc, "offset": len(SYSTEM) + len(DOCS[doc])},
         {"kind": "private", "segment_id": None, "offset": len(ids)},
     ]
@@ -62,7 +65,8 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
         # DART: both private suffixes (20), then the unranked document U.
         ("tight_dart", "R", "U", {"private": 20, "segment": 100, "protected": 0}),
         # LRU: the oldest path: p1, then R (a leaf once p1 is gone), which DART's
-        # counters class as protected: F_t = {S, R} for the table {R: 100}, f = 2.
+        # counters class as protected: F_t = {R} for the table {R: 100}, f = 2 (S has
+        # no entry: a head earns protection by demand only, issue 23).
         ("tight_lru", "U", "R", {"private": 10, "segment": 0, "protected": 100}),
     ],
 )
@@ -80,6 +84,9 @@ def test_ranked_document_survives_pressure_and_lru_flips_it(
     assert live_server.control("POST", "/prism/priorities", json=table).status_code == 200
     stats = live_server.stats()
     assert stats["anchors_resident"] == 5  # S, R, p1, U, p2: anchors came through kv_hints
+    # the pool's size as the scheduler's real KV allocator reports it, and a quarter of it
+    assert stats["capacity_tokens"] == live_server.max_total_tokens
+    assert stats["protect_cap_tokens"] == live_server.max_total_tokens // 4
     before = evicted(live_server)
 
     # A private filler ~100 tokens larger than the free pool forces one eviction pass.
@@ -88,6 +95,9 @@ def test_ranked_document_survives_pressure_and_lru_flips_it(
     assert live_server.generate(filler)["meta_info"]["cached_tokens"] == 0
     moved = delta(evicted(live_server), before)
     assert moved == classes
+    if kept == "R":  # the table was applied at that pass: R, not the unranked head
+        stats = live_server.stats()
+        assert stats["protected_segments"] == ["R"] and stats["protected_tokens"] == 100
 
     # Probe the survivor first: the other probe needs ~100 tokens and evicts in its turn.
     ids, _ = request(kept, 3)

@@ -57,7 +57,7 @@ async def test_residency_lists_the_segments_sent_and_then_a_delta(
         assert held is not None and held >= 2
 
         ids = SYSTEM_IDS + WEIR_IDS + PRIVATE_IDS
-        anchors = [
+        anchors = [  # a system anchor without an id: the older form, still read
             {"kind": "system", "segment_id": None, "offset": len(SYSTEM_IDS)},
             {"kind": "segment", "segment_id": "weir", "offset": len(SYSTEM_IDS + WEIR_IDS)},
             {"kind": "private", "segment_id": None, "offset": len(ids)},
@@ -70,4 +70,5 @@ async def test_residency_lists_the_segments_sent_and_then_a_delta(
         assert await poller.poll_once()
         assert target.resident() == {"osse", "bridges", "weir"}
     stats = server.stats()
+    # heads (the proxy's chat head and the id-less one) are never reported as segments
     assert stats["segments_resident"] == 3 and stats["residency_version"] == held + 1

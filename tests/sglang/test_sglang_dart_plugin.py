@@ -11,6 +11,8 @@ from importlib.metadata import entry_points
 
 import httpx
 import pytest
+import torch
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.registry import (
     TreeCacheBuildContext,
@@ -30,11 +32,11 @@ from loadgen.processes import free_port
 pytestmark = pytest.mark.sglang
 
 
-def build_context(server_args, tp_size: int = 1) -> TreeCacheBuildContext:
+def build_context(server_args, tp_size: int = 1, allocator=None) -> TreeCacheBuildContext:
     """What `mem_cache/kv_cache_builder.py` hands `create_tree_cache` on one GPU."""
     return TreeCacheBuildContext(
         server_args=server_args,
-        params=cache_params(MockAllocator()),
+        params=cache_params(allocator or MockAllocator()),
         is_hybrid_swa=False,
         is_hybrid_ssm=False,
         enable_hierarchical_cache=False,
@@ -71,9 +73,13 @@ def test_scheduler_path_builds_the_dart_cache_and_its_control_rpc(
     monkeypatch.setenv("PRISM_CONTROL_PORT", str(port))
     monkeypatch.setenv("PRISM_CONTROL_TOKEN", "tok")
     monkeypatch.setenv("PRISM_DART_POLICY", "dart")
-    cache = create_tree_cache(build_context(published_server_args))
+    monkeypatch.setenv("PRISM_DART_PROTECT_FRACTION", "0.5")
+    # SGLang's own KV allocator: the cache bounds F_t by the pool's size it reports
+    allocator = TokenToKVPoolAllocator(4096, torch.float32, "cpu", None, False)
+    cache = create_tree_cache(build_context(published_server_args, allocator=allocator))
     try:
         assert type(cache) is DartRadixCache
+        assert cache.dart.capacity_tokens == 4096 and cache.dart.protect_cap_tokens == 2048
         assert cache.control is not None and cache.control.port == port  # dp rank 0
         url = f"http://127.0.0.1:{port}"
         auth = {"Authorization": "Bearer tok"}
@@ -84,6 +90,8 @@ def test_scheduler_path_builds_the_dart_cache_and_its_control_rpc(
         assert cache.dart.table is None  # applied by the scheduler thread, not the RPC's
         cache.evict(EvictParams(num_tokens=0))
         assert cache.dart.table == {"A": 2.0}
+        stats = httpx.get(url + "/prism/stats", headers=auth).json()
+        assert stats["capacity_tokens"] == 4096 and stats["protect_cap_tokens"] == 2048
     finally:
         cache.control.stop()
 

@@ -1,11 +1,13 @@
 """`DartRadixCache` (SGLang's RadixCache + DART) on the scripted scenario of SPEC §3.
 
-System prompt S (8 tokens), segments A-D (6 each), one private suffix per request
-(4 each); requests S+A+pA, S+B+pB, S+C+pC, S+D+pD inserted in that order. Table
-P̂ = {A: 40, B: 10, C: 30, D: 20}, protect f = 2, so F_t = {S, A}. Expected order:
+System head S (8 tokens, its own owner `system_owner("h")`), segments A-D (6 each),
+one private suffix per request (4 each); requests S+A+pA, S+B+pB, S+C+pC, S+D+pD
+inserted in that order. Table P̂ = {A: 40, B: 10, C: 30, D: 20}, protect f = 2, so
+F_t = {A, C} (S has no entry: no demand, no protection; issue 23). Expected order:
 private suffixes oldest first (pA..pD), unprotected segments by ascending priority
-(B, D, C), then the protected ones (A, then S). Values are per-position ids
-(`token_ids`), so the allocator's freed slots name exactly which tokens went.
+(B, D), the protected ones (C, A), then S, the parent of every other node. Values are
+per-position ids (`token_ids`), so the allocator's freed slots name exactly which tokens
+went.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from sglang_support import (
     use_clock,
 )
 
-from backend_plugin.dart import SYSTEM_OWNER, DartCore, PriorityUpdate, make_kv_hints
+from backend_plugin.dart import DartCore, PriorityUpdate, make_kv_hints, system_owner
 from backend_plugin.dart.anchors import parse_kv_hints
 from backend_plugin.sglang_cache import DartRadixCache, SGLangTreeAdapter
 
@@ -45,10 +47,11 @@ SYSTEM = list(range(1000, 1008))
 SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
 PRIVATE = {name: list(range(3000 + 10 * i, 3004 + 10 * i)) for i, name in enumerate("ABCD")}
 TABLE = {"A": 40.0, "B": 10.0, "C": 30.0, "D": 20.0}
+HEAD = system_owner("h")
 
 
 def anchors_for(segs: list[str], private_len: int, system_len: int = 8) -> list[dict]:
-    out = [{"kind": "system", "segment_id": None, "offset": system_len}]
+    out = [{"kind": "system", "segment_id": "h", "offset": system_len}]
     offset = system_len
     for seg in segs:
         offset += len(SEGMENTS[seg])
@@ -95,7 +98,7 @@ def test_evicts_private_then_segments_by_priority_then_protected(scenario):
     cache.dart.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
     assert evict_one_by_one(cache, allocator) == expected_nodes("pA pB pC pD B D C A S")
     stats = cache.dart.stats()
-    assert dict(stats.evicted_tokens) == {"private": 16, "segment": 18, "protected": 14}
+    assert dict(stats.evicted_tokens) == {"private": 16, "segment": 20, "protected": 12}
 
 
 def test_never_evicts_a_locked_node(scenario):
@@ -125,7 +128,7 @@ def test_anchors_split_nodes_at_exact_offsets(monkeypatch):
     path = SGLangTreeAdapter(cache).walk(tokens)
     assert [(s, e) for _, s, e in path] == [(0, 8), (8, 11), (11, 14), (14, 20), (20, 24)]
     metas = [node.prism_meta for node, _, _ in path]
-    assert [m.owner for m in metas] == [SYSTEM_OWNER, "A", "A", "B", None]
+    assert [m.owner for m in metas] == [HEAD, "A", "A", "B", None]
     assert [m.is_anchor for m in metas] == [True, False, True, True, True]
     # placing a boundary is not an access: the new upper nodes keep the node's time
     # (SGLang's match at t=1 refreshed the whole split node, its lower half included)
@@ -157,11 +160,30 @@ def test_checkpoint_of_a_real_req_reads_rid_and_kv_hints(published_server_args):
     cache.checkpoint(req, up_to=len(tokens))  # what the scheduler does after a prefill chunk
     assert [len(n.key) for n, _, _ in SGLangTreeAdapter(cache).walk(tokens)] == [8, 6, 4]
     assert cache.protected_size() == 18  # the running request holds its path
-    assert cache.dart.active_count("A") == 1 and cache.dart.active_count(SYSTEM_OWNER) == 1
+    assert cache.dart.active_count("A") == 1 and cache.dart.active_count(HEAD) == 1
     release_kv_cache(req, cache, checkpoint=True)  # finish: checkpoint + unlock + on_release
     assert cache.dart.active_count("A") == 0
     assert cache.evictable_size() == 18 and cache.protected_size() == 0
     assert cache.dart.stats().anchors_resident == 3
+
+
+def test_the_protected_set_is_bounded_by_the_real_kv_pool():
+    """The cache reads the pool's size from SGLang's own `TokenToKVPoolAllocator` and
+    bounds F_t to `protect_fraction` of it: pool 64, fraction 0.25 -> 16 tokens, so of
+    the table's top two (A, C: 6 tokens each) and the head (8) only a prefix fits."""
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+    allocator = TokenToKVPoolAllocator(64, torch.float32, "cpu", None, False)
+    cache = DartRadixCache(cache_params(allocator), DartCore(protect=3))
+    assert cache.dart.capacity_tokens == 64 and cache.dart.protect_cap_tokens == 16
+    for name in "AC":
+        hints = parse_kv_hints(make_kv_hints(anchors_for([name], 4), message_id=name))
+        tokens = request_tokens(name)
+        cache.insert_with_anchors(key(tokens), hints, rid=f"r{name}", value=token_ids(tokens))
+    cache.dart.inbox.submit(PriorityUpdate(1, {HEAD: 50.0, "A": 40.0, "C": 30.0}, protect=3))
+    cache.dart.apply_pending()
+    assert cache.dart.protected == {HEAD, "A"}  # 8 + 6 = 14; with C 20 > 16
+    assert cache.dart.stats().as_dict()["protected_segments"] == ["<system:h>", "A"]
 
 
 # ---- differential: DART with no table == SGLang's LRU RadixCache -------------------------

@@ -9,7 +9,7 @@ distinct segments of random text (~240,000 characters each, about one token per
 character: the costliest text to keep) until `--megabytes` of segment text went up.
 The proxy tokenizes every segment at admission (its skeleton's token lengths), keeps
 the ids in its caches and forwards the request. Every cache is given `--cache-mib`
-(segments, heads, chat pieces and the QAS view).
+(segments, heads, chat pieces and the QAS view), or each keeps its default.
 
 It prints the proxy's RSS (from /proc) after a warm-up and after the upload (each read
 after one request sent alone, so nothing is in flight and the proxy has given its free
@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from loadgen.processes import ServerProcess, run_server
+from prism_proxy.config import ProxyConfig
 
 SEGMENT_CHARS = 240_000
 SEGMENTS_PER_REQUEST = 4
@@ -109,21 +110,31 @@ async def upload(proxy_url: str, megabytes: float, seed: int) -> dict[int, int]:
     return statuses
 
 
-def proxy_args(sim: ServerProcess, cache_mib: int) -> list[str]:
-    cache = str(cache_mib * MIB)
-    return [
-        "serve",
-        "--backend", sim.url,
-        "--health-interval-s", "0",
-        "--segment-cache-bytes", cache,
-        "--head-cache-bytes", cache,
-        "--chat-cache-bytes", cache,
-        "--cache-view-bytes", cache,
-        "--log-level", "warning",
-    ]  # fmt: skip
+CACHE_FLAGS = ("--segment-cache-bytes", "--head-cache-bytes", "--chat-cache-bytes",
+               "--cache-view-bytes")  # fmt: skip
 
 
-def measure(megabytes: float, cache_mib: int, log_dir: Path, seed: int = 0) -> MemoryRun:
+def cache_capacity_bytes(cache_mib: int | None) -> int:
+    """What the proxy's caches may hold: `cache_mib` each, or their defaults."""
+    if cache_mib is not None:
+        return len(CACHE_FLAGS) * cache_mib * MIB
+    config = ProxyConfig()
+    return (
+        config.segment_cache_bytes
+        + config.head_cache_bytes
+        + config.chat_cache_bytes
+        + config.qas.cache_view_bytes
+    )
+
+
+def proxy_args(sim: ServerProcess, cache_mib: int | None) -> list[str]:
+    args = ["serve", "--backend", sim.url, "--health-interval-s", "0", "--log-level", "warning"]
+    for flag in CACHE_FLAGS if cache_mib is not None else ():
+        args += [flag, str(cache_mib * MIB)]
+    return args
+
+
+def measure(megabytes: float, cache_mib: int | None, log_dir: Path, seed: int = 0) -> MemoryRun:
     sim_args = ["--kv-capacity-tokens", "20000", "--speed", "50", "--log-level", "warning"]
     with (
         run_server("prism_sim", sim_args, log_dir=log_dir) as sim,
@@ -140,7 +151,7 @@ def measure(megabytes: float, cache_mib: int, log_dir: Path, seed: int = 0) -> M
         uploaded_mb=megabytes,
         rss_warm_mb=warm,
         rss_after_mb=after,
-        cache_capacity_mb=4 * cache_mib * MIB / 1e6,
+        cache_capacity_mb=cache_capacity_bytes(cache_mib) / 1e6,
         cache_held_mb=held / 1e6,
         statuses=statuses,
     )
@@ -149,15 +160,17 @@ def measure(megabytes: float, cache_mib: int, log_dir: Path, seed: int = 0) -> M
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--megabytes", type=float, default=1024.0)
-    parser.add_argument("--cache-mib", type=int, default=64)
+    parser.add_argument(
+        "--cache-mib", type=int, default=None, help="each cache's bytes (default: the defaults)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as log_dir:
         run = measure(args.megabytes, args.cache_mib, Path(log_dir))
     print(f"uploaded {run.uploaded_mb:.0f} MB of distinct segments; answers {run.statuses}")
     print(f"proxy RSS after warm-up {run.rss_warm_mb:.0f} MB, after {run.rss_after_mb:.0f} MB")
     print(
-        f"growth {run.growth_mb:.0f} MB; caches configured {run.cache_capacity_mb:.0f} MB "
-        f"(4 x {args.cache_mib} MiB), holding {run.cache_held_mb:.0f} MB"
+        f"growth {run.growth_mb:.0f} MB; caches configured {run.cache_capacity_mb:.0f} MB, "
+        f"holding {run.cache_held_mb:.0f} MB"
     )
 
 

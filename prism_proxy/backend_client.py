@@ -90,15 +90,20 @@ def parse_sse_line(line: bytes) -> dict[str, Any] | None:
 
 
 def _backend_chunk(line: bytes) -> dict[str, Any] | None:
-    """One line of a `/generate` stream: its chunk, None for others; a malformed or
-    error chunk raises BackendError(502)."""
+    """One line of a `/generate` stream: its chunk, None for others; a malformed chunk
+    raises BackendError(502), an error chunk BackendError with its own 4xx code (SGLang
+    refuses a request it cannot serve, e.g. beyond the context, this way: 400) or 502."""
     try:
         chunk = parse_sse_line(line)
     except ValueError as exc:
         raise BackendError(502, f"backend sent an invalid chunk: {exc}") from exc
     if chunk is not None and "error" in chunk:
-        message = _error_of(chunk)
-        raise BackendError(502, f"backend error: {message or json.dumps(chunk)[:500]}")
+        message = _error_of(chunk) or json.dumps(chunk)[:500]
+        error = chunk["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        if isinstance(code, int) and 400 <= code < 500:
+            raise BackendError(code, message)
+        raise BackendError(502, f"backend error: {message}")
     return chunk
 
 

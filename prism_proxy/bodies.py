@@ -120,9 +120,8 @@ class Caps:
     messages: int
     segments: int
     prompt_items: int
-    stop: int = 64
+    stop: int = 32  # SGLang's own limit
     token_ids: int = 1024  # stop_token_ids, logit_bias, token_ids_logprob
-    choices: int = 128  # n, best_of
 
 
 def _length(value: Any) -> int:
@@ -158,9 +157,8 @@ def check_counts(body: Mapping[str, Any], caps: Caps) -> None:
                 413, f"messages: {parts} content parts exceed the limit of {caps.messages}",
                 "messages",
             )  # fmt: skip
-    for name in ("tools", "functions"):
-        if _length(body.get(name)) > caps.messages:
-            raise BodyError(400, f"{name}: more than {caps.messages} entries", name)
+    if _length(body.get("tools")) > caps.messages:
+        raise BodyError(400, f"tools: more than {caps.messages} entries", "tools")
     hint = body.get("prism")
     if isinstance(hint, dict) and _length(hint.get("segments")) > caps.segments:
         raise BodyError(
@@ -171,7 +169,9 @@ def check_counts(body: Mapping[str, Any], caps: Caps) -> None:
     for name in ("prompt", "input_ids", "text"):
         value = body.get(name)
         if isinstance(value, list):
-            items = len(value) + sum(_length(item) for item in value)
+            items = len(value)  # a batch also counts its lists' items (a flat list: no loop)
+            if value and isinstance(value[0], list):
+                items += sum(map(_length, value))
             if items > caps.prompt_items:
                 raise BodyError(
                     413, f"{name}: {items} items exceed the limit of {caps.prompt_items}", "prompt"
@@ -180,8 +180,3 @@ def check_counts(body: Mapping[str, Any], caps: Caps) -> None:
         cap = caps.stop if path.endswith("stop") else caps.token_ids
         if _length(value) > cap:
             raise BodyError(400, f"{path}: more than {cap} entries", path)
-    for name in ("n", "best_of"):
-        for where, prefix in ((body, ""), (body.get("sampling_params"), "sampling_params.")):
-            value = where.get(name) if isinstance(where, Mapping) else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > caps.choices:
-                raise BodyError(400, f"{prefix}{name}: at most {caps.choices}", prefix + name)

@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import aiohttp
 import orjson
@@ -38,6 +38,7 @@ from prism_proxy.admission import (
 )
 from prism_proxy.api_models import (
     ChatCompletionRequest,
+    CheckedBody,
     CompletionRequest,
     GenerateRequest,
     PromptSize,
@@ -68,6 +69,7 @@ from prism_proxy.prompts import (
     private_job,
 )
 from prism_proxy.qas.types import QueuedRequest
+from prism_proxy.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, refused
 from prism_proxy.tokenizer import ChatTemplateError
 
 ENDPOINT = web.RequestKey("endpoint", str)
@@ -104,8 +106,9 @@ class ApiError(Exception):
 
 def backend_failure(exc: BackendError) -> ApiError:
     """The answer to a failed backend exchange: its status (502/503, or the backend's own
-    4xx) and message."""
-    return ApiError(exc.status, exc.message, kind="backend_error")
+    4xx: a request it refuses) and message."""
+    kind = "invalid_request_error" if 400 <= exc.status < 500 else "backend_error"
+    return ApiError(exc.status, exc.message, kind=kind)
 
 
 def json_answer(
@@ -126,12 +129,6 @@ def new_rid() -> str:
     response.
     """
     return "prism-" + os.urandom(16).hex()  # uuid4().hex costs 4x as much
-
-
-# Fields of a native /generate body that a client may not forward: they would steer
-# other requests (rid prefixes on abort, priority), or write cache metadata (kv_hints).
-_GENERATE_PROXY_OWNED = frozenset({"rid", "kv_hints", "priority"})
-_PASSTHROUGH_DROPPED = _GENERATE_PROXY_OWNED | {"prism"}
 
 
 @web.middleware
@@ -197,11 +194,66 @@ async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, 
         check_counts(raw, body_caps(config))
     except BodyError as exc:
         raise ApiError(exc.status, exc.message, param=exc.param) from None
+    check_refused(raw)
     try:
-        return model.model_validate(raw), raw
+        body = model.model_validate(raw)
     except ValidationError as exc:
         param, message = describe_validation_error(exc)
         raise ApiError(400, message, param=param) from None
+    check_served(request, cast(CheckedBody, body))
+    return body, raw
+
+
+def check_refused(raw: dict[str, Any]) -> None:
+    """400 naming the first field PRISM does not serve (`sglang_fields.REFUSED`), in the
+    body or its `sampling_params`."""
+    places: list[tuple[str, Any]] = [("", raw)]
+    params = raw.get("sampling_params")
+    if isinstance(params, dict):
+        places.append(("sampling_params.", params))
+    elif isinstance(params, list):
+        places.extend((f"sampling_params.{i}.", p) for i, p in enumerate(params))
+    for prefix, fields in places:
+        found = refused(fields) if isinstance(fields, dict) else None
+        if found is not None:
+            name, reason = found
+            raise ApiError(400, f"{prefix}{name}: not accepted: {reason}", param=prefix + name)
+
+
+def check_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
+    """Token ids the served model can embed: 0 <= id < vocab size, else 400 naming the
+    first one outside (an id outside kills the engine). min/max run at C speed: a
+    million ids cost ~20 ms; the index is looked for only when one is outside."""
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        index, token = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+        raise ApiError(
+            400,
+            f"{param}.{index}: token id {token} is outside the vocabulary [0, {vocab_size})",
+            param=f"{param}.{index}",
+        )
+
+
+def check_served(request: web.Request, body: CheckedBody) -> None:
+    """What types cannot say: every token id within the served vocabulary, `top_k`
+    within it, and prompt logprobs within `MAX_PROMPT_LOGPROB_ENTRIES`."""
+    vocab_size = request.app[state.TOKENIZER].vocab_size
+    try:
+        for param, ids in body.token_ids():
+            check_ids(ids, vocab_size, param)
+    except ValueError as exc:  # a logit_bias key that is no token id
+        raise ApiError(400, str(exc), param="logit_bias") from None
+    for param, top_k in body.top_ks():
+        if top_k > vocab_size:
+            message = f"{param}: must be -1 or at most the vocabulary size {vocab_size}"
+            raise ApiError(400, message, param=param)
+    entries = body.prompt_logprob_entries()
+    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
+        raise ApiError(
+            400,
+            f"logprobs: {entries} prompt positions x logprobs exceed the limit of "
+            f"{MAX_PROMPT_LOGPROB_ENTRIES}",
+            param="logprobs",
+        )
 
 
 def _prompt_error(exc: PromptError) -> ApiError:
@@ -246,16 +298,6 @@ async def make_job(size: PromptSize, build: Callable[[], TokenJob]) -> TokenJob:
         raise _prompt_error(exc) from None
 
 
-def checked_ids(ids: Sequence[int], vocab_size: int, param: str) -> list[int]:
-    """Token ids the served model can embed: 0 <= id < vocab size (else 400)."""
-    for index, token in enumerate(ids):
-        if not 0 <= token < vocab_size:
-            raise PromptError(
-                f"{param}.{index}", f"token id {token} is outside the vocabulary [0, {vocab_size})"
-            )
-    return list(ids)
-
-
 def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
     if usage is None:
         return
@@ -297,6 +339,8 @@ def _admission_error(exc: BaseException, retry_after_s: float) -> ApiError | Non
         return ApiError(400, f"rid: {exc}", param="rid")
     if isinstance(exc, BackendError):
         return backend_failure(exc)
+    if isinstance(exc, PromptError):  # found only when serialized at release
+        return _prompt_error(exc)
     return None
 
 
@@ -460,13 +504,12 @@ class _ClientGone(Exception):
 
 
 async def passthrough(
-    request: web.Request, path: str, raw: dict[str, Any], *, set_rid: bool
+    request: web.Request, path: str, body: dict[str, Any], *, set_rid: bool
 ) -> web.StreamResponse:
-    """Admit, then send the body to the backend's `path`, minus `prism` and the fields
-    only the proxy may set (a rid of its own when `set_rid`). The request counts as
-    pending prefill until the backend's first body byte (SPEC §2)."""
+    """Admit, then send `body` (the request's checked, served fields: its `forwarded`)
+    to the backend's `path`, with a rid of the proxy's own when `set_rid`. The request
+    counts as pending prefill until the backend's first body byte (SPEC §2)."""
     backend = request.app[state.BACKEND]
-    body = {key: value for key, value in raw.items() if key not in _PASSTHROUGH_DROPPED}
     rid = new_rid() if set_rid else None
     if rid is not None:
         body["rid"] = rid
@@ -548,7 +591,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     size = body.prompt_size()
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
-        return await passthrough(request, "/v1/chat/completions", raw, set_rid=(body.n or 1) == 1)
+        forwarded = body.forwarded(raw)
+        return await passthrough(
+            request, "/v1/chat/completions", forwarded, set_rid=(body.n or 1) == 1
+        )
     tokenizer = request.app[state.TOKENIZER]
     serializer = request.app[state.SERIALIZER]
 
@@ -564,7 +610,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         job = await make_job(size, build)
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
-        return await passthrough(request, "/v1/chat/completions", raw, set_rid=True)
+        return await passthrough(request, "/v1/chat/completions", body.forwarded(raw), set_rid=True)
     rid = new_rid()
     return await token_path(
         request,
@@ -574,6 +620,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         sampling_params=body.sampling_params(body.max_new_tokens),
         stream=body.stream,
         fmt=_format(ChatFormat, body.rid or rid, "chatcmpl", body.model, body.include_usage),
+        extra_fields=body.generate_fields(),
     )
 
 
@@ -583,10 +630,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     size = body.prompt_size()
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
-        return await passthrough(request, "/v1/completions", raw, set_rid=(body.n or 1) == 1)
+        forwarded = body.forwarded(raw)
+        return await passthrough(request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1)
     prompt = body.single_prompt()
     serializer = request.app[state.SERIALIZER]
-    vocab_size = request.app[state.TOKENIZER].vocab_size
 
     def build() -> TokenJob:
         if body.prism is not None:
@@ -594,8 +641,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
         if isinstance(prompt, str):
             return private_job({"text": prompt}, None)
-        ids = checked_ids(prompt, vocab_size, "prompt")
-        return private_job({"input_ids": ids}, len(ids))
+        return private_job({"input_ids": prompt}, len(prompt))  # checked in read_body
 
     job = await make_job(size, build)
     rid = new_rid()
@@ -607,11 +653,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         sampling_params=body.sampling_params(body.max_tokens),
         stream=body.stream,
         fmt=_format(CompletionFormat, body.rid or rid, "cmpl", body.model, body.include_usage),
+        extra_fields=body.generate_fields(),
     )
-
-
-# Fields of a native /generate body that the token path sets itself or must not forward.
-_GENERATE_NOT_FORWARDED = _PASSTHROUGH_DROPPED | {"text", "input_ids", "sampling_params", "stream"}
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -620,23 +663,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
     size = body.prompt_size()
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
-        return await passthrough(request, "/generate", raw, set_rid=False)
+        return await passthrough(request, "/generate", body.forwarded(raw), set_rid=False)
     serializer = request.app[state.SERIALIZER]
-    vocab_size = request.app[state.TOKENIZER].vocab_size
 
     def build() -> TokenJob:
         if body.prism is not None:
             text = body.text if isinstance(body.text, str) else None
             return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
-        if body.input_ids is not None:
-            ids = checked_ids(body.input_ids, vocab_size, "input_ids")  # type: ignore[arg-type]
-            return private_job({"input_ids": ids}, len(ids))
+        if body.input_ids is not None:  # checked in read_body
+            return private_job({"input_ids": body.input_ids}, len(body.input_ids))
         if isinstance(body.text, str):
             return private_job({"text": body.text}, None)
         raise PromptError("text", "either text or input_ids is required")
 
     job = await make_job(size, build)
-    extra = {k: v for k, v in raw.items() if k not in _GENERATE_NOT_FORWARDED}
     rid = new_rid()
     return await token_path(
         request,
@@ -646,7 +686,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         sampling_params=body.backend_sampling_params(),
         stream=body.stream,
         fmt=_format(GenerateFormat, body.rid or rid, "", "", False),
-        extra_fields=extra,
+        extra_fields=body.generate_fields(),
     )
 
 

@@ -20,6 +20,7 @@ of the proxy may change another client's requests or the cache.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,10 +66,30 @@ async def _backend_json(request: web.Request, path: str) -> Any:
         raise backend_failure(exc) from None
 
 
+# SGLang's /server_info lists every launch argument, its API keys among them, in the
+# clear (and its launch command quotes them): any client of the proxy would read them.
+_SECRET_NAME = re.compile(r"(api_key|token|secret|password)", re.IGNORECASE)
+_SECRET_FLAG = re.compile(r"(--[\w-]*(?:api-key|token|secret|password)[\w-]*)(=|\s+)(\S+)")
+REDACTED = "<redacted>"
+
+
+def redacted(info: dict[str, Any]) -> dict[str, Any]:
+    """`info` with the values of secret-looking settings, and of such flags in its
+    `launch_command`, replaced by `<redacted>`."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if isinstance(value, str) and value and _SECRET_NAME.search(key):
+            value = REDACTED
+        elif key == "launch_command" and isinstance(value, str):
+            value = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", value)
+        out[key] = value
+    return out
+
+
 async def server_info(request: web.Request) -> web.Response:
     info = await _backend_json(request, request.path)
     if isinstance(info, dict):
-        info = {**info, "prism": proxy_state(request.app)}
+        info = {**redacted(info), "prism": proxy_state(request.app)}
     return json_answer(info)
 
 

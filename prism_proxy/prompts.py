@@ -91,7 +91,7 @@ def message_text(message: ChatMessage) -> str:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(str(part.get("text", "")) for part in content)
+    return "".join(part.text or "" for part in content)
 
 
 def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool) -> TokenJob:
@@ -102,9 +102,14 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
     except ValueError as exc:  # e.g. a template without a system role
         raise PromptError("prism", str(exc)) from exc
     lengths = serializer.skeleton_lengths(prompt)
+    empty_suffix = not prompt.suffix or not serializer.tokenizer.encode(prompt.suffix)
+    if not chat and not head_tokens and not any(lengths.values()) and empty_suffix:
+        raise PromptError("prism", "the prompt has no tokens")  # it would stop the engine
 
     def build(order: Sequence[str]) -> Dispatch:
         serialized = serializer.serialize(prompt, order, chat)
+        if not serialized.input_ids:  # an empty prompt stops the engine
+            raise PromptError("prism", "the prompt has no tokens")
         return Dispatch({"input_ids": serialized.input_ids}, serialized.anchors_json())
 
     return TokenJob(

@@ -141,7 +141,12 @@ _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
 def field_parts(loc: tuple[int | str, ...]) -> list[int | str]:
     """A validation error's location without the union member tags (``str``,
     ``list[str]``) that pydantic inserts into it: only field names and indices."""
-    return [p for p in loc if isinstance(p, int) or (p not in _TYPE_TAGS and "[" not in p)]
+    return [
+        p
+        for p in loc
+        if isinstance(p, int)
+        or (p not in _TYPE_TAGS and "[" not in p and not p.startswith("constrained-"))
+    ]
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

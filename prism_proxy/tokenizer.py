@@ -93,12 +93,18 @@ class Tokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         chat_cache_bytes: int = DEFAULT_CAPACITY_BYTES,
+        model_vocab_size: int | None = None,
     ) -> None:
         self.name = name
         self.chat_template = chat_template
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        # The ids the served model can embed: the tokenizer's, and no more than the
+        # model's embedding rows when its config says (an id outside kills the engine).
+        vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        if model_vocab_size is not None:
+            vocab_size = min(vocab_size, model_vocab_size)
+        self.vocab_size = vocab_size
         self.eos_token_id: int | None = (
             backend.token_to_id(eos_token) if eos_token is not None else None
         )
@@ -186,7 +192,25 @@ def load_model_dir(
         bos_token=_token_text(config.get("bos_token")),
         eos_token=_token_text(config.get("eos_token")),
         chat_cache_bytes=chat_cache_bytes,
+        model_vocab_size=model_vocab_size(directory),
     )
+
+
+def model_vocab_size(directory: Path) -> int | None:
+    """The embedding rows of the model in `directory` (`config.json`'s `vocab_size`, or
+    its `text_config`'s), when it says."""
+    config_file = directory / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for where in (config, config.get("text_config")):
+        size = where.get("vocab_size") if isinstance(where, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    return None
 
 
 def default_cache_dir() -> Path:

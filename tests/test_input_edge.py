@@ -5,6 +5,7 @@ a 5xx, and the one-line configuration errors."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import threading
@@ -12,6 +13,7 @@ import threading
 import aiohttp
 import pytest
 from aiohttp import web
+from hostile_bodies import ENGINE_KILLERS
 from proxy_support import loopback_app, running_proxy
 
 from backend_plugin.config import ControlConfig, ControlConfigError
@@ -55,6 +57,13 @@ BAD_PROXY_BODIES = [
 ]
 
 
+def _json(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+BAD_PROXY_BODIES += [(path, _json(body), param) for path, body, param in ENGINE_KILLERS]
+
+
 @pytest.fixture
 async def sim_url():
     config = SimConfig(speed=50.0)
@@ -88,6 +97,18 @@ async def test_prompt_over_the_limit_is_413_and_nothing_is_queued(sim_url) -> No
         ok = {**CHAT, "messages": [{"role": "user", "content": "x" * 900}]}
         async with http.post(proxy.url + "/v1/chat/completions", json=ok) as response:
             assert response.status == 200
+        # Forwarded bodies too (n > 1, tools, batches), and tools count with the prompt.
+        tool = {"type": "function", "function": {"name": "f", "description": "d" * 600}}
+        for path, body in [
+            ("/v1/chat/completions", {**big, "n": 2}),
+            ("/v1/chat/completions", {**ok, "tools": [tool]}),
+            ("/v1/completions", {"prompt": ["x" * 600, "y" * 600], "max_tokens": 2}),
+            ("/generate", {"input_ids": [[1] * 600, [2] * 600]}),
+        ]:
+            async with http.post(proxy.url + path, json=body) as response:
+                assert response.status == 413, (path, await response.text())
+                assert (await response.json())["error"]["param"] == "prompt"
+        assert proxy.app[state.ADMISSION].inflight == 0
 
 
 async def test_backend_errors_do_not_name_the_backend() -> None:
@@ -245,3 +266,123 @@ async def test_a_large_prompt_is_tokenized_off_the_event_loop(sim_url, monkeypat
         small, large = threads
         assert small[0] < 1000 and small[1] == loop_thread
         assert large[0] > 200_000 and large[1] != loop_thread
+
+
+async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
+    """What reaches the backend: the fields the proxy checked and serves, never the
+    client's rid or priority, its hints, fields SGLang does not know, or message fields
+    it does not render; the token path's /generate carries the cache partition."""
+    seen: dict[str, dict] = {}
+
+    async def chat(request: web.Request) -> web.Response:
+        seen["chat"] = await request.json()
+        return web.json_response({"choices": [], "usage": None})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        seen["generate"] = await request.json()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    backend = web.Application()
+    backend.router.add_post("/v1/chat/completions", chat)
+    backend.router.add_post("/generate", generate)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi", "audio": None, "weird": 1}],
+        "tools": [tool],
+        "rid": "client-rid",
+        "priority": 5,
+        "store": True,
+        "metadata": {"k": "v"},
+        "extra_key": "tenant-a",
+    }
+    async with (
+        loopback_app(backend) as url,
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+        async with http.post(
+            proxy.url + "/v1/chat/completions", json={**body, "tools": None}
+        ) as response:
+            assert response.status == 200, await response.text()
+    forwarded = seen["chat"]
+    assert set(forwarded) == {"model", "messages", "tools", "rid", "extra_key"}
+    assert forwarded["rid"].startswith("prism-") and forwarded["tools"] == [tool]
+    assert forwarded["messages"] == [{"role": "user", "content": "hi"}]
+    token_path = seen["generate"]
+    assert token_path["extra_key"] == "tenant-a" and token_path["rid"].startswith("prism-")
+    assert not {"priority", "store", "metadata", "model", "messages"} & set(token_path)
+
+
+async def test_costly_bodies_are_judged_off_the_loop_and_refused_before_validation(
+    sim_url,
+) -> None:
+    """The issue's 240,000 empty messages (7.9 MB), 1.6 M empty arrays, and 5,000
+    segments or 5,000 messages (under the container limit, over the caps): each is
+    refused (413 or 400 naming the field) without pydantic validating its items, the
+    first two after a worker process counted their JSON containers (orjson and pydantic
+    hold the GIL: a thread would not free the loop), and `/health` answers meanwhile.
+    How long the loop waits is measured by `python -m bench.loop_stall`, not here."""
+    messages = json.dumps({"messages": [{"role": "user", "content": ""}] * 240_000}).encode()
+    arrays = b"[" + b",".join([b"[]"] * 1_600_000) + b"]"
+    segments = [{"id": f"d{i}", "text": "t"} for i in range(5_000)]
+    hint = _json({"messages": [{"role": "user", "content": "q"}], "prism": {"segments": segments}})
+    chat = _json({"messages": [{"role": "user", "content": "q"}] * 5_000})
+    expected = [
+        (messages, 413, "body"),
+        (arrays, 413, "body"),
+        (hint, 400, "prism.segments"),
+        (chat, 413, "messages"),
+    ]
+    async with running_proxy(sim_url) as proxy, aiohttp.ClientSession() as http:
+        parser = proxy.app[state.PARSER]
+        for data, status, param in expected:
+            post = http.post(
+                proxy.url + "/v1/chat/completions",
+                data=io.BytesIO(data),
+                headers={"Content-Type": "application/json"},
+            )
+            health = http.get(proxy.url + "/health")
+            async with post as answer, health as probe:
+                assert probe.status == 200
+                body = await answer.json()
+                assert answer.status == status and body["error"]["param"] == param, body
+        assert parser.checked_in_worker == 2
+
+
+async def test_server_info_never_shows_the_backends_secrets() -> None:
+    """SGLang's /server_info lists its API keys in the clear, and its launch command
+    quotes them; the proxy answers gateways' probes with them redacted."""
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "api_key": "sk-live-123",
+                "admin_api_key": "adm-456",
+                "ssl_keyfile_password": None,
+                "launch_command": "sglang.launch_server --api-key sk-live-123 "
+                "--admin-api-key=adm-456 --port 30000",
+                "max_total_num_tokens": 1000,
+            }
+        )
+
+    backend = web.Application()
+    backend.router.add_get("/server_info", server_info)
+    async with (
+        loopback_app(backend) as url,
+        running_proxy(url) as proxy,
+        aiohttp.ClientSession() as http,
+        http.get(proxy.url + "/server_info") as response,
+    ):
+        text = await response.text()
+        info = json.loads(text)
+    assert response.status == 200 and "sk-live-123" not in text and "adm-456" not in text
+    assert info["api_key"] == info["admin_api_key"] == "<redacted>"
+    assert info["ssl_keyfile_password"] is None and info["max_total_num_tokens"] == 1000
+    assert info["launch_command"].endswith("--admin-api-key=<redacted> --port 30000")

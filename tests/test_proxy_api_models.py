@@ -28,7 +28,19 @@ HINT = {"segments": [{"id": "d1", "text": "doc"}]}
         ({"chat_template_kwargs": {"enable_thinking": False}}, "fields chat_template_kwargs"),
         ({"chat_template_kwargs": {}, "prism": HINT}, None),  # hints: token path
         ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "role tool"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "non-text content"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:,x"}}],
+                    }
+                ]
+            },
+            "non-text content",
+        ),
+        ({"return_meta_info": True}, "fields return_meta_info"),
+        ({"store": True, "metadata": {"k": "v"}}, None),  # unknown to SGLang: dropped
     ],
 )
 def test_chat_passthrough_reasons(extra: dict, reason: str | None) -> None:

@@ -224,3 +224,17 @@ def test_wordpiece_model_dir(tmp_path: Path) -> None:
 def test_missing_tokenizer_json(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no tokenizer\.json"):
         load_tokenizer(str(tmp_path))
+
+
+def test_served_vocabulary_is_no_larger_than_the_models_embedding(tmp_path: Path) -> None:
+    """A model directory's config.json bounds the ids the proxy lets through: a model
+    whose embedding has fewer rows than its tokenizer's vocabulary must not be sent ids
+    beyond them (an id outside kills the engine)."""
+    directory = write_bpe_dir(tmp_path / "m")
+    whole = load_model_dir(directory).vocab_size
+    (directory / "config.json").write_text(json.dumps({"vocab_size": whole - 7}))
+    assert load_model_dir(directory).vocab_size == whole - 7
+    (directory / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 10**6}}))
+    assert load_model_dir(directory).vocab_size == whole  # larger: the tokenizer's bound
+    (directory / "config.json").write_text("not json")
+    assert load_model_dir(directory).vocab_size == whole

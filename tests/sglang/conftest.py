@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import warnings
+from pathlib import Path
+
+# The core suite's shared test data (tests/hostile_bodies.py) is read here too.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 collect_ignore_glob: list[str] = []
 

@@ -12,6 +12,9 @@ start-ups overlap, and stopped at the end:
   incremental chunks (`--incremental-streaming-output`, as docker-compose.yml deploys
   SGLang): the tight differential run against prism-sim (non-streamed), and the proxy
   relaying incremental streams.
+* `hostile`: 16,384 KV tokens, DART, as deployed: hostile input through the proxy
+  (test_live_hostile.py), on a server of its own so that a body the proxy let through
+  by mistake fails those tests and no others.
 """
 
 from __future__ import annotations
@@ -90,8 +93,12 @@ SPECS = {
     "tight_dart": (TIGHT_TOKENS, "dart"),
     "tight_lru": (TIGHT_TOKENS, "lru"),
     "stock": (TIGHT_TOKENS, "stock"),
+    "hostile": (AMPLE_TOKENS, "dart"),
 }
-EXTRA_ARGS = {"stock": ["--sglang-arg=--incremental-streaming-output"]}
+EXTRA_ARGS = {
+    "stock": ["--sglang-arg=--incremental-streaming-output"],
+    "hostile": ["--sglang-arg=--incremental-streaming-output"],
+}
 
 
 @contextlib.contextmanager

@@ -1,0 +1,55 @@
+"""The proxy's field lists against SGLang 0.5.23's own request classes (issue 23): every
+field SGLang reads from a client body is served (declared and checked in
+`prism_proxy.api_models`), owned by the proxy, or refused with a reason
+(`prism_proxy.sglang_fields`); and every field the proxy forwards is one SGLang knows.
+A new SGLang release that adds a field fails here until the field is classified."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from sglang.srt.entrypoints.openai import protocol
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+from prism_proxy import api_models
+from prism_proxy.sglang_fields import PROXY_OWNED, REFUSED
+
+pytestmark = pytest.mark.sglang
+
+# SGLang reads it before validation (`normalize_reasoning_inputs`), not as a field.
+READ_RAW = {"reasoning"}
+# SamplingParams' internal fields, filled by SGLang itself (`normalize`), never a client's.
+SAMPLING_INTERNAL = {
+    "stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len",
+    "is_normalized", "ebnf_full_assistant",
+}  # fmt: skip
+
+CASES = [
+    (set(protocol.ChatCompletionRequest.model_fields), api_models.ChatCompletionRequest),
+    (set(protocol.CompletionRequest.model_fields), api_models.CompletionRequest),
+    ({f.name for f in dataclasses.fields(GenerateReqInput)}, api_models.GenerateRequest),
+    (
+        set(SamplingParams.__struct_fields__) - SAMPLING_INTERNAL,
+        api_models.NativeSamplingParams,
+    ),
+]
+
+
+NAMES = ["chat", "completions", "generate", "sampling_params"]
+
+
+@pytest.mark.parametrize(("sglang", "ours"), CASES, ids=NAMES)
+def test_every_sglang_field_is_served_owned_or_refused(sglang: set[str], ours: type) -> None:
+    served = set(ours.model_fields)
+    unclassified = sglang - served - PROXY_OWNED - set(REFUSED)
+    assert not unclassified, f"{ours.__name__}: SGLang fields not classified: {unclassified}"
+
+
+@pytest.mark.parametrize(("sglang", "ours"), CASES, ids=NAMES)
+def test_every_forwarded_field_is_one_sglang_knows(sglang: set[str], ours: type) -> None:
+    forwarded = set(ours.model_fields) - PROXY_OWNED
+    unknown = forwarded - sglang - READ_RAW
+    assert not unknown, f"{ours.__name__}: forwarded but unknown to SGLang: {unknown}"
+    assert not forwarded & set(REFUSED), "a field is both served and refused"

@@ -170,6 +170,7 @@ LogitBias = dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]]  # OpenAI's 
 ModelName = Annotated[str, AfterValidator(_no_lora)]
 
 MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+OTHER_PARTS = ("input_audio", "thinking", "reasoning", "tool_reference")  # SGLang's others
 
 
 class ContentPart(BaseModel):
@@ -192,9 +193,12 @@ class ContentPart(BaseModel):
             url = media.get("url") if isinstance(media, dict) else None
             if not isinstance(url, str) or not url.startswith("data:"):
                 raise ValueError(f"{self.type}: only inline data: URIs are served through PRISM")
-        elif self.type != "input_audio":
+        elif self.type not in OTHER_PARTS:
             raise ValueError(f"unknown content part type {self.type!r}")
         return self
+
+    def chars(self) -> int:
+        return len(self.text or "") + _json_chars(self.model_extra)
 
 
 class ChatMessage(BaseModel):
@@ -209,6 +213,9 @@ class ChatMessage(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    tools: list[BoundedJson] | None = None  # a system message's own tools
+    phase: Literal["commentary", "final_answer"] | None = None
+    prefix: bool | None = None
 
     def chars(self) -> int:
         """Characters of its text, and of the other fields a template renders (tool
@@ -217,9 +224,9 @@ class ChatMessage(BaseModel):
         if isinstance(content, str):
             size = len(content)
         else:
-            size = sum(len(part.text or "") for part in content or ())
+            size = sum(part.chars() for part in content or ())
         size += len(self.name or "") + len(self.reasoning_content or "")
-        return size + _json_chars(self.tool_calls)
+        return size + _json_chars(self.tool_calls) + _json_chars(self.tools)
 
     def items(self) -> int:
         """The message and its content parts."""
@@ -228,6 +235,8 @@ class ChatMessage(BaseModel):
     def is_text(self) -> bool:
         """Whether the token path can render it: text only, no tool calls."""
         if self.tool_calls or self.tool_call_id is not None or self.reasoning_content:
+            return False
+        if self.tools or self.phase is not None or self.prefix:
             return False
         parts = self.content if isinstance(self.content, list) else ()
         return all(part.type == "text" for part in parts)

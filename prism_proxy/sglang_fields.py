@@ -122,8 +122,11 @@ CHAT_TEMPLATE_RESERVED = frozenset(
 
 # Message fields forwarded on the chat endpoint (others are dropped).
 MESSAGE_FIELDS = frozenset(
-    {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
-)
+    {
+        "role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "tools",
+        "phase", "prefix",
+    }
+)  # fmt: skip
 
 # Most top logprobs per position (OpenAI's own cap), and most prompt positions times
 # logprobs per position a request may ask for: SGLang keeps the memory of a large answer

@@ -49,11 +49,12 @@ async def _serve(
     stream: bool,
     include_usage: bool,
     chat: bool,
+    model: str,
 ) -> web.StreamResponse:
     created = int(time.time())
     prefix = "chatcmpl-" if chat else "cmpl-"
     ident = prefix + handle.req.rid
-    base = {"id": ident, "created": created, "model": engine.model_name}
+    base = {"id": ident, "created": created, "model": model}
     try:
         if not stream:
             req = await handle.wait()
@@ -148,8 +149,16 @@ async def _complete(
     except BadRequest as exc:
         return error_response(str(exc))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    # As SGLang: the answer names the model the request named.
+    model_name = body.model or engine.model_name
     return await _serve(
-        request, engine, handle, stream=body.stream, include_usage=include_usage, chat=chat
+        request,
+        engine,
+        handle,
+        stream=body.stream,
+        include_usage=include_usage,
+        chat=chat,
+        model=model_name,
     )
 
 

@@ -14,7 +14,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from prism_proxy import api_models
-from prism_proxy.sglang_fields import PROXY_OWNED, REFUSED
+from prism_proxy.sglang_fields import MESSAGE_FIELDS, PROXY_OWNED, REFUSED
 
 pytestmark = pytest.mark.sglang
 
@@ -53,3 +53,12 @@ def test_every_forwarded_field_is_one_sglang_knows(sglang: set[str], ours: type)
     unknown = forwarded - sglang - READ_RAW
     assert not unknown, f"{ours.__name__}: forwarded but unknown to SGLang: {unknown}"
     assert not forwarded & set(REFUSED), "a field is both served and refused"
+
+
+def test_forwarded_message_fields_are_sglangs() -> None:
+    """Chat messages forward exactly the fields SGLang's message models read."""
+    sglang = set(protocol.ChatCompletionMessageGenericParam.model_fields) | set(
+        protocol.ChatCompletionMessageUserParam.model_fields
+    )
+    assert sglang == MESSAGE_FIELDS
+    assert set(api_models.ChatMessage.model_fields) == MESSAGE_FIELDS

@@ -3,8 +3,12 @@
 * ``prism``  — OpenAI chat (``/v1/chat/completions``) with the segments in the body's
   ``prism`` object (what the ``openai`` client sends via ``extra_body``); the messages
   carry the same text concatenated, so the prompt means the same to any server.
-* ``openai`` — plain OpenAI chat: system message, then the segments and the suffix
-  concatenated into the user message.
+* ``openai`` — plain OpenAI chat, what an unmodified RAG client sends: a system
+  message, then the documents and the question in the user message in one of the
+  `LAYOUTS` (``blank``: joined by blank lines, as LangChain's stuff-documents chain;
+  ``xml``: ``<document>`` elements; ``numbered``: ``[1] ``, ``[2] `` labels in the
+  client's order; ``markdown``: a ``## `` header naming each document; ``dashed``:
+  LlamaIndex's default text-QA template).
 * ``sglang`` — SGLang's native ``/generate`` with the whole prompt as ``text``.
 * ``native`` — SGLang's native ``/generate`` with ``input_ids``: the token ids the proxy
   sends under ``fifo`` (its serializer, the client's segment order). The no-proxy
@@ -24,6 +28,32 @@ from prism_proxy.prompts import TokenJob, hinted_job
 from prism_proxy.serializer import Serializer
 
 API_NAMES = ("prism", "openai", "sglang", "native")
+LAYOUTS = ("blank", "xml", "numbered", "markdown", "dashed")
+
+
+def user_text(request: TraceRequest, layout: str = "blank") -> str:
+    """The user message of plain chat: the request's documents and question in `layout`."""
+    docs = [s.text for s in request.segments]
+    question = request.suffix
+    if layout == "blank":
+        return request.joined_user_text()
+    if layout == "xml":
+        body = "".join(f"<document>\n{text}\n</document>\n" for text in docs)
+        return f"{body}\n{question}"
+    if layout == "numbered":
+        return "".join(f"[{n}] {text}\n\n" for n, text in enumerate(docs, 1)) + question
+    if layout == "markdown":
+        sections = "".join(f"## {segment.id}\n{segment.text}\n\n" for segment in request.segments)
+        return sections + question
+    if layout == "dashed":
+        context = "\n\n".join(docs)
+        return (
+            "Context information is below.\n---------------------\n"
+            f"{context}\n---------------------\n"
+            "Given the context information and not prior knowledge, answer the query.\n"
+            f"Query: {question}\nAnswer: "
+        )
+    raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
 
 
 @dataclass(frozen=True)
@@ -65,10 +95,15 @@ def client_order_ids(request: TraceRequest, serializer: Serializer) -> list[int]
 
 
 def build_request(
-    api: str, request: TraceRequest, model: str, serializer: Serializer | None = None
+    api: str,
+    request: TraceRequest,
+    model: str,
+    serializer: Serializer | None = None,
+    layout: str = "blank",
 ) -> tuple[str, dict[str, Any]]:
     """The path and JSON body for ``request`` on a target speaking ``api`` (``native``
-    needs the ``serializer`` of the trace's tokenizer)."""
+    needs the ``serializer`` of the trace's tokenizer; ``openai`` writes the documents
+    in ``layout``)."""
     if api == "native":
         if serializer is None:
             raise ValueError("api 'native' needs a serializer")
@@ -88,7 +123,8 @@ def build_request(
     messages = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
-    messages.append({"role": "user", "content": request.joined_user_text()})
+    text = user_text(request, layout) if api == "openai" else request.joined_user_text()
+    messages.append({"role": "user", "content": text})
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.agent_trace import AgentTraceParams, build_agent_trace
-from loadgen.apis import API_NAMES
+from loadgen.apis import API_NAMES, LAYOUTS
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
 from loadgen.reorder_trace import ReorderTraceParams, build_reorder_trace
 from loadgen.trace_format import read_trace, write_trace
@@ -80,6 +80,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     config = ReplayConfig(
         target=args.target.rstrip("/"),
         api=args.api,
+        layout=args.layout,
         time_scale=args.time_scale,
         model=args.model,
         request_timeout_s=args.timeout,
@@ -165,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--trace", required=True)
     rep.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     rep.add_argument("--api", choices=API_NAMES, default="prism")
+    rep.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="blank",
+        help="--api openai: how the documents sit in the user message",
+    )
     rep.add_argument(
         "--time-scale",
         type=float,

@@ -37,6 +37,7 @@ ROUTING_KEYS = ("none", "anchor", "anchor-bounded")
 class ReplayConfig:
     target: str
     api: str = "prism"
+    layout: str = "blank"  # --api openai: how the documents sit in the user message
     time_scale: float = 1.0
     model: str | None = None
     request_timeout_s: float = 600.0
@@ -242,7 +243,9 @@ async def replay(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
         model = config.model or await discover_model(session, config.target)
         serializer = _serializer(trace) if config.api == "native" else None
         # Bodies are built before the clock starts: no client work on the send path.
-        calls = [build_request(config.api, r, model, serializer) for r in trace.requests]
+        calls = [
+            build_request(config.api, r, model, serializer, config.layout) for r in trace.requests
+        ]
         headers, routing = await plan_routing(session, config, trace)
         tasks: list[asyncio.Task[RequestRecord]] = []
         start = loop.time()

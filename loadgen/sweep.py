@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from loadgen.apis import LAYOUTS
 from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import free_port, run_server
 from loadgen.variants import ALL_POLICIES, Variant, make_variants
@@ -73,6 +74,10 @@ class SweepConfig:
     r_hot: float | None = None
     max_tokens: int | None = None
     model: str = "tiny"  # --backend sglang-cpu's model (loadgen.cpu_models, issue 16)
+    # How clients talk to the proxy: "prism" (segment hints) or "openai" (plain chat,
+    # documents in `layout`, as an unmodified client sends them)
+    client_api: str = "prism"
+    layout: str = "blank"
 
     def trace_overrides(self) -> dict[str, Any]:
         names = ("hot_count", "alpha", "r_hot", "max_tokens")
@@ -271,9 +276,9 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
             proxy = stack.enter_context(
                 run_server("prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{variant.label}")
             )
-            target, api = proxy.url, "prism"
+            target, api = proxy.url, config.client_api
         replay_config = ReplayConfig(
-            target=target, api=api, time_scale=config.speed, progress=False
+            target=target, api=api, layout=config.layout, time_scale=config.speed, progress=False
         )
         results = asyncio.run(replay(trace, replay_config))
         results["engine_state"] = engine_state(sim.url)
@@ -287,12 +292,16 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         "profile": config.profile,
         "sim_args": sim_args,
         "proxy_args": proxy_args,
+        "client_api": api,
+        "layout": config.layout if api == "openai" else None,
     }
     return results
 
 
 def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[str, Any]:
     """One point in the twin (modeled time, deterministic); the results."""
+    if config.client_api != "prism":
+        raise ValueError("the twin replays hinted requests only: use --engine sim for plain chat")
     from loadgen.trace_format import read_trace
     from loadgen.twin import TwinSetup, simulate
     from prism_proxy.qas.params import qas_params
@@ -477,6 +486,18 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
     parser.add_argument("--no-report", action="store_true")
+    parser.add_argument(
+        "--client-api",
+        choices=("prism", "openai"),
+        default="prism",
+        help="how clients reach the proxy: segment hints, or plain chat (unmodified clients)",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="blank",
+        help="--client-api openai: how the documents sit in the user message",
+    )
 
 
 def model_tokenizer(model: str, tokenizer: str, sglang_python: str) -> str:
@@ -520,6 +541,8 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
         alpha=args.alpha,
         r_hot=args.r_hot,
         max_tokens=args.max_tokens,
+        client_api=args.client_api,
+        layout=args.layout,
         model=args.model,
     )
 

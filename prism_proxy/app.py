@@ -28,6 +28,7 @@ from prism_proxy.backend_client import BackendClient, BackendError
 from prism_proxy.bodies import JsonParser
 from prism_proxy.config import ProxyConfig, parse_listen
 from prism_proxy.control_client import ControlClient
+from prism_proxy.evidence import BlockEvidence
 from prism_proxy.handlers import add_routes, error_middleware
 from prism_proxy.handlers import metrics as metrics_handler
 from prism_proxy.http_server import ConnectionPolicy, ProxyRunner, fd_budget, listen
@@ -99,6 +100,9 @@ def cache_stats(app: web.Application) -> dict[str, CacheStats]:
         chat_pieces = serializer.tokenizer.chat_pieces
         if chat_pieces is not None:
             stats["chat_pieces"] = chat_pieces.info()
+    evidence = app.get(state.EVIDENCE)
+    if evidence is not None:
+        stats["evidence"] = evidence.stats()
     admission = app.get(state.ADMISSION)
     view = admission.core.policy.cache_view if admission is not None else None
     if view is not None:
@@ -116,6 +120,7 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     app[state.SERIALIZER] = Serializer(
         tokenizer, config.segment_cache_bytes, config.head_cache_bytes
     )
+    app[state.EVIDENCE] = BlockEvidence(config.evidence_cache_bytes)
     log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
     yield
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from prism_proxy.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 from prism_proxy.qas.policies import POLICIES
 
@@ -66,6 +67,9 @@ class ProxyConfig:
     send_timeout_s: float = 60.0
     max_connections: int = 4096
     metrics_listen: str | None = None
+    extraction: str = "xml,numbered,markdown,dashed,blank"
+    extraction_reorder: bool = True
+    evidence_cache_bytes: int = 16 * 1024 * 1024
     control_url: str | None = None
     control_token: str | None = None
     backend_replicas: int = 0
@@ -94,6 +98,7 @@ class ProxyConfig:
             "max_queue", "max_body_bytes", "max_prompt_chars", "max_messages", "max_segments",
             "segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "header_timeout_s",
             "body_timeout_s", "keepalive_timeout_s", "send_timeout_s", "max_connections",
+            "evidence_cache_bytes",
             "backend_timeout_s",
         )  # fmt: skip
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
@@ -107,8 +112,22 @@ class ProxyConfig:
             raise ConfigError(f"port: out of range: {self.port}")
         if self.metrics_listen is not None:
             parse_listen(self.metrics_listen)
+        unknown = set(self.extraction_layouts) - set(EXTRACTION_LAYOUTS)
+        if unknown:
+            raise ConfigError(
+                f"extraction: unknown layout(s) {', '.join(sorted(unknown))}; choose from "
+                f"{', '.join(EXTRACTION_LAYOUTS)}, or 'off'"
+            )
         if not self.backend.startswith(("http://", "https://")):
             raise ConfigError(f"backend: expected an http(s) URL, got {self.backend!r}")
+
+    @property
+    def extraction_layouts(self) -> tuple[str, ...]:
+        """The layouts the proxy looks for in requests without hints (none: off)."""
+        text = self.extraction.strip()
+        if text in ("", "off", "none"):
+            return ()
+        return tuple(name.strip() for name in text.split(",") if name.strip())
 
     @property
     def backend_url(self) -> str:
@@ -200,6 +219,12 @@ _HELP = {
     "closed and its request aborted",
     "max_connections": "client connections served at once (503 and close above; lowered, "
     "with a warning, when the open-file limit cannot hold 2x it)",
+    "extraction": "layouts of documents looked for in requests without hints, comma "
+    "separated (xml, numbered, markdown, dashed, blank), or 'off'",
+    "extraction_reorder": "may documents found in requests without hints be reordered "
+    "(where their boundaries are justified)",
+    "evidence_cache_bytes": "bytes of the record of which blank-line blocks travel apart "
+    "(documents) or together (paragraphs of one)",
     "metrics_listen": "HOST:PORT of an admin listener serving /metrics, which then leaves "
     "the client port (port 0: any free port; unset: /metrics on the client port)",
     "control_url": "base URL of the DART control RPC, or several comma-separated (one per "

@@ -1,6 +1,9 @@
-"""`prism-proxy explain`: what one scheduling round would do, as JSON (issue 2).
+"""`prism-proxy explain`: what one scheduling round would do, or what the proxy finds in
+one request without hints, as JSON.
 
-Reads a round description (JSON, stdin or a file), prints the policy's `RoundPlan`.
+Reads a round description (JSON with `wave_size`, `queue`, ...), and prints the
+policy's `RoundPlan`; or a chat, completions or `/generate` body (JSON with `messages`,
+`prompt` or `text`), and prints the documents the proxy finds in it (`find_request`).
 Bad input exits with code 2 and a one-line error naming the field.
 """
 
@@ -123,13 +126,69 @@ def plan_to_json(plan: RoundPlan, policy: str, wave_size: int) -> dict[str, Any]
     }
 
 
+def find_request(body: dict[str, Any]) -> dict[str, Any]:
+    """What the proxy finds in a request without hints, with every layout on and no
+    evidence yet (a first request: blank-line blocks stay in the client's order)."""
+    from prism_proxy.api_models import ChatCompletionRequest
+    from prism_proxy.evidence import BlockEvidence
+    from prism_proxy.extraction import ALL_LAYOUTS
+    from prism_proxy.prompts import find_documents, single_turn
+
+    system: str | None = None
+    if "messages" in body:
+        try:
+            chat = ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise BadInput(f"{_field_path(first['loc'])}: {first['msg']}") from None
+        turn = single_turn(chat.messages)
+        if turn is None:
+            return {"outcome": "none", "why": "not one user message after at most one system one"}
+        system, text = turn
+    else:
+        text = body.get("prompt", body.get("text"))
+        if not isinstance(text, str):
+            raise BadInput("input: expected `messages`, or `prompt` or `text` as a string")
+    evidence = BlockEvidence(1 << 20)
+    finding = find_documents(
+        text, system=system, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence
+    )
+    if finding is None:
+        return {"outcome": "none"}
+    prompt = finding.prompt
+    return {
+        "outcome": finding.outcome,
+        "layout": finding.layout,
+        "preamble": prompt.preamble,
+        "documents": [
+            {
+                "id": segment.id.removeprefix("\x00"),
+                "label": prompt.label(position),
+                "text": segment.text,
+                "movable": prompt.reorder and segment.id not in prompt.fixed,
+            }
+            for position, segment in enumerate(prompt.segments, 1)
+        ],
+        "suffix": prompt.suffix,
+    }
+
+
 def run(source: TextIO, out: TextIO, err: TextIO) -> int:
+    text = source.read()
     try:
-        document, params = parse_input(source.read())
+        document = json.loads(text)
+        if isinstance(document, dict) and {"messages", "prompt", "text"} & document.keys():
+            result = find_request(document)
+        else:
+            round_input, params = parse_input(text)
+            result = explain(round_input, params)
+    except json.JSONDecodeError as exc:
+        err.write(f"error: input: not valid JSON ({exc.msg} at line {exc.lineno})\n")
+        return EXIT_BAD_INPUT
     except BadInput as exc:
         err.write(f"error: {exc}\n")
         return EXIT_BAD_INPUT
-    json.dump(explain(document, params), out, indent=2)
+    json.dump(result, out, indent=2)
     out.write("\n")
     return 0
 

@@ -61,12 +61,16 @@ from prism_proxy.openai_format import (
     stream_error,
 )
 from prism_proxy.prompts import (
+    Finding,
     PromptError,
     TokenJob,
     chat_defaults,
+    find_documents,
     hinted_job,
     message_text,
     private_job,
+    segmented_job,
+    single_turn,
 )
 from prism_proxy.qas.types import QueuedRequest
 from prism_proxy.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, refused
@@ -585,6 +589,55 @@ def _format(cls: type[ResponseFormat], rid: str, prefix: str, model: str, usage:
     )  # fmt: skip
 
 
+EXTRACT_HEADER = "x-prism-extract"
+
+
+def count_origin(request: web.Request, outcome: str, layout: str = "") -> None:
+    """Count a request by where its segments came from (`prism:extraction_total`)."""
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.extraction, request[ENDPOINT], outcome, layout).inc()
+
+
+class DocumentFinder:
+    """Documents in a request without hints (`prompts.find_documents`), as the
+    deployment's settings and the request's `x-prism-extract` header allow; remembers
+    what it found for the metrics. `find` may run in a worker thread."""
+
+    __slots__ = ("_config", "_evidence", "_layouts", "hinted", "layout", "outcome")
+
+    def __init__(self, request: web.Request, hinted: bool) -> None:
+        self._config = request.app[state.CONFIG]
+        self._evidence = request.app[state.EVIDENCE]
+        self._layouts = self._config.extraction_layouts
+        opt = request.headers.get(EXTRACT_HEADER)
+        if opt is not None:
+            opt = opt.strip().lower()
+            if opt not in ("on", "off"):
+                raise ApiError(
+                    400, f"{EXTRACT_HEADER}: expected 'on' or 'off'", param=EXTRACT_HEADER
+                )
+            if opt == "off":
+                self._layouts = ()
+        self.hinted = hinted
+        self.outcome = "hinted" if hinted else ("none" if self._layouts else "off")
+        self.layout = ""
+
+    def find(self, text: str, system: str | None) -> Finding | None:
+        finding = find_documents(
+            text,
+            system=system,
+            layouts=self._layouts,
+            reorder=self._config.extraction_reorder,
+            evidence=self._evidence,
+        )
+        if finding is not None:
+            self.outcome, self.layout = finding.outcome, finding.layout
+        return finding
+
+    def count(self, request: web.Request) -> None:
+        count_origin(request, self.outcome, self.layout)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "chat"
     body, raw = await read_body(request, ChatCompletionRequest)
@@ -592,24 +645,31 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
         forwarded = body.forwarded(raw)
+        count_origin(request, "forwarded")
         return await passthrough(
             request, "/v1/chat/completions", forwarded, set_rid=(body.n or 1) == 1
         )
     tokenizer = request.app[state.TOKENIZER]
     serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
 
     def build() -> TokenJob:
         if body.prism is not None:
             system, suffix = chat_defaults(body.messages)
             return hinted_job(serializer, body.prism, system=system, suffix=suffix, chat=True)
+        turn = single_turn(body.messages)
+        if turn is not None and (finding := finder.find(turn[1], turn[0])) is not None:
+            return segmented_job(serializer, finding.prompt, chat=True)
         messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
         ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
         return private_job({"input_ids": ids}, len(ids))
 
     try:
         job = await make_job(size, build)
+        finder.count(request)
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
+        count_origin(request, "forwarded")
         return await passthrough(request, "/v1/chat/completions", body.forwarded(raw), set_rid=True)
     rid = new_rid()
     return await token_path(
@@ -631,19 +691,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
         forwarded = body.forwarded(raw)
+        count_origin(request, "forwarded")
         return await passthrough(request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1)
     prompt = body.single_prompt()
     serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
 
     def build() -> TokenJob:
         if body.prism is not None:
             text = prompt if isinstance(prompt, str) else None
             return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
         if isinstance(prompt, str):
+            if (finding := finder.find(prompt, None)) is not None:
+                return segmented_job(serializer, finding.prompt, chat=False)
             return private_job({"text": prompt}, None)
         return private_job({"input_ids": prompt}, len(prompt))  # checked in read_body
 
     job = await make_job(size, build)
+    finder.count(request)
     rid = new_rid()
     return await token_path(
         request,
@@ -663,8 +728,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     size = body.prompt_size()
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
+        count_origin(request, "forwarded")
         return await passthrough(request, "/generate", body.forwarded(raw), set_rid=False)
     serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
 
     def build() -> TokenJob:
         if body.prism is not None:
@@ -673,10 +740,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if body.input_ids is not None:  # checked in read_body
             return private_job({"input_ids": body.input_ids}, len(body.input_ids))
         if isinstance(body.text, str):
+            if (finding := finder.find(body.text, None)) is not None:
+                return segmented_job(serializer, finding.prompt, chat=False)
             return private_job({"text": body.text}, None)
         raise PromptError("text", "either text or input_ids is required")
 
     job = await make_job(size, build)
+    finder.count(request)
     rid = new_rid()
     return await token_path(
         request,

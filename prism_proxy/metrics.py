@@ -48,6 +48,7 @@ class ProxyMetrics:
     control_failures: Counter
     control_up: Gauge
     backend_up: Gauge
+    extraction: Counter
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -145,6 +146,13 @@ class ProxyMetrics:
             ),
             backend_up=Gauge(
                 "prism:backend_up", "1 if the last backend exchange succeeded", registry=r
+            ),
+            extraction=Counter(
+                "prism:extraction",
+                "Requests by where their segments came from: hints, documents found in the "
+                "text (by layout, reordered or kept in order), or none",
+                ["endpoint", "outcome", "layout"],
+                registry=r,
             ),
         )
 

@@ -3,13 +3,16 @@
 A `TokenJob` is a request on the token path: the skeleton QAS schedules (segment ids,
 reorder flag, head and segment token lengths, prefix key) and `build(order)`, which
 serializes the prompt in the order QAS released it and returns the `/generate` prompt
-fields plus the anchors. Hinted requests go through the serializer; requests without
-hints are one private piece (cold lane, SPEC §1).
+fields plus the anchors. Hinted requests go through the serializer, and so do requests
+without hints whose text holds documents in a known layout (`find_documents`, SPEC §1:
+"Requests without hints are segmented by the proxy"); the others are one private piece
+(cold lane).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +20,10 @@ from pydantic import ValidationError
 
 from backend_plugin.dart.anchors import make_kv_hints
 from prism_proxy.api_models import ChatMessage, PrismHint
+from prism_proxy.evidence import BlockEvidence
+from prism_proxy.extraction import extract
 from prism_proxy.qas.types import QueuedRequest
-from prism_proxy.request_model import SegmentedPrompt, format_validation_error
+from prism_proxy.request_model import Segment, SegmentedPrompt, format_validation_error
 from prism_proxy.serializer import Serializer
 
 
@@ -46,6 +51,7 @@ class TokenJob:
     head_tokens: int
     segment_tokens: tuple[int, ...] | None
     build: Callable[[Sequence[str]], Dispatch]
+    fixed: frozenset[str] = frozenset()
 
     def payload(
         self,
@@ -81,6 +87,7 @@ class TokenJob:
             prefix_key=self.prefix_key,
             head_tokens=self.head_tokens,
             segment_tokens=self.segment_tokens,
+            fixed=self.fixed,
         )
 
 
@@ -98,7 +105,7 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
     """QAS gets the token lengths from the serializer's caches; the prompt is serialized
     once, at release, in the order QAS chose."""
     try:
-        head_tokens = serializer.head_tokens(prompt.system, chat)
+        head_tokens = serializer.head_tokens(prompt.system, chat, prompt.preamble)
     except ValueError as exc:  # e.g. a template without a system role
         raise PromptError("prism", str(exc)) from exc
     lengths = serializer.skeleton_lengths(prompt)
@@ -115,7 +122,8 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
     return TokenJob(
         segments=tuple(lengths),
         reorder=prompt.reorder,
-        prefix_key=serializer.prefix_key(prompt.system, chat),
+        prefix_key=serializer.prefix_key(prompt.system, chat, prompt.preamble),
+        fixed=prompt.fixed,
         head_tokens=head_tokens,
         segment_tokens=tuple(lengths.values()),
         build=build,
@@ -166,3 +174,103 @@ def chat_defaults(messages: Sequence[ChatMessage]) -> tuple[str | None, str | No
     system = next((message_text(m) for m in messages if m.role in ("system", "developer")), None)
     suffix = next((message_text(m) for m in reversed(messages) if m.role == "user"), None)
     return system, suffix
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What the proxy found in a request without hints: the prompt it serializes, the
+    layout, and whether its documents may move (outcome `found` or `found-ordered`)."""
+
+    prompt: SegmentedPrompt
+    layout: str
+
+    @property
+    def outcome(self) -> str:
+        movable = self.prompt.reorder and len(self.prompt.fixed) < len(self.prompt.segments)
+        return "found" if movable else "found-ordered"
+
+
+def document_id(text: str) -> str:
+    """A found document's segment id: derived from its text (the same document in any
+    request, at any position, under any label, has the same id), in a namespace no
+    client's segment id can enter (NUL first)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    return "\x00doc:" + digest
+
+
+def find_documents(
+    text: str,
+    *,
+    system: str | None,
+    layouts: Collection[str],
+    reorder: bool,
+    evidence: BlockEvidence,
+) -> Finding | None:
+    """The documents in one message's (or one prompt's) `text` as a `SegmentedPrompt`,
+    or None when none are found (the request then goes as before: one private piece).
+
+    The text inside each document is never changed: served in the client's order, the
+    prompt reads exactly as the client wrote it. Documents may move where their
+    boundaries are justified: by the layout itself (tags, numbered labels, headers),
+    or, for blocks split at blank lines, by evidence (`BlockEvidence`: a block seen next
+    to other neighbours than the first time is a document of its own); the others are
+    `fixed`. A numbered layout's labels follow the positions served ("[1] " is always
+    the first document the model reads), so the same document under another number is
+    the same segment.
+    """
+    if not layouts:
+        return None
+    found = extract(text, layouts)
+    if found is None:
+        return None
+    documents, joiner, suffix = list(found.documents), None, found.suffix
+    trailing = [d[len(d.rstrip()) :] for d in documents]
+    if len(set(trailing[:-1])) <= 1:
+        # One separator between documents (the last's goes to the suffix): a joiner
+        # tokenized on its own, so each document's tokens are the same at any position.
+        joiner = trailing[0] if len(documents) > 1 else ""
+        documents = [d.rstrip() for d in documents]
+        suffix = trailing[-1] + suffix
+    ids = [document_id(document.rstrip()) for document in documents]
+    if len(set(ids)) != len(ids):
+        return None  # a document repeated within the request: nothing to gain, and ambiguous
+    if found.certain:
+        fixed: frozenset[str] = frozenset()
+    else:
+        # this request's own arrangement counts too: a block seen in two requests next
+        # to other neighbours is a document of its own
+        units = evidence.observe(found.documents, count_this_request=True)
+        fixed = frozenset(i for i, unit in zip(ids, units, strict=True) if not unit)
+    try:
+        prompt = SegmentedPrompt(
+            system=system,
+            preamble=found.preamble,
+            # ids of the proxy's own making, in the namespace clients' ids are refused
+            segments=[
+                Segment.model_construct(id=i, text=d) for i, d in zip(ids, documents, strict=True)
+            ],
+            suffix=suffix,
+            separator="",
+            joiner=joiner,
+            label_format=found.label_format,
+            reorder=reorder,
+            fixed=fixed,
+        )
+    except ValidationError:
+        return None  # beyond the limits of a segmented prompt: served as one piece
+    return Finding(prompt, found.layout)
+
+
+def single_turn(messages: Sequence[ChatMessage]) -> tuple[str | None, str] | None:
+    """(system, user text) of a chat of at most one system message then one user
+    message, all text; None for other chats (they go as one private piece)."""
+    if not messages or messages[-1].role != "user":
+        return None
+    system = None
+    if len(messages) == 2 and messages[0].role in ("system", "developer"):
+        system = message_text(messages[0])
+    elif len(messages) != 1:
+        return None
+    if not all(m.is_text() for m in messages):
+        return None
+    return system, message_text(messages[-1])

@@ -50,6 +50,9 @@ class RequestLimits:
 
 
 DEFAULT_LIMITS = RequestLimits()
+# What follows every segment's text unless the prompt says otherwise: position
+# independent, so a segment's tokens never depend on where it lands (SPEC §1).
+SEGMENT_SEPARATOR = "\n\n"
 
 
 class RequestError(ValueError):
@@ -95,7 +98,19 @@ class Segment(BaseModel):
 
 
 class SegmentedPrompt(BaseModel):
-    """System prompt, ordered segments, private suffix (SPEC §1)."""
+    """System prompt, ordered segments, private suffix (SPEC §1).
+
+    Segments found in an unmodified client's text (`prism_proxy.extraction`) say more
+    about where they sit: `preamble` is text before the first segment (in the user
+    message in chat mode, after the system text otherwise); `separator` follows every
+    segment's text (an extracted document carries its own: ""); `label_format` prefixes
+    each segment with its position's label (`"[{n}] "` gives "[1] ", "[2] " ...: a
+    numbered layout renumbered in the order served); `joiner`, when set, goes between
+    consecutive segments instead (after the first, before the label), tokenized on its
+    own, so that documents a client joined with "\n\n" keep their own tokens at any
+    position; `fixed` lists segments whose boundaries are not certain: they keep their
+    relative order, after the others.
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -103,8 +118,20 @@ class SegmentedPrompt(BaseModel):
     segments: list[Segment] = Field(default_factory=list)
     suffix: str = ""
     reorder: bool = True
+    preamble: str = ""
+    separator: str = SEGMENT_SEPARATOR
+    label_format: str | None = None
+    joiner: str | None = None
+    fixed: frozenset[str] = frozenset()
 
-    _check_system = field_validator("system", "suffix")(_check_piece)
+    _check_system = field_validator("system", "suffix", "preamble")(_check_piece)
+
+    @field_validator("label_format")
+    @classmethod
+    def _check_label(cls, value: str | None) -> str | None:
+        if value is not None and (value.count("{n}") != 1 or len(value) > 64):
+            raise ValueError("must hold '{n}' exactly once, in at most 64 characters")
+        return value
 
     @field_validator("segments")
     @classmethod
@@ -125,7 +152,8 @@ class SegmentedPrompt(BaseModel):
     @model_validator(mode="after")
     def _check_total(self, info: ValidationInfo) -> Self:
         limit = _limits(info).max_total_chars
-        total = len(self.system or "") + len(self.suffix) + sum(len(s.text) for s in self.segments)
+        total = len(self.system or "") + len(self.suffix) + len(self.preamble)
+        total += sum(len(s.text) for s in self.segments)
         if total > limit:
             raise ValueError(f"prompt too long: {total} characters in total > limit {limit}")
         return self
@@ -133,6 +161,10 @@ class SegmentedPrompt(BaseModel):
     @property
     def segment_ids(self) -> list[str]:
         return [s.id for s in self.segments]
+
+    def label(self, position: int) -> str:
+        """The label of the segment served at `position` (1-based): "" without labels."""
+        return "" if self.label_format is None else self.label_format.replace("{n}", str(position))
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})

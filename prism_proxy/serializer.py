@@ -35,10 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from prism_proxy.byte_lru import ByteLRU
-from prism_proxy.request_model import SegmentedPrompt
+from prism_proxy.request_model import SEGMENT_SEPARATOR, SegmentedPrompt
 from prism_proxy.tokenizer import Tokenizer
 
-SEGMENT_SEPARATOR = "\n\n"
 SENTINEL = "PRISMSEGMENTSENTINEL0x5f3759df"
 AnchorKind = Literal["system", "segment", "private"]
 
@@ -94,8 +93,9 @@ class _Frame:
 SEGMENT_CACHE_BYTES = 64 * 1024 * 1024
 HEAD_CACHE_BYTES = 16 * 1024 * 1024
 
-_SegmentKey = tuple[str, bytes]  # (segment id, content hash)
-_HeadKey = tuple[bytes, bool]  # (system prompt hash, chat)
+_SegmentKey = tuple[str, bytes]  # (segment id, content hash of its piece)
+_HeadKey = tuple[bytes, bytes, bool]  # (system prompt hash, preamble hash, chat)
+_LABEL = "\x00label"  # the segment cache's id for position labels (no client id starts so)
 
 
 def _segment_size(key: _SegmentKey, ids: array[int]) -> int:
@@ -103,13 +103,8 @@ def _segment_size(key: _SegmentKey, ids: array[int]) -> int:
 
 
 def _head_size(key: _HeadKey, frame: _Frame) -> int:
-    owned = (key, key[0], frame, frame.head_ids, frame.tail_text, frame.prefix_key)
+    owned = (key, key[0], key[1], frame, frame.head_ids, frame.tail_text, frame.prefix_key)
     return sum(map(sys.getsizeof, owned))
-
-
-def segment_piece(text: str) -> str:
-    """The text tokenized for a segment: position-independent wrapper (SPEC §1)."""
-    return text + SEGMENT_SEPARATOR
 
 
 def prefix_key_of(ids: Sequence[int]) -> str:
@@ -137,37 +132,54 @@ class Serializer:
         )
         self._frames: ByteLRU[_HeadKey, _Frame] = ByteLRU(head_cache_bytes, _head_size)
 
-    def segment_ids(self, segment_id: str, text: str) -> array[int]:
-        """Token ids of one segment, from the (id, content hash) cache. A changed text
-        under the same id is a different key, so it is never served stale."""
-        key = (segment_id, _content_hash(text))
-        return self._segments.get_or_make(
-            key, lambda: array("I", self.tokenizer.encode(segment_piece(text)))
-        )
+    def segment_ids(
+        self, segment_id: str, text: str, separator: str = SEGMENT_SEPARATOR
+    ) -> array[int]:
+        """Token ids of one segment's piece (its text and separator), from the (id,
+        content hash) cache. A changed text under the same id is a different key, so it
+        is never served stale."""
+        piece = text + separator
+        key = (segment_id, _content_hash(piece))
+        return self._segments.get_or_make(key, lambda: array("I", self.tokenizer.encode(piece)))
+
+    def label_ids(self, label: str) -> array[int]:
+        """Token ids of a position label ("[2] ") or a joiner ("\n\n"), tokenized on its
+        own (cached)."""
+        if not label:
+            return array("I")
+        return self.segment_ids(_LABEL, label, "")
 
     def skeleton_lengths(self, prompt: SegmentedPrompt) -> dict[str, int]:
-        """Token count of each segment (request order), before choosing an order."""
-        return {s.id: len(self.segment_ids(s.id, s.text)) for s in prompt.segments}
+        """Token count of each segment (request order; its label at its place in the
+        request's own order), before choosing an order."""
+        joiner = len(self.label_ids(prompt.joiner)) if prompt.joiner else 0
+        return {
+            s.id: len(self.segment_ids(s.id, s.text, prompt.separator))
+            + len(self.label_ids(prompt.label(position)))
+            + (joiner if position > 1 else 0)
+            for position, s in enumerate(prompt.segments, 1)
+        }
 
-    def head_tokens(self, system: str | None, chat: bool = True) -> int:
-        """Token count of the head (cached per system prompt)."""
-        return len(self._frame(system, chat).head_ids)
+    def head_tokens(self, system: str | None, chat: bool = True, preamble: str = "") -> int:
+        """Token count of the head (cached per system prompt and preamble)."""
+        return len(self._frame(system, chat, preamble).head_ids)
 
-    def prefix_key(self, system: str | None, chat: bool = True) -> str:
-        """The ``prefix_key`` every request with this system prompt gets."""
-        return self._frame(system, chat).prefix_key
+    def prefix_key(self, system: str | None, chat: bool = True, preamble: str = "") -> str:
+        """The ``prefix_key`` every request with this system prompt and preamble gets."""
+        return self._frame(system, chat, preamble).prefix_key
 
-    def _frame(self, system: str | None, chat: bool) -> _Frame:
+    def _frame(self, system: str | None, chat: bool, preamble: str = "") -> _Frame:
         # None and "" render differently (no system message vs an empty one).
         digest = b"" if system is None else _content_hash(system)
-        return self._frames.get_or_make((digest, chat), lambda: self._render(system, chat))
+        key = (digest, _content_hash(preamble) if preamble else b"", chat)
+        return self._frames.get_or_make(key, lambda: self._render(system, chat, preamble))
 
-    def _render(self, system: str | None, chat: bool) -> _Frame:
+    def _render(self, system: str | None, chat: bool, preamble: str = "") -> _Frame:
         if not chat:
-            head, tail = system or "", ""
+            head, tail = (system or "") + preamble, ""
         else:
             messages = [] if system is None else [{"role": "system", "content": system}]
-            messages.append({"role": "user", "content": SENTINEL})
+            messages.append({"role": "user", "content": preamble + SENTINEL})
             text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
             if text.count(SENTINEL) != 1:
                 raise SerializationError(
@@ -188,6 +200,10 @@ class Serializer:
             )
         if not prompt.reorder and list(chosen) != ids:
             raise SerializationError("order: the request does not allow reordering")
+        if prompt.fixed:
+            kept = [s for s in chosen if s in prompt.fixed]
+            if kept != [s for s in ids if s in prompt.fixed]:
+                raise SerializationError("order: fixed segments must keep their order")
         return chosen
 
     def serialize(
@@ -196,7 +212,7 @@ class Serializer:
         """Serialize ``prompt`` with its segments in ``order`` (a permutation of the
         request's segment ids chosen by the scheduler; default: request order)."""
         chosen = tuple(prompt.segment_ids) if order is None else self._check_order(prompt, order)
-        frame = self._frame(prompt.system, chat)
+        frame = self._frame(prompt.system, chat, prompt.preamble)
         by_id = {s.id: s for s in prompt.segments}
         input_ids = list(frame.head_ids)
         anchors: list[Anchor] = []
@@ -205,11 +221,14 @@ class Serializer:
             # the demand the proxy pushes for it (issue 23), never by its kind
             anchors.append(Anchor("system", frame.prefix_key, len(input_ids)))
         segment_tokens: dict[str, int] = {}
-        for segment_id in chosen:
-            ids = self.segment_ids(segment_id, by_id[segment_id].text)
-            input_ids.extend(ids)
-            segment_tokens[segment_id] = len(ids)
-            if ids:
+        for position, segment_id in enumerate(chosen, 1):
+            start = len(input_ids)
+            if prompt.joiner and position > 1:
+                input_ids.extend(self.label_ids(prompt.joiner))
+            input_ids.extend(self.label_ids(prompt.label(position)))
+            input_ids.extend(self.segment_ids(segment_id, by_id[segment_id].text, prompt.separator))
+            segment_tokens[segment_id] = len(input_ids) - start
+            if len(input_ids) > start:
                 anchors.append(Anchor("segment", segment_id, len(input_ids)))
         tail_text = prompt.suffix + frame.tail_text
         tail_ids = self.tokenizer.encode(tail_text) if tail_text else []

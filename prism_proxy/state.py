@@ -9,6 +9,7 @@ from prism_proxy.backend_client import BackendClient
 from prism_proxy.bodies import JsonParser
 from prism_proxy.config import ProxyConfig
 from prism_proxy.control_client import ControlClient
+from prism_proxy.evidence import BlockEvidence
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import Tokenizer
@@ -21,3 +22,4 @@ SERIALIZER = web.AppKey("serializer", Serializer)
 CONTROLS = web.AppKey("controls", list[ControlClient])  # one per DART control RPC
 ADMISSION = web.AppKey("admission", AdmissionController)
 PARSER = web.AppKey("parser", JsonParser)
+EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents

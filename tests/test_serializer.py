@@ -218,6 +218,46 @@ def test_builtin_serialization_decodes_to_the_rendered_chat(
     }
 
 
+def test_extracted_layouts_serialize_to_the_clients_own_text(
+    tokenizers: dict[str, Tokenizer],
+) -> None:
+    """Segments found in a client's text (a preamble before them, their own separators,
+    numbered labels): served in the client's order, the prompt reads exactly as the
+    client wrote it; reordered, the labels follow the positions, so the model reads
+    [1], [2] in order; fixed segments keep their order."""
+    tok = tokenizers["builtin"]
+    prompt = SegmentedPrompt(
+        system="Answer briefly.",
+        preamble="Context:\n",
+        segments=[
+            Segment(id="a", text="Cats purr.\n"),
+            Segment(id="b", text="Dogs bark.\n"),
+            Segment(id="c", text="Owls hoot.\n"),
+        ],
+        suffix="\nWho purrs?",
+        separator="",
+        label_format="[{n}] ",
+        fixed=frozenset({"b", "c"}),
+    )
+    serializer = Serializer(tok)
+    user = "Context:\n[1] Cats purr.\n[2] Dogs bark.\n[3] Owls hoot.\n\nWho purrs?"
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": user}]
+    assert tok.decode(serializer.serialize(prompt).input_ids) == tok.render_chat(messages)
+    moved = serializer.serialize(prompt, order=["b", "a", "c"])
+    assert tok.decode(moved.input_ids) == tok.render_chat(
+        [messages[0], {"role": "user", "content": user.replace("Cats purr.\n[2] Dogs bark.",
+                                                               "Dogs bark.\n[2] Cats purr.")}]
+    )  # fmt: skip
+    # A segment's own tokens do not depend on its label: the same text at another
+    # position reuses the cached ids.
+    assert moved.segment_tokens["a"] == serializer.serialize(prompt).segment_tokens["a"]
+    with pytest.raises(SerializationError, match="fixed"):
+        serializer.serialize(prompt, order=["a", "c", "b"])
+    plain = serializer.serialize(prompt, chat=False)
+    assert tok.decode(plain.input_ids) == "Answer briefly." + user
+    assert serializer.head_tokens("Answer briefly.", True, "Context:\n") == moved.head_tokens
+
+
 def test_non_chat_without_system_or_suffix(tokenizers: dict[str, Tokenizer]) -> None:
     serializer = Serializer(tokenizers["builtin"])
     out = serializer.serialize(_prompt(None, [("a", "Alpha."), ("b", "Beta.")], ""), chat=False)

@@ -155,8 +155,9 @@ class ContextPilotPolicy:
         """Segments along the view's most recently used path first, the rest in order."""
         if not request.reorder:
             return tuple(request.segments)
+        movable, fixed = request.split_fixed()
         node = self.cache_view.head_node(request)
-        remaining = dict.fromkeys(request.segments)
+        remaining = dict.fromkeys(movable)
         front: list[str] = []
         while node is not None and remaining:
             candidates = [
@@ -168,7 +169,7 @@ class ContextPilotPolicy:
             if node is not None:
                 front.append(node.key[4:])
                 del remaining[node.key[4:]]
-        return (*front, *remaining)
+        return (*front, *remaining, *fixed)
 
     def plan_round(
         self,

@@ -66,18 +66,21 @@ class PrismPolicy:
         params = self.params
         if not request.reorder:
             return tuple(request.segments)
+        movable, fixed = request.split_fixed()
         if not resident or self.paths is None:
-            return front_align(request.segments, priority, params.f_front, params.canonical_ties)
-        path = self.cached_path(request, priority, resident)
-        rest = [s for s in request.segments if s not in path] if path else request.segments
-        front = max(params.f_front - len(path), sum(1 for s in rest if s in resident))
-        return (*path, *front_align(rest, priority, front, params.canonical_ties))
+            front = front_align(movable, priority, params.f_front, params.canonical_ties)
+            return (*front, *fixed)
+        path = self.cached_path(request, priority, resident, movable)
+        rest = [s for s in movable if s not in path] if path else movable
+        front_size = max(params.f_front - len(path), sum(1 for s in rest if s in resident))
+        return (*path, *front_align(rest, priority, front_size, params.canonical_ties), *fixed)
 
     def cached_path(
         self,
         request: QueuedRequest,
         priority: Callable[[str], float],
         resident: frozenset[str],
+        movable: Sequence[str] | None = None,
     ) -> tuple[str, ...]:
         """The longest (in tokens) dispatched run of the request's resident segments
         after its head; equal lengths go to higher priorities, then more recent paths.
@@ -87,7 +90,9 @@ class PrismPolicy:
         if head is None:
             return ()
         tokens = {s: request.segment_length(i) for i, s in enumerate(request.segments)}
-        candidates = [s for s in request.segments if s in resident]
+        candidates = [
+            s for s in (request.segments if movable is None else movable) if s in resident
+        ]
         best: tuple[tuple[int, float, int], tuple[str, ...]] = ((0, 0.0, 0), ())
         budget = PATH_SEARCH_NODES
         stack: list[tuple[CacheViewNode, tuple[str, ...], int, float]] = [(head, (), 0, 0.0)]

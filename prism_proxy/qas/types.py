@@ -32,6 +32,9 @@ class QueuedRequest:
     `arrival`) is when its admission wait runs out: the admission core sets it from
     the SLO or `cold_deadline_ms` (inf: none).
 
+    `fixed` (segments found in an unmodified client's text whose boundaries the proxy
+    could not justify) keep their relative order, after the others (`split_fixed`).
+
     `head` names the request's system head for DART's table (issue 23; its entry is
     keyed `counters.head_key(head)`): the `prefix_key` when the head has tokens, None
     when there is no head (an unhinted, private request, or an empty head).
@@ -46,9 +49,19 @@ class QueuedRequest:
     segment_tokens: tuple[int, ...] | None = None
     ttft_slo_s: float | None = None
     deadline: float = math.inf
+    fixed: frozenset[str] = frozenset()
 
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]
+
+    def split_fixed(self) -> tuple[list[str], list[str]]:
+        """(movable, fixed) segments in request order: a reorderable request's `fixed`
+        segments (boundaries the proxy could not justify) keep their relative order and
+        follow the movable ones, which a policy may order as it likes."""
+        if not self.fixed:
+            return list(self.segments), []
+        movable = [s for s in self.segments if s not in self.fixed]
+        return movable, [s for s in self.segments if s in self.fixed]
 
     @property
     def head(self) -> str | None:

@@ -51,9 +51,34 @@ class ChatMessage(_Lenient):
     content: str | list[dict[str, Any]] | None = None
 
 
+class FunctionIn(_Lenient):
+    name: str
+    parameters: dict[str, Any] | None = None  # a JSON Schema
+
+
+class ToolIn(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionIn
+
+
+class ToolChoiceFunction(_Lenient):
+    name: str
+
+
+class ToolChoiceIn(_Lenient):
+    """A named function: `{"type": "function", "function": {"name": ...}}`."""
+
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
+
+
 class ChatCompletionIn(_Lenient):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
+    # Forced calls are answered as SGLang does (`prism_sim.tool_calls`); tools are not
+    # rendered into the prompt (the builtin chat template has no tool calling).
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceIn | None = None
     max_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
     stream: bool = False

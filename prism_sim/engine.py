@@ -193,8 +193,12 @@ class SimEngine:
         kv_hints: dict[str, Any] | None = None,
         priority: int | None = None,
         stream: bool = False,
+        output_script: list[int] | None = None,
     ) -> RequestHandle:
-        """Queue a request (ValueError when it can never fit or the rid is in use)."""
+        """Queue a request (ValueError when it can never fit or the rid is in use).
+        `output_script`: the tokens to generate instead of filler (`SimRequest`)."""
+        if output_script is not None and not output_script:
+            raise ValueError("output_script must not be empty")
         req = SimRequest(
             rid=rid or uuid.uuid4().hex,
             input_ids=list(input_ids),
@@ -203,6 +207,7 @@ class SimEngine:
             kv_hints=kv_hints,
             priority=priority,
             stream=stream,
+            output_script=output_script,
         )
         handle = RequestHandle(req, self)
         self.loop.submit(req)

@@ -28,6 +28,7 @@ from prism_sim.http_common import (
     start_request,
 )
 from prism_sim.request import SimRequest
+from prism_sim.tool_calls import ForcedCall, call_id, forced_call, tool_call_json
 
 BodyT = TypeVar("BodyT", CompletionIn, ChatCompletionIn)
 
@@ -50,6 +51,7 @@ async def _serve(
     include_usage: bool,
     chat: bool,
     model: str,
+    call: ForcedCall | None = None,
 ) -> web.StreamResponse:
     created = int(time.time())
     prefix = "chatcmpl-" if chat else "cmpl-"
@@ -59,44 +61,100 @@ async def _serve(
         if not stream:
             req = await handle.wait()
             text = engine.decode(req.output_ids)
+            reason = finish_reason_name(req)
             if chat:
                 message = {"role": "assistant", "content": text, "reasoning_content": None,
                            "tool_calls": None}  # fmt: skip
+                if call is not None and reason == "stop":
+                    # the array parsed; cut short ("length", "abort") it would not, and
+                    # SGLang answers with the text as content
+                    message.update(content="", tool_calls=[tool_call_json(call, call_id())])
+                    reason = "tool_calls"
                 choice: dict[str, Any] = {"index": 0, "message": message}
             else:
                 choice = {"index": 0, "text": text, "logprobs": None}
-            choice.update(finish_reason=finish_reason_name(req), matched_stop=None)
+            choice.update(finish_reason=reason, matched_stop=None)
             obj = "chat.completion" if chat else "text_completion"
             return web.json_response(
                 {**base, "object": obj, "choices": [choice], "usage": _usage(handle.req)}
             )
         response = await open_sse(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
-        sent = ""
+        base["object"] = obj
         if chat:
             first = {"index": 0, "delta": {"role": "assistant", "content": ""},
                      "logprobs": None, "finish_reason": None}  # fmt: skip
-            await send_sse(response, {**base, "object": obj, "choices": [first]})
-        async for req in handle.progress():
-            text = engine.decode(req.output_ids)
-            delta, sent = text[len(sent) :], text
-            reason = finish_reason_name(req)
-            if chat:
-                choice = {"index": 0, "delta": {"content": delta}, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": delta, "logprobs": None}
-            choice["finish_reason"] = reason
-            if reason is not None:
-                choice["matched_stop"] = None
-            await send_sse(response, {**base, "object": obj, "choices": [choice]})
+            await send_sse(response, {**base, "choices": [first]})
+        if call is None:
+            await _stream_text(response, base, handle, engine, chat=chat)
+        else:
+            await _stream_call(response, base, handle, engine, call)
         if include_usage:
-            usage_chunk = {**base, "object": obj, "choices": [], "usage": _usage(handle.req)}
+            usage_chunk = {**base, "choices": [], "usage": _usage(handle.req)}
             await send_sse(response, usage_chunk)
         await send_sse(response, "[DONE]")
         await response.write_eof()
         return response
     finally:
         handle.abort()
+
+
+async def _stream_text(
+    response: web.StreamResponse,
+    base: dict[str, Any],
+    handle: RequestHandle,
+    engine: SimEngine,
+    *,
+    chat: bool,
+) -> None:
+    """One chunk per generated token; the last one carries the finish reason."""
+    sent = ""
+    async for req in handle.progress():
+        text = engine.decode(req.output_ids)
+        delta, sent = text[len(sent) :], text
+        reason = finish_reason_name(req)
+        if chat:
+            choice = {"index": 0, "delta": {"content": delta}, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None}
+        choice["finish_reason"] = reason
+        if reason is not None:
+            choice["matched_stop"] = None
+        await send_sse(response, {**base, "choices": [choice]})
+
+
+async def _stream_call(
+    response: web.StreamResponse,
+    base: dict[str, Any],
+    handle: RequestHandle,
+    engine: SimEngine,
+    call: ForcedCall,
+) -> None:
+    """A forced call's chunks as SGLang streams them (`JsonArrayParser`): the call's id
+    and name once the generated text holds the name, its arguments once the array is
+    complete, then a chunk with only the finish reason ("tool_calls" after a parsed
+    call)."""
+
+    def delta(**fields: Any) -> dict[str, Any]:
+        message = {"role": None, "content": None, "reasoning_content": None, **fields}
+        choice = {"index": 0, "delta": message, "logprobs": None, "finish_reason": None,
+                  "matched_stop": None}  # fmt: skip
+        return {**base, "choices": [choice], "usage": None}
+
+    ident, named, reason = call_id(), False, None
+    async for req in handle.progress():
+        reason = finish_reason_name(req)
+        if not named and len(engine.decode(req.output_ids)) >= call.name_end:
+            named = True
+            await send_sse(
+                response, delta(tool_calls=[tool_call_json(call, ident, arguments=False)])
+            )
+        if reason == "stop":
+            await send_sse(response, delta(tool_calls=[tool_call_json(call, None, name=False)]))
+            reason = "tool_calls"
+    final = {"index": 0, "delta": {"reasoning_content": None}, "logprobs": None,
+             "finish_reason": reason, "matched_stop": None}  # fmt: skip
+    await send_sse(response, {**base, "choices": [final]})
 
 
 async def _completion_prompt(engine: SimEngine, body: CompletionIn) -> tuple[list[int], int | None]:
@@ -136,6 +194,16 @@ async def _complete(
     engine = request.app[ENGINE_KEY]
     try:
         body = await parse_body(request, model)
+        call, script = None, None
+        if isinstance(body, ChatCompletionIn):
+            try:
+                call = forced_call(body.tools, body.tool_choice)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+        if call is not None:
+            # the call's tokens, then the stop token that ends a constrained answer
+            stop = engine.tokenizer.eos_token_id
+            script = engine.tokenizer.encode(call.text) + ([] if stop is None else [stop])
         ids, max_tokens = await prompt_of(engine, body)
         handle = start_request(
             engine,
@@ -145,6 +213,7 @@ async def _complete(
             rid=body.rid,
             priority=body.priority,
             stream=body.stream,
+            output_script=script,
         )
     except BadRequest as exc:
         return error_response(str(exc))
@@ -159,6 +228,7 @@ async def _complete(
         include_usage=include_usage,
         chat=chat,
         model=model_name,
+        call=call,
     )
 
 

@@ -36,6 +36,9 @@ class SimRequest:
     kv_hints: dict[str, Any] | None = None
     priority: int | None = None
     stream: bool = False  # for metric labels (`is_streaming`)
+    # The tokens to generate, in order, ending with a stop token (a tool call forced by
+    # the request, `prism_sim.tool_calls`); None: filler up to `max_new_tokens`.
+    output_script: list[int] | None = None
     # Called (synchronously, by the scheduler) after every new token and at finish.
     listener: Callable[[SimRequest], None] | None = None
 

@@ -324,11 +324,16 @@ class Scheduler:
         if req.abort_requested:
             self._release(req, now, {"type": "abort", "message": "Abort request."})
             return
-        req.output_ids.append(self.filler_ids[len(req.output_ids) % len(self.filler_ids)])
+        script, done = req.output_script, len(req.output_ids)
+        token = self.filler_ids[done % len(self.filler_ids)] if script is None else script[done]
+        req.output_ids.append(token)
         self.stats.generation_tokens_total += 1
         if req.first_token_s is None:
             req.first_token_s = now
-        if len(req.output_ids) >= req.max_new_tokens:
+        if script is not None and len(req.output_ids) == len(script):
+            # SGLang's FINISH_MATCHED_TOKEN: the script ends with its stop token
+            self._release(req, now, {"type": "stop", "matched": token})
+        elif len(req.output_ids) >= req.max_new_tokens:
             self._release(req, now, {"type": "length", "length": req.max_new_tokens})
         else:
             req.notify()

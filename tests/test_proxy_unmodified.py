@@ -7,6 +7,7 @@ found, or the deployment or the request opting out, and the request goes as befo
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -165,3 +166,40 @@ async def test_completions_and_generate_text_are_searched_too(proxy_factory: Pro
         assert generated.status_code == 200
         counts = extraction_counts((await http.get("/metrics")).text)
     assert counts[("found", "numbered")] == 2
+
+
+def _nested_tags(depth: int) -> str:
+    return "<doc>" * depth + "x" + "</doc>" * (depth - 1)
+
+
+ADVERSARIAL = {
+    "deep, unbalanced tags": _nested_tags(20_000),
+    "1e5 markers": "".join(f"[{n}] x\n" for n in range(1, 100_001)),
+    "numbering collisions": "[1] a\n[1] b\n[2] c\n" * 20_000,
+    "a message of separators": "\n\n" * 400_000,
+    "markers inside documents": "".join(
+        f"<doc>\nquoting <doc> and [2] and ## heads {n}\n</doc>\n" for n in range(2_000)
+    )
+    + "\nWhat now?",
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+async def test_adversarial_texts_are_answered_and_never_guessed(
+    proxy_factory: ProxyFactory, name: str
+) -> None:
+    """Texts made to trip the finders: answered (the engine may refuse a prompt beyond
+    its context, with its 400), never a 5xx; nothing is guessed (here nothing is found:
+    100,000 markers or 2,000 documents are beyond 256, the others break the layouts'
+    rules). The time each takes is linear in the text (`python -m bench.extraction`); a
+    large prompt's work runs off the event loop."""
+    proxy = await proxy_factory()
+    body = {"model": "m", "messages": [{"role": "user", "content": ADVERSARIAL[name]}],
+            "max_tokens": 1}  # fmt: skip
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=120.0) as http:
+        health = http.get("/health")
+        answer, probe = await asyncio.gather(http.post("/v1/chat/completions", json=body), health)
+        assert answer.status_code in (200, 400), answer.text
+        assert probe.status_code == 200
+        counts = extraction_counts((await http.get("/metrics")).text)
+    assert counts == {("none", ""): 1.0}

@@ -3,7 +3,7 @@
 # the environment `make venv` builds. Real-stack sweeps run in real time and want a
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
-#   bash docs/results/reproduce.sh [real|twin|qas|quality|all]    (default: all)
+#   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|all]   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
 # their commands pin the paper's (`--qas paper`). `qas` re-runs issue 13's comparison.
@@ -107,6 +107,22 @@ qas() {
   cp $out/reorder-twin/bound.json docs/results/qas-variants/reorder-twin/
 }
 
+unmodified() {
+  # Issue 24: zipf_hotspot sent as plain OpenAI chat, as unmodified clients send it, in
+  # each layout, through the real proxy and prism-sim at 60 QPS (~12 min); beside it the
+  # same trace with hints
+  local out=runs/unmodified
+  for layout in blank xml numbered markdown dashed; do
+    prism-loadgen sweep --out $out/$layout --client-api openai --layout $layout \
+      --policies fifo,contextpilot,prism,sglang-fcfs --qps 60 --num-requests 600
+  done
+  prism-loadgen sweep --out $out/hinted --policies prism --qps 60 --num-requests 600
+  for name in blank xml numbered markdown dashed hinted; do
+    mkdir -p "docs/results/unmodified/$name"
+    cp "$out/$name"/{report.md,summaries.json,sweep.json} "docs/results/unmodified/$name/"
+  done
+}
+
 quality() {
   # Issue 16: answer F1 by document order on SmolLM2-135M-Instruct, a real SGLang on
   # this CPU (make sglang-venv first; the model is prepared on first use; ~40 min)
@@ -120,7 +136,8 @@ case $what in
   real) real ;;
   twin) twin ;;
   qas) qas ;;
+  unmodified) unmodified ;;
   quality) quality ;;
-  all) real; twin; qas; quality ;;
-  *) echo "usage: $0 [real|twin|qas|quality|all]" >&2; exit 2 ;;
+  all) real; twin; qas; unmodified; quality ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|all]" >&2; exit 2 ;;
 esac

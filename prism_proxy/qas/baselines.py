@@ -155,7 +155,9 @@ class ContextPilotPolicy:
         """Segments along the view's most recently used path first, the rest in order."""
         if not request.reorder:
             return tuple(request.segments)
-        movable, fixed = request.split_fixed()
+        lead, movable, fixed = request.split_fixed()
+        if lead:
+            return (*lead, *movable, *fixed)  # the view's paths start after the head
         node = self.cache_view.head_node(request)
         remaining = dict.fromkeys(movable)
         front: list[str] = []

@@ -66,14 +66,15 @@ class PrismPolicy:
         params = self.params
         if not request.reorder:
             return tuple(request.segments)
-        movable, fixed = request.split_fixed()
+        lead, movable, fixed = request.split_fixed()
         if not resident or self.paths is None:
             front = front_align(movable, priority, params.f_front, params.canonical_ties)
-            return (*front, *fixed)
-        path = self.cached_path(request, priority, resident, movable)
+            return (*lead, *front, *fixed)
+        path = self.cached_path(request, priority, resident, movable, lead)
         rest = [s for s in movable if s not in path] if path else movable
         front_size = max(params.f_front - len(path), sum(1 for s in rest if s in resident))
-        return (*path, *front_align(rest, priority, front_size, params.canonical_ties), *fixed)
+        aligned = front_align(rest, priority, front_size, params.canonical_ties)
+        return (*lead, *path, *aligned, *fixed)
 
     def cached_path(
         self,
@@ -81,12 +82,16 @@ class PrismPolicy:
         priority: Callable[[str], float],
         resident: frozenset[str],
         movable: Sequence[str] | None = None,
+        lead: Sequence[str] = (),
     ) -> tuple[str, ...]:
         """The longest (in tokens) dispatched run of the request's resident segments
-        after its head; equal lengths go to higher priorities, then more recent paths.
-        A depth-first search over the view, bounded to `PATH_SEARCH_NODES` nodes."""
+        after its head (and its `lead`, the segments that stay in front); equal lengths
+        go to higher priorities, then more recent paths. A depth-first search over the
+        view, bounded to `PATH_SEARCH_NODES` nodes."""
         assert self.paths is not None
         head = self.paths.head_node(request)
+        for segment in lead:
+            head = head.children.get("seg:" + segment) if head is not None else None
         if head is None:
             return ()
         tokens = {s: request.segment_length(i) for i, s in enumerate(request.segments)}

@@ -33,7 +33,8 @@ class QueuedRequest:
     the SLO or `cold_deadline_ms` (inf: none).
 
     `fixed` (segments found in an unmodified client's text whose boundaries the proxy
-    could not justify) keep their relative order, after the others (`split_fixed`).
+    could not justify) keep their relative order, and a leading run of them its place
+    in front (`split_fixed`).
 
     `head` names the request's system head for DART's table (issue 23; its entry is
     keyed `counters.head_key(head)`): the `prefix_key` when the head has tokens, None
@@ -54,14 +55,21 @@ class QueuedRequest:
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]
 
-    def split_fixed(self) -> tuple[list[str], list[str]]:
-        """(movable, fixed) segments in request order: a reorderable request's `fixed`
-        segments (boundaries the proxy could not justify) keep their relative order and
-        follow the movable ones, which a policy may order as it likes."""
+    def split_fixed(self) -> tuple[list[str], list[str], list[str]]:
+        """(lead, movable, rest) segments in request order. A reorderable request's
+        `fixed` segments (boundaries the proxy could not justify) keep their order: those
+        before the first movable one stay in front (an instruction, "Context:"), the
+        others follow the movable ones, which a policy may order as it likes."""
         if not self.fixed:
-            return list(self.segments), []
-        movable = [s for s in self.segments if s not in self.fixed]
-        return movable, [s for s in self.segments if s in self.fixed]
+            return [], list(self.segments), []
+        lead: list[str] = []
+        for segment in self.segments:
+            if segment not in self.fixed:
+                break
+            lead.append(segment)
+        others = self.segments[len(lead) :]
+        movable = [s for s in others if s not in self.fixed]
+        return lead, movable, [s for s in others if s in self.fixed]
 
     @property
     def head(self) -> str | None:

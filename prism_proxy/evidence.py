@@ -52,6 +52,13 @@ class BlockRecord(NamedTuple):
     successor_varied: bool  # since seen before another successor
 
 
+class Judgement(NamedTuple):
+    """What the evidence says of one request's blocks, in prompt order."""
+
+    units: tuple[bool, ...]  # documents of their own: they may move
+    known: tuple[bool, ...]  # seen in an earlier request
+
+
 def block_key(block: str) -> bytes:
     """A block's identity: 16-byte BLAKE2b of its text without trailing whitespace."""
     data = block.rstrip().encode("utf-8", "surrogatepass")  # JSON may carry lone surrogates
@@ -110,6 +117,12 @@ class BlockEvidence:
         `count_this_request`, this request counts towards the block's own variation
         (two documents swapped between two requests are units at the second), never
         towards its neighbours' glue."""
+        return self.judge(blocks, count_this_request=count_this_request).units
+
+    def judge(self, blocks: Sequence[str], *, count_this_request: bool = False) -> Judgement:
+        """`observe`, also saying which blocks earlier requests had shown (`known`): a
+        known block that is no unit has stayed where it was (an instruction, a
+        heading), an unknown one is merely new."""
         keys = [block_key(block) for block in blocks]
         last = len(keys) - 1
         with self._lock:
@@ -136,7 +149,7 @@ class BlockEvidence:
             self.requests += 1
             self.blocks += len(keys)
             self.units += sum(units)
-        return units
+        return Judgement(units, tuple(record is not None for record in records))
 
     def clear(self) -> None:
         with self._lock:

@@ -52,6 +52,7 @@ class TokenJob:
     segment_tokens: tuple[int, ...] | None
     build: Callable[[Sequence[str]], Dispatch]
     fixed: frozenset[str] = frozenset()
+    pinned: frozenset[str] = frozenset()
 
     def payload(
         self,
@@ -88,6 +89,7 @@ class TokenJob:
             head_tokens=self.head_tokens,
             segment_tokens=self.segment_tokens,
             fixed=self.fixed,
+            pinned=self.pinned,
         )
 
 
@@ -124,6 +126,7 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
         reorder=prompt.reorder,
         prefix_key=serializer.prefix_key(prompt.system, chat, prompt.preamble),
         fixed=prompt.fixed,
+        pinned=prompt.pinned,
         head_tokens=head_tokens,
         segment_tokens=tuple(lengths.values()),
         build=build,
@@ -213,10 +216,12 @@ def find_documents(
     prompt reads exactly as the client wrote it. Documents may move where their
     boundaries are justified: by the layout itself (tags, numbered labels, headers),
     or, for blocks split at blank lines, by evidence (`BlockEvidence`: a block seen next
-    to other neighbours than the first time is a document of its own); the others are
-    `fixed`. A numbered layout's labels follow the positions served ("[1] " is always
-    the first document the model reads), so the same document under another number is
-    the same segment.
+    to other neighbours on both sides, across requests, is a document of its own; blocks
+    that always travel together never are); the others are `fixed`. A numbered layout's
+    labels follow the positions served ("[1] " is always the first document the model
+    reads), so the same document under another number is the same segment. Documents
+    joined by one separator keep it between them as a `joiner`, so a document's tokens
+    do not depend on where it lands.
     """
     if not layouts:
         return None
@@ -234,13 +239,19 @@ def find_documents(
     ids = [document_id(document.rstrip()) for document in documents]
     if len(set(ids)) != len(ids):
         return None  # a document repeated within the request: nothing to gain, and ambiguous
-    if found.certain:
-        fixed: frozenset[str] = frozenset()
-    else:
+    fixed: frozenset[str] = frozenset()
+    pinned: list[str] = []
+    if not found.certain:
         # this request's own arrangement counts too: a block seen in two requests next
         # to other neighbours is a document of its own
-        units = evidence.observe(found.documents, count_this_request=True)
-        fixed = frozenset(i for i, unit in zip(ids, units, strict=True) if not unit)
+        judged = evidence.judge(found.documents, count_this_request=True)
+        fixed = frozenset(i for i, unit in zip(ids, judged.units, strict=True) if not unit)
+        # Known blocks that never moved, before the first that may: they stay in front
+        # (an instruction, "Context:"); a new block there is merely unknown.
+        for segment_id, unit, known in zip(ids, judged.units, judged.known, strict=True):
+            if unit or not known:
+                break
+            pinned.append(segment_id)
     try:
         prompt = SegmentedPrompt(
             system=system,
@@ -255,6 +266,7 @@ def find_documents(
             label_format=found.label_format,
             reorder=reorder,
             fixed=fixed,
+            pinned=frozenset(pinned),
         )
     except ValidationError:
         return None  # beyond the limits of a segmented prompt: served as one piece

@@ -109,7 +109,8 @@ class SegmentedPrompt(BaseModel):
     consecutive segments instead (after the first, before the label), tokenized on its
     own, so that documents a client joined with "\n\n" keep their own tokens at any
     position; `fixed` lists segments whose boundaries are not certain: they keep their
-    relative order, after the others.
+    relative order, after the others, but for the `pinned` ones (a leading run of fixed
+    segments known to stay in front, such as an instruction), which stay in front.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -123,6 +124,7 @@ class SegmentedPrompt(BaseModel):
     label_format: str | None = None
     joiner: str | None = None
     fixed: frozenset[str] = frozenset()
+    pinned: frozenset[str] = frozenset()
 
     _check_system = field_validator("system", "suffix", "preamble")(_check_piece)
 

@@ -155,3 +155,14 @@ def test_concurrent_observers_lose_no_request() -> None:
     assert stats["requests"] == 8 * 300 and stats["blocks"] == 8 * 300 * 4
     assert stats["entries"] == len(docs)
     assert all(evidence.observe(docs[:3] + docs[5:6])[1:3])  # shuffled documents are units
+
+
+def test_judge_tells_known_blocks_from_new_ones() -> None:
+    """A block an earlier request showed, that never moved, is known (it may stay in
+    front: an instruction); a new block is not."""
+    evidence = BlockEvidence(1 << 20)
+    first = evidence.judge(["Given the following.", "Context:", "D1", "D2"])
+    assert first.known == (False, False, False, False)
+    second = evidence.judge(["Given the following.", "Context:", "D2", "D1", "D9"])
+    assert second.known == (True, True, True, True, False)
+    assert second.units[:2] == (False, False)

@@ -33,8 +33,8 @@ class QueuedRequest:
     the SLO or `cold_deadline_ms` (inf: none).
 
     `fixed` (segments found in an unmodified client's text whose boundaries the proxy
-    could not justify) keep their relative order, and a leading run of them its place
-    in front (`split_fixed`).
+    could not justify) keep their relative order, and a leading run of `pinned` ones
+    their place in front (`split_fixed`).
 
     `head` names the request's system head for DART's table (issue 23; its entry is
     keyed `counters.head_key(head)`): the `prefix_key` when the head has tokens, None
@@ -51,20 +51,21 @@ class QueuedRequest:
     ttft_slo_s: float | None = None
     deadline: float = math.inf
     fixed: frozenset[str] = frozenset()
+    pinned: frozenset[str] = frozenset()
 
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]
 
     def split_fixed(self) -> tuple[list[str], list[str], list[str]]:
         """(lead, movable, rest) segments in request order. A reorderable request's
-        `fixed` segments (boundaries the proxy could not justify) keep their order: those
-        before the first movable one stay in front (an instruction, "Context:"), the
-        others follow the movable ones, which a policy may order as it likes."""
+        `fixed` segments (boundaries the proxy could not justify) keep their order: the
+        leading `pinned` ones stay in front (an instruction, "Context:"), the others
+        follow the movable ones, which a policy may order as it likes."""
         if not self.fixed:
             return [], list(self.segments), []
         lead: list[str] = []
         for segment in self.segments:
-            if segment not in self.fixed:
+            if segment not in self.pinned:
                 break
             lead.append(segment)
         others = self.segments[len(lead) :]

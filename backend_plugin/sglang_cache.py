@@ -7,7 +7,8 @@ insertion stay SGLang's own; DART changes which evictable leaf goes first (SPEC 
   leaves by DART keys (O(log V) per evicted node, as for LRU);
 * `evict()` first applies queued priority updates and snapshots F_t, once per pass;
 * `checkpoint(req, up_to=…)` (SGLang's per-request insertion point, called from
-  `mem_cache/common.py`) inserts as usual, then reads `req.rid` / `req.kv_hints`,
+  `mem_cache/common.py`) inserts as usual, then reads `req.rid` / `req.kv_hints` (or,
+  from SGLang's OpenAI endpoint, `req.sampling_params.custom_params`),
   splits nodes at the anchor offsets and annotates the path;
 * `_split_node` carries a node's owner to the new upper half; `_delete_leaf` counts
   evicted tokens per class; `on_release` ends the request's share of a_t;
@@ -25,7 +26,7 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, Ins
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
-from backend_plugin.dart.anchors import AnchorError, AnchorHints, parse_kv_hints
+from backend_plugin.dart.anchors import AnchorError, AnchorHints, request_hints
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
 from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
@@ -135,7 +136,12 @@ class DartRadixCache(RadixCache):
     @staticmethod
     def _hints_of(req: Any) -> AnchorHints | None:
         try:
-            return parse_kv_hints(getattr(req, "kv_hints", None))
+            params = getattr(req, "sampling_params", None)
+            return request_hints(
+                getattr(req, "kv_hints", None),
+                getattr(params, "custom_params", None),
+                getattr(req, "origin_input_ids", None) or (),
+            )
         except AnchorError as exc:
             logger.warning("request %s: ignoring malformed PRISM anchors: %s", req.rid, exc)
             return None

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from backend_plugin.config import ControlConfig, load_config
-from backend_plugin.dart.anchors import AnchorError, parse_kv_hints
+from backend_plugin.dart.anchors import AnchorError, request_hints
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
 from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
@@ -94,7 +94,7 @@ class DartSimExtension:
         self._follow(cache)
         self.core.apply_pending()
         try:
-            hints = parse_kv_hints(req.kv_hints)
+            hints = request_hints(req.kv_hints, None, req.input_ids)
         except AnchorError as exc:
             logger.warning("request %s: ignoring malformed PRISM anchors: %s", req.rid, exc)
             return

@@ -28,6 +28,7 @@ import json
 import re
 import sys
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -118,6 +119,25 @@ class ChatPieces:
         if start < len(text):
             ids.extend(self._piece(text[start:]))
         return ids
+
+    def encode_cut(self, text: str, cuts: Sequence[int]) -> tuple[list[int], list[int | None]]:
+        """``encode(text)`` and, for each character position in `cuts`, the number of ids
+        before it: where the library cuts the text too (at either edge of an added
+        token); None for a position inside a piece, whose ids depend on both sides."""
+        ids: list[int] = []
+        edges: dict[int, int] = {0: 0}
+        start = 0
+        for match in self._splitter.finditer(text):
+            if match.start() > start:
+                ids.extend(self._piece(text[start : match.start()]))
+            edges[match.start()] = len(ids)
+            ids.append(self._added[match.group()])
+            start = match.end()
+            edges[start] = len(ids)
+        if start < len(text):
+            ids.extend(self._piece(text[start:]))
+        edges[len(text)] = len(ids)
+        return ids, [edges.get(cut) for cut in cuts]
 
     def _piece(self, piece: str) -> array[int]:
         cached = self._pieces.get(piece)

@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from backend_plugin.dart.anchors import CUSTOM_PARAMS_KEY, make_kv_hints
 from prism_proxy import state
 from prism_proxy.admission import (
     DuplicateRidError,
@@ -48,6 +49,15 @@ from prism_proxy.api_models import (
 from prism_proxy.backend_client import BackendError
 from prism_proxy.bodies import BodyError, Caps, check_counts
 from prism_proxy.config import ProxyConfig
+from prism_proxy.conversation import (
+    NotRenderable,
+    content_format,
+    dispatch_check,
+    find_turns,
+    template_messages,
+    template_tools,
+    turns_job,
+)
 from prism_proxy.http_errors import http_exception_response
 from prism_proxy.memory import release_free_memory
 from prism_proxy.openai_format import (
@@ -74,7 +84,7 @@ from prism_proxy.prompts import (
 )
 from prism_proxy.qas.types import QueuedRequest
 from prism_proxy.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, refused
-from prism_proxy.tokenizer import ChatTemplateError
+from prism_proxy.tokenizer import ChatTemplateError, Tokenizer
 
 ENDPOINT = web.RequestKey("endpoint", str)
 LANE = web.RequestKey("lane", str)
@@ -508,27 +518,52 @@ class _ClientGone(Exception):
 
 
 async def passthrough(
-    request: web.Request, path: str, body: dict[str, Any], *, set_rid: bool
+    request: web.Request,
+    path: str,
+    body: dict[str, Any],
+    *,
+    set_rid: bool,
+    job: TokenJob | None = None,
 ) -> web.StreamResponse:
     """Admit, then send `body` (the request's checked, served fields: its `forwarded`)
     to the backend's `path`, with a rid of the proxy's own when `set_rid`. The request
-    counts as pending prefill until the backend's first body byte (SPEC §2)."""
+    counts as pending prefill until the backend's first body byte (SPEC §2).
+
+    With a `job` (the turns the proxy found in a chat that the engine renders itself),
+    QAS schedules its skeleton and the anchors ride in `custom_params`, with the
+    `anchor_check` of the proxy's rendering: the engine places them only on a prompt
+    that matches."""
     backend = request.app[state.BACKEND]
     rid = new_rid() if set_rid else None
     if rid is not None:
         body["rid"] = rid
-    queued = QueuedRequest(rid=rid or new_rid(), arrival=time.monotonic())
-    async with _Admitted(request, queued, lane="passthrough"):
+    arrival = time.monotonic()
+    queued = (
+        QueuedRequest(rid=rid or new_rid(), arrival=arrival)
+        if job is None
+        else job.queued(rid or new_rid(), arrival)
+    )
+    async with _Admitted(request, queued, lane=None if job else "passthrough") as release:
+        lane = release.lane.value if job else "passthrough"
+        if job is not None:
+            dispatch = job.build(release.skeleton)
+            hints = make_kv_hints(
+                dispatch.anchors,
+                release.priorities,
+                message_id=queued.rid,
+                check=dispatch_check(dispatch),
+            )
+            body["custom_params"] = {CUSTOM_PARAMS_KEY: orjson.dumps(hints).decode()}
         try:
             async with backend.forward(path, body) as upstream:
                 if not upstream.content_type.startswith("text/event-stream"):
                     data = await upstream.read()
                     request.app[state.ADMISSION].first_token(queued.rid)
-                    _record_tokens(request, "passthrough", _usage_of(data))
+                    _record_tokens(request, lane, _usage_of(data))
                     return web.Response(
                         body=data, status=upstream.status, content_type=upstream.content_type
                     )
-                return await _relay_lines(request, upstream, queued.rid)
+                return await _relay_lines(request, upstream, queued.rid, lane)
         except (asyncio.CancelledError, _ClientGone) as exc:
             if rid is not None:
                 backend.abort(rid)
@@ -538,7 +573,9 @@ async def passthrough(
             return web.StreamResponse()
 
 
-async def _relay_lines(request: web.Request, upstream: Any, rid: str) -> web.StreamResponse:
+async def _relay_lines(
+    request: web.Request, upstream: Any, rid: str, lane: str
+) -> web.StreamResponse:
     """Copy an upstream SSE stream line by line as it comes."""
     metrics = request.app[state.METRICS]
     response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
@@ -561,7 +598,7 @@ async def _relay_lines(request: web.Request, upstream: Any, rid: str) -> web.Str
             if first:
                 request.app[state.ADMISSION].first_token(rid)
                 elapsed = time.monotonic() - request[STARTED]
-                metrics.child(metrics.ttft, "passthrough").observe(elapsed)
+                metrics.child(metrics.ttft, lane).observe(elapsed)
                 first = False
             if b'"usage"' in line:
                 usage = _usage_of(line.strip()[5:]) or usage
@@ -569,7 +606,7 @@ async def _relay_lines(request: web.Request, upstream: Any, rid: str) -> web.Str
         await response.write_eof()
     except ConnectionResetError as exc:
         raise _ClientGone() from exc
-    _record_tokens(request, "passthrough", usage)
+    _record_tokens(request, lane, usage)
     return response
 
 
@@ -622,6 +659,11 @@ class DocumentFinder:
         self.outcome = "hinted" if hinted else ("none" if self._layouts else "off")
         self.layout = ""
 
+    @property
+    def searching(self) -> bool:
+        """Whether this request may be segmented (no hints, extraction on for it)."""
+        return not self.hinted and bool(self._layouts)
+
     def find(self, text: str, system: str | None) -> Finding | None:
         finding = find_documents(
             text,
@@ -638,17 +680,53 @@ class DocumentFinder:
         count_origin(request, self.outcome, self.layout)
 
 
+def _chat_turns(tokenizer: Tokenizer, forwarded: dict[str, Any], *, tools: bool) -> TokenJob | None:
+    """The turns of a chat as the engine's template renders it (`conversation`), or None
+    when the proxy cannot render it as the engine would. `tools`: render the request's
+    `tools` too (a chat the engine's own endpoint serves)."""
+    if forwarded.get("chat_template_kwargs") or forwarded.get("reasoning_effort") is not None:
+        return None  # template variables the proxy does not pass
+    try:
+        messages = template_messages(forwarded["messages"], content_format(tokenizer.chat_template))
+        listed = (
+            template_tools(forwarded.get("tools"), forwarded.get("tool_choice")) if tools else None
+        )
+        return turns_job(find_turns(tokenizer, messages, listed))
+    except NotRenderable:
+        return None
+
+
+async def chat_relay(
+    request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any], size: PromptSize
+) -> web.StreamResponse:
+    """A chat only the engine's own endpoint serves (tools and tool calls, `n`,
+    logprobs, response formats...): it renders the prompt and parses the answer, so the
+    client gets exactly the engine's answer. The proxy renders the same prompt to find
+    its turns: QAS schedules it and DART gets its anchors like any other request."""
+    forwarded = body.forwarded(raw)
+    tokenizer = request.app[state.TOKENIZER]
+    job = None
+    if DocumentFinder(request, hinted=False).searching:
+        try:
+            job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded, tools=True))
+        except ChatTemplateError:
+            job = None
+    if job is None or job.head_tokens == 0:
+        count_origin(request, "forwarded")
+        job = None
+    else:
+        count_origin(request, "turns", "messages")
+    path = "/v1/chat/completions"
+    return await passthrough(request, path, forwarded, set_rid=(body.n or 1) == 1, job=job)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "chat"
     body, raw = await read_body(request, ChatCompletionRequest)
     size = body.prompt_size()
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
-        forwarded = body.forwarded(raw)
-        count_origin(request, "forwarded")
-        return await passthrough(
-            request, "/v1/chat/completions", forwarded, set_rid=(body.n or 1) == 1
-        )
+        return await chat_relay(request, body, raw, size)
     tokenizer = request.app[state.TOKENIZER]
     serializer = request.app[state.SERIALIZER]
     finder = DocumentFinder(request, body.prism is not None)
@@ -660,6 +738,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         turn = single_turn(body.messages)
         if turn is not None and (finding := finder.find(turn[1], turn[0])) is not None:
             return segmented_job(serializer, finding.prompt, chat=True)
+        if finder.searching:
+            job = _chat_turns(tokenizer, body.forwarded(raw), tools=False)
+            if job is not None:
+                if job.head_tokens:
+                    finder.outcome, finder.layout = "turns", "messages"
+                return job
         messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
         ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
         return private_job({"input_ids": ids}, len(ids))

@@ -140,10 +140,14 @@ class Tokenizer:
         return self._backend.token_to_id(token)
 
     def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Render ``messages`` with the chat template, as ``apply_chat_template(...,
-        tokenize=False)`` would. Raises ``ChatTemplateError`` without a template."""
+        """Render ``messages`` (and ``tools``) with the chat template, as
+        ``apply_chat_template(..., tokenize=False)`` would. Raises ``ChatTemplateError``
+        without a template or when it fails."""
         if self._template is None:
             raise ChatTemplateError(f"tokenizer {self.name!r} has no chat_template")
         template = self._template
@@ -153,14 +157,14 @@ class Tokenizer:
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token or "",
             "eos_token": self.eos_token or "",
-            "tools": None,
+            "tools": tools,
             "documents": None,
         }
         try:
             # What `template.render(**variables)` does, with the globals already merged.
             context = template.new_context(variables, shared=True)
             return template.environment.concat(template.root_render_func(context))  # type: ignore[attr-defined]
-        except jinja2.TemplateError as exc:
+        except (jinja2.TemplateError, TypeError, KeyError, IndexError) as exc:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
     def __repr__(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
 
@@ -75,8 +75,8 @@ class ToolChoiceIn(_Lenient):
 class ChatCompletionIn(_Lenient):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    # Forced calls are answered as SGLang does (`prism_sim.tool_calls`); tools are not
-    # rendered into the prompt (the builtin chat template has no tool calling).
+    # Forced calls are answered as SGLang does (`prism_sim.tool_calls`); the prompt is
+    # rendered from the request as sent (`raw`), tools included, as SGLang renders it.
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceIn | None = None
     max_tokens: int | None = Field(default=None, ge=0)
@@ -85,6 +85,23 @@ class ChatCompletionIn(_Lenient):
     stream_options: StreamOptions | None = None
     rid: str | None = None
     priority: int | None = None
+    # SGLang's `sampling_params.custom_params`: where DART's anchors ride on this
+    # endpoint (`backend_plugin.dart.anchors.CUSTOM_PARAMS_KEY`).
+    custom_params: dict[str, Any] | None = None
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_raw(cls, data: Any, handler: Any) -> ChatCompletionIn:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._raw = data
+        return model
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        """The body as sent (key order included: templates render tools as given)."""
+        return self._raw
 
 
 class AbortIn(_Lenient):

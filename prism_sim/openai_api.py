@@ -7,12 +7,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
 
+from backend_plugin.dart.anchors import CUSTOM_PARAMS_KEY, MAX_CUSTOM_PARAMS_CHARS
+from prism_proxy.conversation import content_format, template_messages, template_tools
 from prism_sim.api_models import ChatCompletionIn, CompletionIn
 from prism_sim.engine import RequestHandle, SimEngine
 from prism_sim.http_common import (
@@ -168,19 +171,32 @@ async def _completion_prompt(engine: SimEngine, body: CompletionIn) -> tuple[lis
     raise BadRequest("prompt must be a string, one string or a list of token ids")
 
 
-def _content_text(content: str | list[dict[str, Any]] | None) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(str(part.get("text", "")) for part in content if part.get("type") == "text")
-
-
 async def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[int], int | None]:
-    messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
+    """The prompt as SGLang's endpoint renders it: the template given SGLang's message
+    and tool dumps (`prism_proxy.conversation`), so tools and tool calls render too."""
+    tokenizer = engine.tokenizer
+    raw = body.raw
     try:
-        text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
+        fmt = content_format(tokenizer.chat_template)
+        messages = template_messages(raw.get("messages") or [], fmt, final_assistant=True)
+        tools = template_tools(raw.get("tools"), raw.get("tool_choice"))
+        text = tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools)
     except ValueError as exc:
         raise BadRequest(f"chat template failed: {exc}") from None
     return await encode(engine, text), body.max_completion_tokens or body.max_tokens
+
+
+def _anchors_envelope(custom_params: dict[str, Any]) -> dict[str, Any] | None:
+    """The `kv_hints` envelope a chat request carries in `custom_params` (None when it
+    carries none or it is not JSON: SGLang's plugin ignores those too)."""
+    text = custom_params.get(CUSTOM_PARAMS_KEY)
+    if not isinstance(text, str) or len(text) > MAX_CUSTOM_PARAMS_CHARS:
+        return None
+    try:
+        envelope = json.loads(text)
+    except ValueError:
+        return None
+    return envelope if isinstance(envelope, dict) else None
 
 
 async def _complete(
@@ -205,6 +221,9 @@ async def _complete(
             stop = engine.tokenizer.eos_token_id
             script = engine.tokenizer.encode(call.text) + ([] if stop is None else [stop])
         ids, max_tokens = await prompt_of(engine, body)
+        kv_hints = None
+        if isinstance(body, ChatCompletionIn) and body.custom_params:
+            kv_hints = _anchors_envelope(body.custom_params)
         handle = start_request(
             engine,
             ids,
@@ -214,6 +233,7 @@ async def _complete(
             priority=body.priority,
             stream=body.stream,
             output_script=script,
+            kv_hints=kv_hints,
         )
     except BadRequest as exc:
         return error_response(str(exc))

@@ -331,10 +331,13 @@ def test_incremental_protection_equals_a_fresh_computation(seed, capacity):
 
 def test_segment_ids_may_not_enter_the_heads_namespace():
     forged = {"kind": "segment", "segment_id": HEAD, "offset": 3}
-    with pytest.raises(AnchorError, match="NUL"):
+    with pytest.raises(AnchorError, match="may not start with"):
         parse_kv_hints({"prism": {"anchors": [forged]}})
     hints = parse_kv_hints({"prism": {"anchors": anchors_for(["A"], 4)}})
     assert hints.owners == {"A", HEAD}
+    # the proxy's own ids (documents and turns it found) are segments like any other
+    found = {"kind": "segment", "segment_id": "\x00doc:1f2e", "offset": 3}
+    assert parse_kv_hints({"prism": {"anchors": [found]}}).segment_ids == {"\x00doc:1f2e"}
 
 
 # ---- scenario on the simulator's tree ---------------------------------------------------

@@ -18,6 +18,7 @@ from proxy_support import loopback_app, running_proxy
 
 from backend_plugin.config import ControlConfig, ControlConfigError
 from backend_plugin.control_rpc import create_control_app
+from backend_plugin.dart.anchors import CUSTOM_PARAMS_KEY
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.priority import MAX_EPOCH
 from prism_proxy import state
@@ -247,14 +248,15 @@ async def test_a_large_prompt_is_tokenized_off_the_event_loop(sim_url, monkeypat
     a worker thread, a small one on the loop, and /health answers meanwhile."""
     async with running_proxy(sim_url) as proxy, aiohttp.ClientSession() as http:
         tokenizer = proxy.app[state.TOKENIZER]
-        encode_chat = tokenizer.encode_chat  # what a rendered chat is tokenized with
+        pieces = tokenizer.chat_pieces
+        encode_cut = pieces.encode_cut  # what a rendered chat is tokenized with
         threads: list[tuple[int, int]] = []  # (characters, thread)
 
-        def recording_encode(text: str) -> list[int]:
+        def recording_encode(text: str, cuts: list[int]) -> tuple[list[int], list]:
             threads.append((len(text), threading.get_ident()))
-            return encode_chat(text)
+            return encode_cut(text, cuts)
 
-        monkeypatch.setattr(tokenizer, "encode_chat", recording_encode)
+        monkeypatch.setattr(pieces, "encode_cut", recording_encode)
         loop_thread = threading.get_ident()
         for chars in (100, 200_000):
             body = {**CHAT, "messages": [{"role": "user", "content": "word " * (chars // 5)}]}
@@ -312,7 +314,10 @@ async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
         ) as response:
             assert response.status == 200, await response.text()
     forwarded = seen["chat"]
-    assert set(forwarded) == {"model", "messages", "tools", "rid", "extra_key"}
+    # custom_params: the proxy's own, the anchors of the turns it found (the client's
+    # would have been refused)
+    assert set(forwarded) == {"model", "messages", "tools", "rid", "extra_key", "custom_params"}
+    assert set(forwarded["custom_params"]) == {CUSTOM_PARAMS_KEY}
     assert forwarded["rid"].startswith("prism-") and forwarded["tools"] == [tool]
     assert forwarded["messages"] == [{"role": "user", "content": "hi"}]
     token_path = seen["generate"]

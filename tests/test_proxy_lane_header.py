@@ -22,8 +22,10 @@ TOOLS = {
 @pytest.mark.parametrize(
     ("body", "lanes"),
     # A lone hinted request has a signature, so QAS fills it into the hot lane first;
-    # one without hints has the empty signature and is cold-only (SPEC §2).
-    [(HINTED, {"hot"}), (CHAT, {"cold"}), (TOOLS, {"passthrough"})],
+    # one without hints has the empty signature and is cold-only (SPEC §2); so has one
+    # with tools, whose only turn is the head (the tools' system turn). The engine's
+    # endpoint serves it; without segmentation it would be passed through.
+    [(HINTED, {"hot"}), (CHAT, {"cold"}), (TOOLS, {"cold"})],
 )
 async def test_lane_header(proxy_factory: ProxyFactory, sim, body, lanes, stream) -> None:
     proxy = await proxy_factory()

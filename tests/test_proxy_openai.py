@@ -110,20 +110,34 @@ async def test_completions_stream_and_not(proxy_factory: ProxyFactory, hinted: b
 
 
 async def test_passthrough_features_reach_backend_endpoint(proxy_factory: ProxyFactory) -> None:
+    """A feature only the engine's endpoint serves (n=2): the engine answers. Its turns
+    (here the system turn) are scheduled by QAS in a lane; opted out of segmentation,
+    it is passed through."""
     proxy = await proxy_factory()
     async with _client(proxy.url) as client:
         whole = await client.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=3, n=2
         )
+        plain = await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=3, n=2,
+            extra_headers={"x-prism-extract": "off"},
+        )  # fmt: skip
     # The backend's own OpenAI endpoint answered (its ids, not the proxy's token path).
-    assert whole.choices and not whole.id.startswith("chatcmpl-prism-")
+    for answer in (whole, plain):
+        assert answer.choices and not answer.id.startswith("chatcmpl-prism-")
     metrics = proxy.app[state.METRICS].registry
-    assert (
-        metrics.get_sample_value(
-            "prism:requests_total", {"endpoint": "chat", "lane": "passthrough", "status": "200"}
-        )
-        == 1
-    )
+
+    def requests(lane: str) -> float:
+        labels = {"endpoint": "chat", "lane": lane, "status": "200"}
+        return metrics.get_sample_value("prism:requests_total", labels) or 0.0
+
+    def found(outcome: str, layout: str) -> float | None:
+        labels = {"endpoint": "chat", "outcome": outcome, "layout": layout}
+        return metrics.get_sample_value("prism:extraction_total", labels)
+
+    assert requests("passthrough") == 1
+    assert requests("hot") + requests("cold") == 1
+    assert found("turns", "messages") == 1 and found("forwarded", "") == 1
 
 
 async def _cached_tokens_of_second(proxy_factory: ProxyFactory, policy: str, tag: str) -> int:

@@ -174,6 +174,30 @@ def test_quality_runs_every_order_through_the_proxy(tmp_path: Path, capsys) -> N
     assert again["measured_by"] == measured["measured_by"] != again["command"]
 
 
+def test_quality_as_an_unmodified_client(tmp_path: Path, capsys) -> None:
+    """`--layout`: no hints, the passages numbered in the user message; the proxy finds
+    them under both orders (the prompts carry the labels the client wrote), reorders
+    them under prism only, and the summary records the layout."""
+    out = tmp_path / "plain"
+    argv = ["quality", "--engine", "sim", "--out", str(out), "--questions", "12",
+            "--orders", "fifo,prism", "--layout", "numbered"]  # fmt: skip
+    assert loadgen_main(argv) == 0
+    result = json.loads((out / "summary.json").read_text())
+    assert result["config"]["layout"] == "numbered"
+    summary = result["summary"]
+    assert all(summary[o]["questions"] == 12 and summary[o]["failed"] == 0 for o in summary)
+    fifo, prism = answers(out, "fifo"), answers(out, "prism")
+    # the same text either way (labels follow the positions): the same prompt lengths
+    assert [r["prompt_tokens"] for r in fifo] == [r["prompt_tokens"] for r in prism]
+    assert summary["prism"]["hit_rate"] > summary["fifo"]["hit_rate"]
+    hinted = tmp_path / "hinted"
+    assert loadgen_main(["quality", "--engine", "sim", "--out", str(hinted), "--questions",
+                         "12", "--orders", "fifo"]) == 0  # fmt: skip
+    numbered = sum(r["prompt_tokens"] for r in fifo)
+    assert numbered > sum(r["prompt_tokens"] for r in answers(hinted, "fifo"))  # the labels
+    capsys.readouterr()
+
+
 def test_quality_refuses_an_unknown_order(tmp_path: Path, capsys) -> None:
     argv = ["quality", "--engine", "sim", "--out", str(tmp_path), "--orders", "fifo,bogus"]
     assert loadgen_main(argv) == 2

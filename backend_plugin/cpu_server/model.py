@@ -25,7 +25,7 @@ from pathlib import Path
 from prism_proxy.builtin_tokenizer import CHATML_TEMPLATE, VOCAB_SIZE, ensure_builtin
 from prism_proxy.tokenizer import default_cache_dir
 
-MODEL_VERSION = "1"
+MODEL_VERSION = "2"
 
 
 def tiny_config(eos_token_id: int, pad_token_id: int) -> dict[str, object]:

@@ -44,6 +44,11 @@ STOP_GRACE_S = 15.0
 MODELS = ("tiny", "smollm2")
 
 
+# SGLang's tool-call parser for the format each model's template writes calls in (the
+# tiny model's template is Qwen2.5's; SmolLM2's has no tool calling).
+TOOL_PARSERS: dict[str, tuple[str, ...]] = {"tiny": ("--tool-call-parser", "qwen25")}
+
+
 def ensure_model(name: str, seed: int = 0) -> Path:
     """The directory of model `name` (see MODELS), built first if absent."""
     if name == "smollm2":
@@ -173,7 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         control_port=args.control_port,
         control_token=token,
         eviction=args.eviction,
-        extra=[a for arg in args.sglang_arg for a in shlex.split(arg)],
+        extra=[
+            *TOOL_PARSERS.get(args.model, ()),
+            *(a for arg in args.sglang_arg for a in shlex.split(arg)),
+        ],
     )
     print(f"sglang-cpu: serving {model_dir} on http://{args.host}:{args.port}", flush=True)
     process = subprocess.Popen(command, env=sglang_environment(), start_new_session=True)

@@ -14,9 +14,10 @@ anchors ride in one action of that envelope::
 A system anchor's `segment_id` names its head (the proxy sends a hash of the head's
 token ids, `SerializedPrompt.prefix_key`); each head is then its own DART owner,
 `system_owner(segment_id)`, ranked by the table like any segment (issue 23). Owners of
-system heads live in their own namespace, `SYSTEM_OWNER_PREFIX` (a NUL byte first): a
-segment id may not start with NUL (rejected here and by the proxy's request model), so a
-head and a segment never share an owner. A system anchor without a `segment_id` (the
+system heads live in their own namespace, `SYSTEM_OWNER_PREFIX`: no segment id may start
+with it (rejected here), so a head and a segment never share an owner. Ids starting with
+NUL (`RESERVED_ID_START`) are the proxy's own (documents and turns it found); its request
+model refuses them from clients. A system anchor without a `segment_id` (the
 older form) is still read: every such head shares the owner `system_owner(None)`, which
 no table ranks.
 
@@ -28,13 +29,23 @@ struct SGLang hands to the scheduler (read by attribute, so sglang is not import
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 ACTION_TYPE = "prism.dart.anchors"
+# The key of the envelope in `sampling_params.custom_params` (a JSON string: SGLang
+# carries only flat JSON values there), for requests that go to SGLang's own OpenAI
+# endpoint, which has no `kv_hints` field.
+CUSTOM_PARAMS_KEY = "prism_kv_hints"
+MAX_CUSTOM_PARAMS_CHARS = 1 << 20
+# Tokens before each anchor that `anchor_check` digests.
+CHECK_WINDOW = 8
 ACTION_VERSION = "1"
 PROTOCOL_VERSION = "1"
 # First characters of every system head's owner; never the start of a segment id.
@@ -86,16 +97,35 @@ class Anchor:
         if self.kind is AnchorKind.SEGMENT:
             if not self.segment_id:
                 raise AnchorError("a segment anchor needs a segment_id")
-            if self.segment_id.startswith(RESERVED_ID_START):
-                raise AnchorError("a segment_id may not start with NUL (system heads' owners)")
+            if is_system_owner(self.segment_id):
+                raise AnchorError(f"a segment_id may not start with {SYSTEM_OWNER_PREFIX!r}")
+
+
+def anchor_check(ids: Sequence[int], offsets: Sequence[int]) -> str:
+    """A digest of the prompt's length and the `CHECK_WINDOW` tokens before each offset:
+    anchors computed from one tokenization are placed on a prompt only if it matches
+    (the engine rendered and tokenized the prompt itself)."""
+    window: list[int] = [len(ids)]
+    for offset in offsets:
+        window.extend(ids[max(0, offset - CHECK_WINDOW) : offset])
+        window.append(-1)
+    return hashlib.blake2b(array("q", window).tobytes(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
 class AnchorHints:
-    """A request's anchors (strictly increasing offsets) and optional P_t snapshot."""
+    """A request's anchors (strictly increasing offsets), optional P_t snapshot, and
+    optional `anchor_check` digest of the prompt they were computed for."""
 
     anchors: tuple[Anchor, ...]
     priorities: Mapping[str, float]
+    check: str | None = None
+
+    def fits(self, ids: Sequence[int]) -> bool:
+        """Whether these anchors belong on prompt `ids` (always, without a check)."""
+        if self.check is None:
+            return True
+        return anchor_check(ids, [a.offset for a in self.anchors]) == self.check
 
     def __post_init__(self) -> None:
         previous = 0
@@ -151,7 +181,10 @@ def hints_from_payload(payload: Any) -> AnchorHints:
         if not math.isfinite(value):
             raise AnchorError(f"priority of {key!r} must be finite")
         priorities[str(key)] = float(value)
-    return AnchorHints(tuple(_anchor_from(a) for a in raw_anchors), priorities)
+    check = payload.get("check")
+    if check is not None and not isinstance(check, str):
+        raise AnchorError("check must be a string")
+    return AnchorHints(tuple(_anchor_from(a) for a in raw_anchors), priorities, check)
 
 
 def _field(obj: Any, name: str) -> Any:
@@ -177,13 +210,45 @@ def parse_kv_hints(kv_hints: Any) -> AnchorHints | None:
     return None
 
 
+def parse_custom_params(custom_params: Any) -> AnchorHints | None:
+    """The PRISM anchors in a request's `sampling_params.custom_params`
+    (`CUSTOM_PARAMS_KEY`), or None when it carries none. Raises `AnchorError`."""
+    if not isinstance(custom_params, Mapping):
+        return None
+    text = custom_params.get(CUSTOM_PARAMS_KEY)
+    if text is None:
+        return None
+    if not isinstance(text, str) or len(text) > MAX_CUSTOM_PARAMS_CHARS:
+        raise AnchorError(f"{CUSTOM_PARAMS_KEY} must be a JSON string of at most 1 MiB")
+    try:
+        return parse_kv_hints(json.loads(text))
+    except ValueError as exc:
+        raise AnchorError(f"{CUSTOM_PARAMS_KEY}: {exc}") from None
+
+
+def request_hints(
+    kv_hints: Any, custom_params: Any, prompt_ids: Sequence[int]
+) -> AnchorHints | None:
+    """A request's anchors, from `kv_hints` or else `custom_params`, or None. Raises
+    `AnchorError` when they are malformed or do not fit `prompt_ids`, the prompt the
+    engine is about to cache."""
+    hints = parse_kv_hints(kv_hints)
+    if hints is None:
+        hints = parse_custom_params(custom_params)
+    if hints is not None and not hints.fits(prompt_ids):
+        raise AnchorError("the anchors were computed for another tokenization of the prompt")
+    return hints
+
+
 def make_kv_hints(
     anchors: Sequence[Anchor] | Sequence[Mapping[str, Any]],
     priorities: Mapping[str, float] | None = None,
     *,
     message_id: str,
+    check: str | None = None,
 ) -> dict[str, Any]:
-    """The `kv_hints` value that SGLang 0.5.23 accepts and the plugin reads."""
+    """The `kv_hints` value that SGLang 0.5.23 accepts and the plugin reads; `check`:
+    the `anchor_check` of the prompt, when the engine tokenizes it itself."""
     payload_anchors = [
         dict(a)
         if isinstance(a, Mapping)
@@ -193,6 +258,8 @@ def make_kv_hints(
     payload: dict[str, Any] = {"anchors": payload_anchors}
     if priorities:
         payload["priorities"] = dict(priorities)
+    if check is not None:
+        payload["check"] = check
     return {
         "protocol_version": PROTOCOL_VERSION,
         "message_id": message_id,

@@ -2,12 +2,16 @@
 
     prism-loadgen quality --out runs/quality [--engine sglang-cpu --model smollm2]
         [--orders fifo,prism,adversarial,no-answer] [--questions 240] [--concurrency 4]
+        [--layout blank|xml|numbered|markdown|dashed]
 
 For each order, on a fresh engine and proxy (the engine runs DART with its control RPC
 for every order, so only the order differs): every question of the answer_quality
 trace (`trace.py`) is asked through the proxy with the real `openai` client (chat,
 the segments in `extra_body={"prism": ...}`, temperature 0), `--concurrency` at a time
-in trace order. Each answer is scored against its references (SQuAD F1 and EM,
+in trace order. With `--layout`, the client is unmodified instead: no hints, the
+passages in the user message in that layout (`loadgen.apis.user_text`), so under
+`prism` the proxy finds them itself and reorders them (its defaults), and `fifo` is the
+client's own text. Each answer is scored against its references (SQuAD F1 and EM,
 `metrics.py`); the report gives each order's means with 95 % bootstrap intervals, the
 paired difference against `fifo` over the same questions, how many answers changed,
 and the exact-prefix hit rate (cached / prompt tokens from the responses' usage).
@@ -32,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.apis import prism_hint
+from loadgen.apis import LAYOUTS, prism_hint, user_text
 from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import ServerProcess, free_port, run_server
 from loadgen.quality.metrics import best_scores, bootstrap_mean, paired_difference
@@ -57,6 +61,7 @@ class QualityConfig:
     trace: Path | None = None
     sglang_python: str = SGLANG_PYTHON
     qas: str = "full"
+    layout: str | None = None  # None: hinted requests; else plain chat in this layout
 
     def __post_init__(self) -> None:
         unknown = [o for o in self.orders if o not in ORDERS]
@@ -66,6 +71,8 @@ class QualityConfig:
             raise ValueError("engine is 'sglang-cpu' or 'sim'")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}")
 
 
 def model_directory(config: QualityConfig) -> str:
@@ -127,10 +134,11 @@ def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerP
 
 
 async def ask_all(
-    target: str, requests: Sequence[TraceRequest], concurrency: int
+    target: str, requests: Sequence[TraceRequest], concurrency: int, layout: str | None = None
 ) -> list[dict[str, Any]]:
-    """Every request through the proxy's chat endpoint with the `openai` client; one
-    record per request, in order (a failure is a record with its error)."""
+    """Every request through the proxy's chat endpoint with the `openai` client, hinted
+    or (`layout`) plain; one record per request, in order (a failure is a record with
+    its error)."""
     from openai import AsyncOpenAI, OpenAIError
 
     client = AsyncOpenAI(base_url=target + "/v1", api_key="prism", max_retries=0, timeout=600)
@@ -138,10 +146,12 @@ async def ask_all(
     gate = asyncio.Semaphore(concurrency)
 
     async def ask(request: TraceRequest) -> dict[str, Any]:
+        text = request.joined_user_text() if layout is None else user_text(request, layout)
         messages: list[Any] = [
             {"role": "system", "content": request.system},
-            {"role": "user", "content": request.joined_user_text()},
+            {"role": "user", "content": text},
         ]
+        extra = {"prism": prism_hint(request)} if layout is None else None
         record: dict[str, Any] = {"rid": request.rid}
         async with gate:
             started = time.perf_counter()
@@ -151,7 +161,7 @@ async def ask_all(
                     messages=messages,
                     max_tokens=request.max_tokens,
                     temperature=0.0,
-                    extra_body={"prism": prism_hint(request)},
+                    extra_body=extra,
                 )
             except OpenAIError as exc:
                 return {**record, "error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -200,7 +210,7 @@ def run_order(config: QualityConfig, order: str, trace: list[TraceRequest], toke
     requests = [arranged_request(r, order) for r in trace]
     started = time.perf_counter()
     with stack(config, order, tokenizer) as proxy:
-        records = asyncio.run(ask_all(proxy.url, requests, config.concurrency))
+        records = asyncio.run(ask_all(proxy.url, requests, config.concurrency, config.layout))
     rows = score(requests, records, order)
     print(
         f"quality: {order}: {len(rows)} questions in {time.perf_counter() - started:.0f} s",
@@ -358,6 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--qas", default="full", help="the prism order's QAS variant")
     parser.add_argument("--sglang-python", default=SGLANG_PYTHON)
     parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=None,
+        help="an unmodified client: no hints, the passages in the user message so laid out",
+    )
+    parser.add_argument(
         "--rescore", action="store_true", help="score the answers saved in --out again, ask nothing"
     )
     return parser
@@ -377,6 +393,7 @@ def main(argv: Sequence[str]) -> int:
             trace=args.trace,
             sglang_python=args.sglang_python,
             qas=args.qas,
+            layout=args.layout,
         )
     except ValueError as exc:
         print(f"prism-loadgen quality: {exc}", file=sys.stderr)

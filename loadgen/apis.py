@@ -67,6 +67,14 @@ class StreamEvent:
     error: str | None = None
 
 
+def chat_messages(request: TraceRequest, layout: str | None = None) -> list[dict[str, str]]:
+    """The chat's messages: the system message, then the user message holding the
+    documents in `layout` (None: joined as hinted text is) and the question."""
+    messages = [{"role": "system", "content": request.system}] if request.system else []
+    text = request.joined_user_text() if layout is None else user_text(request, layout)
+    return [*messages, {"role": "user", "content": text}]
+
+
 def prism_hint(request: TraceRequest) -> dict[str, Any]:
     """The body's ``prism`` object: the request's segment hints (SPEC §1)."""
     return {
@@ -120,11 +128,7 @@ def build_request(
             "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0.0},
             "stream": True,
         }
-    messages = []
-    if request.system:
-        messages.append({"role": "system", "content": request.system})
-    text = user_text(request, layout) if api == "openai" else request.joined_user_text()
-    messages.append({"role": "user", "content": text})
+    messages = chat_messages(request, layout if api == "openai" else None)
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,

@@ -300,8 +300,8 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
 
 def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[str, Any]:
     """One point in the twin (modeled time, deterministic); the results."""
-    if config.client_api != "prism":
-        raise ValueError("the twin replays hinted requests only: use --engine sim for plain chat")
+    if config.client_api not in ("prism", "openai"):
+        raise ValueError("the twin replays hinted requests or plain chat (--client-api openai)")
     from loadgen.trace_format import read_trace
     from loadgen.twin import TwinSetup, simulate
     from prism_proxy.qas.params import qas_params
@@ -322,6 +322,7 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
         profile=config.profile,
         kv_capacity_tokens=config.kv_capacity_tokens,
         seed=config.seed,
+        layout=config.layout if config.client_api == "openai" else None,
     )
     results = simulate(trace, setup, load_tokenizer(config.tokenizer))
     results["variant"] = {
@@ -329,6 +330,8 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
         "qps": qps,
         "engine": "twin",
         "profile": config.profile,
+        "client_api": config.client_api if variant.policy is not None else "native",
+        "layout": setup.layout if variant.policy is not None else None,
     }
     return results
 

@@ -38,16 +38,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend_plugin.dart.priority import PriorityUpdate
-from loadgen.apis import client_order_ids, token_job
+from loadgen.apis import chat_messages, client_order_ids, token_job
 from loadgen.summary import RequestRecord, summarize
 from loadgen.trace_format import Trace, TraceRequest
 from prism_proxy.admission_core import AdmissionCore, Wave
+from prism_proxy.config import ProxyConfig
+from prism_proxy.conversation import chat_job
+from prism_proxy.evidence import BlockEvidence
 from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.prompts import TokenJob
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import ResidencySummary, ResidentSegments
+from prism_proxy.qas.residency import PendingResidency, ResidencySummary, ResidentSegments
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import Tokenizer
 from prism_sim.engine import EngineCore, SimConfig
@@ -74,6 +77,9 @@ class TwinSetup:
     seed: int = 0
     hop_s: float = 0.001
     residency_poll_s: float = 0.05  # the proxy's ResidencyPoller interval
+    # None: hinted requests; else plain chat with the documents in this layout, found
+    # as the proxy finds them at its defaults (`conversation.chat_job`)
+    layout: str | None = None
 
     def sim_config(self) -> SimConfig:
         return SimConfig(
@@ -84,6 +90,9 @@ class TwinSetup:
             seed=self.seed,
             protect_fraction=self.protect_fraction,
         )
+
+
+PROXY_DEFAULTS = ProxyConfig(backend="http://twin")  # the proxy's settings at their defaults
 
 
 @dataclass
@@ -105,6 +114,7 @@ class Twin:
         self.engine = EngineCore.build(setup.sim_config(), tokenizer, clock=lambda: self.now)
         self.scheduler = self.engine.scheduler
         self.serializer = Serializer(tokenizer)
+        self.evidence = BlockEvidence(PROXY_DEFAULTS.evidence_cache_bytes)
         self.core: AdmissionCore | None = None
         if setup.policy is not None:
             pacing = PrefillPacing(setup.prefill_batch, setup.max_inflight)
@@ -121,7 +131,8 @@ class Twin:
         self._next_poll = 0.0
         policy = self.core.policy if self.core is not None else None
         if self.dart is not None and isinstance(policy, PrismPolicy) and setup.qas.w_c > 0:
-            self.resident = policy.residency = ResidentSegments()  # as the proxy with DART
+            self.resident = ResidentSegments()  # as the proxy with DART
+            policy.residency = PendingResidency(self.resident, clock=lambda: self.now)
         self.epoch = 0
         self.tracked: dict[str, _Tracked] = {}
         self.waves: list[int] = []
@@ -143,7 +154,17 @@ class Twin:
             sim = SimRequest(request.rid, ids, request.max_tokens, self.now)
             self._send(lambda: self._submit(tracked, sim))
             return
-        tracked.job = token_job(request, self.serializer)
+        if self.setup.layout is None:
+            tracked.job = token_job(request, self.serializer)
+        else:
+            messages = chat_messages(request, self.setup.layout)
+            tracked.job = chat_job(
+                self.serializer,
+                messages,
+                layouts=PROXY_DEFAULTS.extraction_layouts,
+                reorder=PROXY_DEFAULTS.extraction_reorder,
+                evidence=self.evidence,
+            ).job
         self.core.arrive(tracked.job.queued(request.rid, request.arrival), self.now)
 
     def _release(self, wave: Wave) -> None:

@@ -37,7 +37,7 @@ from prism_proxy.pacing import BackendLimits, PrefillPacing
 from prism_proxy.probes import add_probe_routes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import ResidentSegments, UnionResidency
+from prism_proxy.qas.residency import PendingResidency, ResidentSegments, UnionResidency
 from prism_proxy.residency_poller import ResidencyPoller
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import load_tokenizer
@@ -165,13 +165,14 @@ def dart_residency(
 ) -> list[ResidencyPoller]:
     """When prism weighs residency and may ask DART (`--residency auto|dart` with a
     control URL), it reads DART's resident sets (their union, with several replicas)
-    instead of its own cache view."""
+    instead of its own cache view, plus what it released that DART has not reported
+    yet (`PendingResidency`)."""
     if not isinstance(policy, PrismPolicy) or config.qas.w_c <= 0:
         return []
     if not clients or config.residency == "view":
         return []
     sets = [ResidentSegments() for _ in clients]
-    policy.residency = sets[0] if len(sets) == 1 else UnionResidency(sets)
+    policy.residency = PendingResidency(sets[0] if len(sets) == 1 else UnionResidency(sets))
     return [ResidencyPoller(c, resident) for c, resident in zip(clients, sets, strict=True)]
 
 

@@ -36,8 +36,9 @@ import jinja2.nodes
 import orjson
 
 from backend_plugin.dart.anchors import anchor_check
-from prism_proxy.prompts import Dispatch, TokenJob
-from prism_proxy.serializer import prefix_key_of
+from prism_proxy.evidence import BlockEvidence
+from prism_proxy.prompts import Dispatch, TokenJob, find_documents, private_job, segmented_job
+from prism_proxy.serializer import Serializer, prefix_key_of
 from prism_proxy.tokenizer import ChatTemplateError, Tokenizer
 
 MAX_CUTS = 16
@@ -290,3 +291,62 @@ def dispatch_check(dispatch: Dispatch) -> str:
     return anchor_check(
         dispatch.prompt_fields["input_ids"], [a["offset"] for a in dispatch.anchors]
     )
+
+
+# --- a chat without hints -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ChatJob:
+    """The token job of a chat without hints, and what was found in it for the metrics
+    (`outcome`: found, found-ordered, turns, none, off; `layout`)."""
+
+    job: TokenJob
+    outcome: str
+    layout: str = ""
+
+
+def _single_turn(given: Sequence[Mapping[str, Any]]) -> tuple[str | None, str] | None:
+    """(system, user text) of a chat of one user message after at most one system (or
+    developer) message, with string content and nothing else; None otherwise."""
+    if not given or given[-1]["role"] != "user" or len(given) > 2:
+        return None
+    if len(given) == 2 and given[0]["role"] not in ("system", "developer"):
+        return None
+    if any(set(m) - {"role", "content"} or not isinstance(m["content"], str) for m in given):
+        return None
+    return (given[0]["content"] if len(given) == 2 else None), given[-1]["content"]
+
+
+def chat_job(
+    serializer: Serializer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    layouts: Sequence[str],
+    reorder: bool,
+    evidence: BlockEvidence,
+) -> ChatJob:
+    """How the proxy serves a text chat without hints (`messages` as forwarded):
+    documents found in a single turn's user message, or else in its system message
+    (`prompts.find_documents`); else the chat cut at its message ends; with no
+    `layouts` (segmentation off), one private piece. Raises `NotRenderable` (a
+    continuation of the assistant's last message) and `ChatTemplateError`."""
+    tokenizer = serializer.tokenizer
+    given = template_messages(messages, content_format(tokenizer.chat_template))
+    if not layouts:
+        ids = tokenizer.encode_chat(tokenizer.render_chat(given))
+        return ChatJob(private_job({"input_ids": ids}, len(ids)), "off")
+    turn = _single_turn(given)
+    if turn is not None:
+        system, text = turn
+        finding = find_documents(
+            text, system=system, layouts=layouts, reorder=reorder, evidence=evidence
+        )
+        if finding is None and system is not None and given[0]["role"] == "system":
+            # the documents in the system message (LangChain's retrieval-QA chat prompt)
+            finding = find_documents(
+                system, system=None, layouts=layouts, reorder=reorder, evidence=evidence, user=text
+            )
+        if finding is not None:
+            job = segmented_job(serializer, finding.prompt, chat=True)
+            return ChatJob(job, finding.outcome, finding.layout)
+    job = turns_job(find_turns(tokenizer, given, None))
+    return ChatJob(job, "turns", "messages") if job.head_tokens else ChatJob(job, "none")

@@ -153,12 +153,19 @@ def find_request(body: dict[str, Any]) -> dict[str, Any]:
     finding = find_documents(
         text, system=system, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence
     )
+    where = "user" if "messages" in body else "prompt"
+    if finding is None and system is not None:  # the documents in the system message
+        finding = find_documents(
+            system, system=None, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence, user=text
+        )
+        where = "system"
     if finding is None:
         return {"outcome": "none"}
     prompt = finding.prompt
     return {
         "outcome": finding.outcome,
         "layout": finding.layout,
+        "message": where,
         "preamble": prompt.preamble,
         "documents": [
             {

@@ -24,6 +24,8 @@ Layouts, tried in this order (the first that fits wins):
   unbalanced ones (HTML's void `<source>`, a stray `<doc>` quoted in prose) are text.
   Any wrapping (`<documents>...</documents>`) goes to the preamble and the suffix. When
   several names qualify, the one whose first element starts first (the outermost) wins.
+  Else one element of a known name that wraps the documents (`<context>`, as LangChain's
+  retrieval-QA chat prompt writes it) holds them as a dashed block does (below).
 * `dashed`: the first line made of 3+ of one of `-`, `=`, `*` opens a block; the last
   line identical to it closes it (LlamaIndex's text-QA template). The preamble runs
   through the opening rule's newline, the suffix starts at the closing rule. Inside, a
@@ -214,7 +216,7 @@ def _spans(text: str, starts: Sequence[int], end: int) -> tuple[str, ...]:
 
 
 def _xml(
-    text: str, min_documents: int, max_documents: int, _: Collection[str]
+    text: str, min_documents: int, max_documents: int, layouts: Collection[str]
 ) -> Extraction | None:
     tags: dict[str, list[tuple[int, bool]]] = {}  # name -> [(start, is_close)]
     ends: dict[int, int] = {}
@@ -248,6 +250,21 @@ def _xml(
         end = _attach_separator(text, elements[-1][1], documents)
         documents.append(text[starts[-1] : end])
         return Extraction("xml", text[: starts[0]], tuple(documents), text[end:], None, None, True)
+    # One element of a known name wrapping the documents (`<context>` around documents
+    # joined by blank lines, as LangChain's retrieval-QA chat prompt writes them).
+    for name in sorted(balanced, key=lambda n: balanced[n][0][0]):
+        found = balanced[name]
+        if len(found) != 2:
+            continue
+        inner_start = ends[found[0][0]]
+        if text.startswith("\n", inner_start):
+            inner_start += 1
+        inside = [layout for layout in layouts if layout != "xml"]
+        wrapped = _inside(
+            text, inner_start, found[1][0], min_documents, max_documents, inside, "xml"
+        )
+        if wrapped is not None:
+            return wrapped
     return None
 
 
@@ -351,6 +368,21 @@ def _dashed(
     close = _find_line(text, rule, inner_start)
     if close is None:
         return None
+    return _inside(text, inner_start, close, min_documents, max_documents, layouts, "dashed")
+
+
+def _inside(
+    text: str,
+    inner_start: int,
+    close: int,
+    min_documents: int,
+    max_documents: int,
+    layouts: Collection[str],
+    layout: str,
+) -> Extraction | None:
+    """The documents of the block text[inner_start:close] between two markers (rules,
+    a wrapping element): a certain layout that covers the whole block, else its
+    blank-line blocks (certain only when there is one), reported as `layout`."""
     head, tail, inner = text[:inner_start], text[close:], text[inner_start:close]
     for name in ("xml", "numbered", "markdown"):
         if name not in layouts:
@@ -371,7 +403,7 @@ def _dashed(
     if starts is None or lead == close or len(starts) < min_documents:
         return None
     documents = _spans(text, starts, close)
-    return Extraction("dashed", text[:lead], documents, tail, None, None, len(documents) == 1)
+    return Extraction(layout, text[:lead], documents, tail, None, None, len(documents) == 1)
 
 
 def _find_line(text: str, line: str, start: int) -> int | None:

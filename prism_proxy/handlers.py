@@ -51,6 +51,7 @@ from prism_proxy.bodies import BodyError, Caps, check_counts
 from prism_proxy.config import ProxyConfig
 from prism_proxy.conversation import (
     NotRenderable,
+    chat_job,
     content_format,
     dispatch_check,
     find_turns,
@@ -80,7 +81,6 @@ from prism_proxy.prompts import (
     message_text,
     private_job,
     segmented_job,
-    single_turn,
 )
 from prism_proxy.qas.types import QueuedRequest
 from prism_proxy.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, refused
@@ -640,12 +640,13 @@ class DocumentFinder:
     deployment's settings and the request's `x-prism-extract` header allow; remembers
     what it found for the metrics. `find` may run in a worker thread."""
 
-    __slots__ = ("_config", "_evidence", "_layouts", "hinted", "layout", "outcome")
+    __slots__ = ("evidence", "hinted", "layout", "layouts", "outcome", "reorder")
 
     def __init__(self, request: web.Request, hinted: bool) -> None:
-        self._config = request.app[state.CONFIG]
-        self._evidence = request.app[state.EVIDENCE]
-        self._layouts = self._config.extraction_layouts
+        config = request.app[state.CONFIG]
+        self.evidence = request.app[state.EVIDENCE]
+        self.reorder = config.extraction_reorder
+        self.layouts = config.extraction_layouts
         opt = request.headers.get(EXTRACT_HEADER)
         if opt is not None:
             opt = opt.strip().lower()
@@ -654,23 +655,19 @@ class DocumentFinder:
                     400, f"{EXTRACT_HEADER}: expected 'on' or 'off'", param=EXTRACT_HEADER
                 )
             if opt == "off":
-                self._layouts = ()
+                self.layouts = ()
         self.hinted = hinted
-        self.outcome = "hinted" if hinted else ("none" if self._layouts else "off")
+        self.outcome = "hinted" if hinted else ("none" if self.layouts else "off")
         self.layout = ""
 
     @property
     def searching(self) -> bool:
         """Whether this request may be segmented (no hints, extraction on for it)."""
-        return not self.hinted and bool(self._layouts)
+        return not self.hinted and bool(self.layouts)
 
     def find(self, text: str, system: str | None) -> Finding | None:
         finding = find_documents(
-            text,
-            system=system,
-            layouts=self._layouts,
-            reorder=self._config.extraction_reorder,
-            evidence=self._evidence,
+            text, system=system, layouts=self.layouts, reorder=self.reorder, evidence=self.evidence
         )
         if finding is not None:
             self.outcome, self.layout = finding.outcome, finding.layout
@@ -735,18 +732,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if body.prism is not None:
             system, suffix = chat_defaults(body.messages)
             return hinted_job(serializer, body.prism, system=system, suffix=suffix, chat=True)
-        turn = single_turn(body.messages)
-        if turn is not None and (finding := finder.find(turn[1], turn[0])) is not None:
-            return segmented_job(serializer, finding.prompt, chat=True)
-        if finder.searching:
-            job = _chat_turns(tokenizer, body.forwarded(raw), tools=False)
-            if job is not None:
-                if job.head_tokens:
-                    finder.outcome, finder.layout = "turns", "messages"
-                return job
-        messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
-        ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
-        return private_job({"input_ids": ids}, len(ids))
+        try:
+            found = chat_job(
+                serializer,
+                body.forwarded(raw)["messages"],
+                layouts=finder.layouts,
+                reorder=finder.reorder,
+                evidence=finder.evidence,
+            )
+        except NotRenderable:  # a continuation of the assistant's last message
+            messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
+            ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
+            return private_job({"input_ids": ids}, len(ids))
+        finder.outcome, finder.layout = found.outcome, found.layout
+        return found.job
 
     try:
         job = await make_job(size, build)

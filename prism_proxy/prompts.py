@@ -107,7 +107,10 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
     """QAS gets the token lengths from the serializer's caches; the prompt is serialized
     once, at release, in the order QAS chose."""
     try:
-        head_tokens = serializer.head_tokens(prompt.system, chat, prompt.preamble)
+        in_system = prompt.user is not None
+        head_tokens = serializer.head_tokens(
+            prompt.system, chat, prompt.preamble, in_system=in_system
+        )
     except ValueError as exc:  # e.g. a template without a system role
         raise PromptError("prism", str(exc)) from exc
     lengths = serializer.skeleton_lengths(prompt)
@@ -124,7 +127,9 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
     return TokenJob(
         segments=tuple(lengths),
         reorder=prompt.reorder,
-        prefix_key=serializer.prefix_key(prompt.system, chat, prompt.preamble),
+        prefix_key=serializer.prefix_key(
+            prompt.system, chat, prompt.preamble, in_system=prompt.user is not None
+        ),
         fixed=prompt.fixed,
         pinned=prompt.pinned,
         head_tokens=head_tokens,
@@ -208,9 +213,12 @@ def find_documents(
     layouts: Collection[str],
     reorder: bool,
     evidence: BlockEvidence,
+    user: str | None = None,
 ) -> Finding | None:
     """The documents in one message's (or one prompt's) `text` as a `SegmentedPrompt`,
     or None when none are found (the request then goes as before: one private piece).
+    `text` is the user message after `system`, or, with `user`, the system message
+    before the user message `user`.
 
     The text inside each document is never changed: served in the client's order, the
     prompt reads exactly as the client wrote it. Documents may move where their
@@ -267,6 +275,7 @@ def find_documents(
             reorder=reorder,
             fixed=fixed,
             pinned=frozenset(pinned),
+            user=user,
         )
     except ValidationError:
         return None  # beyond the limits of a segmented prompt: served as one piece

@@ -111,6 +111,9 @@ class SegmentedPrompt(BaseModel):
     position; `fixed` lists segments whose boundaries are not certain: they keep their
     relative order, after the others, but for the `pinned` ones (a leading run of fixed
     segments known to stay in front, such as an instruction), which stay in front.
+    `user`, when set (chat mode, no `system`), says the segments are in the system
+    message (`preamble` and `suffix` its text before and after them), and is the user
+    message that follows.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -125,8 +128,9 @@ class SegmentedPrompt(BaseModel):
     joiner: str | None = None
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
+    user: str | None = None
 
-    _check_system = field_validator("system", "suffix", "preamble")(_check_piece)
+    _check_system = field_validator("system", "suffix", "preamble", "user")(_check_piece)
 
     @field_validator("label_format")
     @classmethod
@@ -154,7 +158,10 @@ class SegmentedPrompt(BaseModel):
     @model_validator(mode="after")
     def _check_total(self, info: ValidationInfo) -> Self:
         limit = _limits(info).max_total_chars
+        if self.user is not None and self.system is not None:
+            raise ValueError("user: the documents are in the system message, so no system")
         total = len(self.system or "") + len(self.suffix) + len(self.preamble)
+        total += len(self.user or "")
         total += sum(len(s.text) for s in self.segments)
         if total > limit:
             raise ValueError(f"prompt too long: {total} characters in total > limit {limit}")

@@ -14,6 +14,11 @@ reuse).
 * Chat mode: the chat template is rendered once per system prompt with the system
   message (if any) and a user message whose content is a sentinel; ``head`` is the text
   before the sentinel and ``tail`` is the suffix followed by the text after it.
+* Chat mode with the documents in the system message (``SegmentedPrompt.user`` set): the
+  template is rendered with a system message ending in a sentinel and a user message
+  that is another; ``head`` is the text before the first, ``tail`` the suffix (the rest
+  of the system message), the text between the sentinels, the user message and the
+  text after the second.
 * Non-chat mode (completions / generate): ``head`` is the system text (may be empty),
   ``tail`` is the suffix.
 
@@ -39,6 +44,7 @@ from prism_proxy.request_model import SEGMENT_SEPARATOR, SegmentedPrompt
 from prism_proxy.tokenizer import Tokenizer
 
 SENTINEL = "PRISMSEGMENTSENTINEL0x5f3759df"
+USER_SENTINEL = "PRISMUSERSENTINEL0x1badb002"
 AnchorKind = Literal["system", "segment", "private"]
 
 
@@ -81,11 +87,14 @@ class SerializedPrompt:
 
 @dataclass(frozen=True, slots=True)
 class _Frame:
-    """A system prompt's rendering: head ids, the text that ends the tail, head hash."""
+    """A system prompt's rendering: head ids, the text that ends the tail (with the
+    documents in the system message: the text up to the user message's, and after it,
+    `user_tail`), head hash."""
 
     head_ids: array[int]
     tail_text: str
     prefix_key: str
+    user_tail: str = ""
 
 
 # Default capacities of the serializer's caches (the proxy's settings
@@ -94,7 +103,7 @@ SEGMENT_CACHE_BYTES = 64 * 1024 * 1024
 HEAD_CACHE_BYTES = 16 * 1024 * 1024
 
 _SegmentKey = tuple[str, bytes]  # (segment id, content hash of its piece)
-_HeadKey = tuple[bytes, bytes, bool]  # (system prompt hash, preamble hash, chat)
+_HeadKey = tuple[bytes, bytes, bool, bool]  # (system hash, preamble hash, chat, in system)
 _LABEL = "\x00label"  # the segment cache's id for position labels (no client id starts so)
 
 
@@ -104,6 +113,7 @@ def _segment_size(key: _SegmentKey, ids: array[int]) -> int:
 
 def _head_size(key: _HeadKey, frame: _Frame) -> int:
     owned = (key, key[0], key[1], frame, frame.head_ids, frame.tail_text, frame.prefix_key)
+    owned += (frame.user_tail,)
     return sum(map(sys.getsizeof, owned))
 
 
@@ -160,23 +170,46 @@ class Serializer:
             for position, s in enumerate(prompt.segments, 1)
         }
 
-    def head_tokens(self, system: str | None, chat: bool = True, preamble: str = "") -> int:
+    def head_tokens(
+        self, system: str | None, chat: bool = True, preamble: str = "", *, in_system: bool = False
+    ) -> int:
         """Token count of the head (cached per system prompt and preamble)."""
-        return len(self._frame(system, chat, preamble).head_ids)
+        return len(self._frame(system, chat, preamble, in_system).head_ids)
 
-    def prefix_key(self, system: str | None, chat: bool = True, preamble: str = "") -> str:
+    def prefix_key(
+        self, system: str | None, chat: bool = True, preamble: str = "", *, in_system: bool = False
+    ) -> str:
         """The ``prefix_key`` every request with this system prompt and preamble gets."""
-        return self._frame(system, chat, preamble).prefix_key
+        return self._frame(system, chat, preamble, in_system).prefix_key
 
-    def _frame(self, system: str | None, chat: bool, preamble: str = "") -> _Frame:
+    def _frame(
+        self, system: str | None, chat: bool, preamble: str = "", in_system: bool = False
+    ) -> _Frame:
         # None and "" render differently (no system message vs an empty one).
         digest = b"" if system is None else _content_hash(system)
-        key = (digest, _content_hash(preamble) if preamble else b"", chat)
-        return self._frames.get_or_make(key, lambda: self._render(system, chat, preamble))
+        key = (digest, _content_hash(preamble) if preamble else b"", chat, in_system)
+        return self._frames.get_or_make(
+            key, lambda: self._render(system, chat, preamble, in_system)
+        )
 
-    def _render(self, system: str | None, chat: bool, preamble: str = "") -> _Frame:
+    def _render(self, system: str | None, chat: bool, preamble: str, in_system: bool) -> _Frame:
         if not chat:
-            head, tail = (system or "") + preamble, ""
+            head, tail, user_tail = (system or "") + preamble, "", ""
+        elif in_system:  # the documents in the system message, the user message after
+            messages = [
+                {"role": "system", "content": preamble + SENTINEL},
+                {"role": "user", "content": USER_SENTINEL},
+            ]
+            text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+            if text.count(SENTINEL) != 1 or text.count(USER_SENTINEL) != 1:
+                raise SerializationError(
+                    f"chat template of {self.tokenizer.name!r} does not render the system "
+                    "and user messages verbatim exactly once; cannot split head and tail"
+                )
+            head, rest = text.split(SENTINEL)
+            if USER_SENTINEL not in rest:
+                raise SerializationError("the user message is rendered before the system one")
+            tail, user_tail = rest.split(USER_SENTINEL)
         else:
             messages = [] if system is None else [{"role": "system", "content": system}]
             messages.append({"role": "user", "content": preamble + SENTINEL})
@@ -187,8 +220,9 @@ class Serializer:
                     "message verbatim exactly once; cannot split head and tail"
                 )
             head, tail = text.split(SENTINEL)
+            user_tail = ""
         head_ids = array("I", self.tokenizer.encode(head) if head else ())
-        return _Frame(head_ids=head_ids, tail_text=tail, prefix_key=prefix_key_of(head_ids))
+        return _Frame(head_ids, tail, prefix_key_of(head_ids), user_tail)
 
     def _check_order(self, prompt: SegmentedPrompt, order: Sequence[str]) -> tuple[str, ...]:
         chosen = tuple(order)
@@ -212,7 +246,7 @@ class Serializer:
         """Serialize ``prompt`` with its segments in ``order`` (a permutation of the
         request's segment ids chosen by the scheduler; default: request order)."""
         chosen = tuple(prompt.segment_ids) if order is None else self._check_order(prompt, order)
-        frame = self._frame(prompt.system, chat, prompt.preamble)
+        frame = self._frame(prompt.system, chat, prompt.preamble, prompt.user is not None)
         by_id = {s.id: s for s in prompt.segments}
         input_ids = list(frame.head_ids)
         anchors: list[Anchor] = []
@@ -231,6 +265,8 @@ class Serializer:
             if len(input_ids) > start:
                 anchors.append(Anchor("segment", segment_id, len(input_ids)))
         tail_text = prompt.suffix + frame.tail_text
+        if prompt.user is not None:
+            tail_text += prompt.user + frame.user_tail
         tail_ids = self.tokenizer.encode(tail_text) if tail_text else []
         input_ids.extend(tail_ids)
         if tail_ids:

@@ -13,8 +13,8 @@ the simulated engine on loopback). Each one's second call reuses the engine's ca
   `prism_sim.tool_calls`) and answers on the second, whose prompt starts with the
   first's.
 
-A framework's documented default template that the proxy does not handle yet is a
-strict xfail naming the gap, beside the same framework with a template it handles.
+LangChain runs with two prompts: the documents then the question in the user message,
+and its retrieval-QA chat prompt, which puts them in the system message.
 
 Nothing here reaches the network: llama-index-core ships the tiktoken (cl100k_base) and
 NLTK files it reads, Haystack's telemetry is off (`haystack_offline`), and so are
@@ -222,23 +222,15 @@ DOCUMENTS_THEN_QUESTION = ChatPromptTemplate.from_messages(
 
 
 @pytest.mark.parametrize(
-    "prompt",
+    ("prompt", "layout"),
     [
-        pytest.param(DOCUMENTS_THEN_QUESTION, id="documents-then-question"),
-        pytest.param(
-            RETRIEVAL_QA_CHAT,
-            id="retrieval-qa-chat",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="the documents are in the system message: the proxy searches only "
-                "the user message of a single-turn chat (prompts.single_turn), finds nothing",
-            ),
-        ),
+        pytest.param(DOCUMENTS_THEN_QUESTION, "blank", id="documents-then-question"),
+        # the documents joined by blank lines inside <context>, in the system message
+        pytest.param(RETRIEVAL_QA_CHAT, "xml", id="retrieval-qa-chat"),
     ],
 )
 async def test_langchain_stuff_documents_chain(
-    proxy_factory: ProxyFactory, prompt: ChatPromptTemplate
+    proxy_factory: ProxyFactory, prompt: ChatPromptTemplate, layout: str
 ) -> None:
     proxy = await proxy_factory()
     llm = ChatOpenAI(
@@ -255,7 +247,7 @@ async def test_langchain_stuff_documents_chain(
         reported = usage.usage_metadata["m"]
         return reported["input_tokens"], reported["input_token_details"]["cache_read"]
 
-    assert_documents_reused(await second_call_reuse(proxy, ask), "blank")
+    assert_documents_reused(await second_call_reuse(proxy, ask), layout)
 
 
 # --- (b) LlamaIndex ----------------------------------------------------------------------

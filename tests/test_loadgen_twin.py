@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.apis import client_order_ids, token_job
+from loadgen.apis import chat_messages, client_order_ids, token_job
 from loadgen.cli import main
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
 from loadgen.trace_format import Trace, read_trace
@@ -91,6 +91,38 @@ def test_twin_prism_reorders_and_places_anchors(trace: Trace, tokenizer) -> None
     assert stats.anchors_resident > 0
     assert stats.epoch == len(twin.waves) and stats.table_size > 0  # one push per wave
     assert {r.lane for r in records} == {"hot", "cold"}
+
+
+@pytest.mark.parametrize("layout", ["xml", "blank"])
+def test_twin_serves_plain_chat_as_the_proxy_does(trace: Trace, tokenizer, layout) -> None:
+    """`layout`: an unmodified client's plain chat; the twin finds the documents as the
+    proxy does at its defaults. Under fifo the engine gets the client's text;
+    under prism the documents are segments, reordered and anchored, and reuse more."""
+    fifo = Twin(trace, TwinSetup(policy="fifo", layout=layout), tokenizer)
+    assert all(r.success for r in fifo.run())
+    for request in trace.requests[:20]:  # the client's text (each document tokenized alone)
+        text = tokenizer.render_chat(chat_messages(request, layout))
+        assert tokenizer.decode(fifo.tracked[request.rid].sim.input_ids) == text
+    prism = Twin(trace, TwinSetup(policy="prism", eviction="dart", layout=layout), tokenizer)
+    records = prism.run()
+    assert all(r.success for r in records)
+    moved = 0
+    for request in trace.requests:
+        tracked = prism.tracked[request.rid]
+        assert tracked.job.segments and tracked.sim.kv_hints is not None
+        moved += (
+            tracked.sim.input_ids
+            != tracked.job.build(tracked.job.segments).prompt_fields["input_ids"]
+        )
+    assert moved > 50
+    assert prism.dart.stats().anchors_resident > 0
+    hits = [summarize_hit(twin) for twin in (fifo, prism)]
+    assert hits[1] > hits[0] + 0.10, hits
+
+
+def summarize_hit(twin: Twin) -> float:
+    sims = [t.sim for t in twin.tracked.values()]
+    return sum(s.cached_tokens for s in sims) / sum(len(s.input_ids) for s in sims)
 
 
 def test_native_twin_has_no_proxy(trace: Trace, tokenizer) -> None:

@@ -26,7 +26,12 @@ from prism_proxy import state
 from prism_proxy.app import start_proxy
 from prism_proxy.qas.alignment import canonical_key
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QasParams, qas_params
-from prism_proxy.qas.residency import ResidentSegments, UnionResidency, ViewResidency
+from prism_proxy.qas.residency import (
+    PendingResidency,
+    ResidentSegments,
+    UnionResidency,
+    ViewResidency,
+)
 from prism_proxy.request_model import SegmentedPrompt
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import load_tokenizer
@@ -126,7 +131,9 @@ async def test_ttft_slo_header_is_checked_and_honoured(proxy_factory) -> None:
 
 async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path) -> None:
     """prism-sim with DART and its control RPC: the proxy's policy takes DART's resident
-    set (polled), and a repeat in a new order still reuses every document."""
+    set (polled), plus what it released that DART has not reported yet, so a repeat in
+    a new order sent right after the first answer (before any poll need have reported
+    the documents) still reuses every document."""
     token = "residency-test-token"
     control_port = free_port()
     sim_args = ["--eviction", "dart", "--control-port", str(control_port),
@@ -138,12 +145,14 @@ async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path
         )
         try:
             policy = proxy.app[state.ADMISSION].core.policy
-            assert isinstance(policy.residency, ResidentSegments)
+            assert isinstance(policy.residency, PendingResidency)
+            dart = policy.residency.source
+            assert isinstance(dart, ResidentSegments)
             docs = _docs("dart")
             await _send(proxy.url, docs, FIRST_ORDER, "Which documents mention ice?")
-            await eventually(lambda: set(docs) <= policy.residency.resident())
-            assert policy.residency.generation is not None
             cached = await _send(proxy.url, docs, SECOND_ORDER, "Which one is about fire?")
+            await eventually(lambda: set(docs) <= dart.resident())  # DART's own report
+            assert dart.generation is not None
         finally:
             await proxy.stop()
         first = _serialized(docs, list(docs), "x")  # token counts do not depend on order
@@ -178,7 +187,7 @@ async def test_one_proxy_pushes_to_every_replicas_dart(tmp_path) -> None:
         proxy = await start_proxy(proxy_config(sims[0].url, control_url=urls, control_token=token))
         try:
             assert len(proxy.app[state.CONTROLS]) == 2
-            residency = proxy.app[state.ADMISSION].core.policy.residency
+            residency = proxy.app[state.ADMISSION].core.policy.residency.source
             assert isinstance(residency, UnionResidency)
             docs = _docs("fan")
             await _send(proxy.url, docs, FIRST_ORDER, "Which documents mention ice?")

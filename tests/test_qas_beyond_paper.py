@@ -20,7 +20,12 @@ from prism_proxy.qas.counters import head_key
 from prism_proxy.qas.params import QAS_VARIANTS, RESIDENCY_WEIGHT, QasParams, qas_params
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import ResidencySummary, ResidentSegments, ViewResidency
+from prism_proxy.qas.residency import (
+    PendingResidency,
+    ResidencySummary,
+    ResidentSegments,
+    ViewResidency,
+)
 from prism_proxy.qas.types import ActiveRequest, Lane, QueuedRequest
 
 SEGMENTS = [f"doc-{i}" for i in range(10)]
@@ -270,3 +275,32 @@ def test_system_heads_earn_their_table_entry_by_demand() -> None:
     }
     assert set(plan.priorities) == {"d1", "d2", "d3"}  # heads rank no segment
     assert head_key("h1").startswith("\x00")  # a namespace no segment id can enter
+
+
+def test_pending_residency_counts_released_segments_until_dart_reports_or_grace_ends():
+    """DART reports a poll after a released request is cached: meanwhile, what the proxy
+    released counts as resident, until DART reports it (then DART's word), or for
+    `grace_s` at most (a segment DART never reports drops out)."""
+    now = [0.0]
+    dart = ResidentSegments()
+    residency = PendingResidency(dart, grace_s=5.0, clock=lambda: now[0])
+    policy = PrismPolicy(qas_params("full"), residency)
+    queue = [QueuedRequest("r1", 0.0, ("a", "b"), True, segment_tokens=(10, 10))]
+    policy.plan_round(queue, [], wave_size=4)
+    assert residency.resident() == {"a", "b"}  # released, not reported yet
+    dart.apply(ResidencySummary("g", 1, True, ("a",)))
+    now[0] = 4.0
+    assert residency.resident() == {"a", "b"}
+    now[0] = 5.5  # b's grace is over and DART never reported it
+    assert residency.resident() == {"a"}
+    dart.apply(ResidencySummary("g", 2, False, (), ("a",)))  # evicted: DART's word holds
+    assert residency.resident() == frozenset()
+    # a request right behind a released one, before DART reports anything, follows the
+    # released one's path, not the canonical order it would take with nothing resident
+    path = tuple(sorted(("x", "y", "z"), key=canonical_key, reverse=True))
+    first = QueuedRequest("r2", 6.0, path, False, segment_tokens=(5, 5, 5))  # client's order
+    policy.plan_round([first], [], wave_size=4)
+    follow = QueuedRequest("r3", 6.1, path[::-1], True, segment_tokens=(5, 5, 5))
+    assert policy.plan_round([follow], [], wave_size=4).skeletons["r3"] == path
+    alone = PrismPolicy(qas_params("full"), PendingResidency(ResidentSegments()))
+    assert alone.plan_round([follow], [], wave_size=4).skeletons["r3"] == path[::-1]

@@ -23,7 +23,7 @@ from prism_proxy.qas.cache_view import CacheView
 from prism_proxy.qas.cache_view import ViewNode as CacheViewNode
 from prism_proxy.qas.counters import SegmentCounters
 from prism_proxy.qas.params import QasParams
-from prism_proxy.qas.residency import NoResidency, Residency, ViewResidency
+from prism_proxy.qas.residency import NoResidency, PendingResidency, Residency, ViewResidency
 from prism_proxy.qas.round import fifo_order
 from prism_proxy.qas.types import ActiveRequest, BucketView, QueuedRequest, RoundPlan
 from prism_proxy.qas.wave import fill_wave
@@ -158,6 +158,9 @@ class PrismPolicy:
         if self.paths is not None:
             for entry in wave:
                 self.paths.insert(by_rid[entry.rid], skeletons[entry.rid])
+        if isinstance(self.residency, PendingResidency):
+            for entry in wave:
+                self.residency.released(skeletons[entry.rid])
         return RoundPlan(
             priorities=priorities,
             skeletons=skeletons,

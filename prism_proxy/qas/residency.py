@@ -11,6 +11,9 @@ Two sources, one interface (`resident()`: the set a round reads):
 * `ViewResidency`: without the plugin, the proxy's own bounded view of what it
   dispatched (`CacheView`): a segment counts as resident while some recorded path
   holds it.
+* `PendingResidency`: DART's account plus what the proxy released that DART has not
+  reported yet (a released request is cached only once prefilled, and reported a poll
+  later; the request right behind it must still be aligned to it).
 
 The policy keeps that view of dispatched paths either way (`PrismPolicy.paths`): it
 also says in which order the resident segments were cached.
@@ -18,6 +21,8 @@ also says in which order the resident segments were cached.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +33,51 @@ class Residency(Protocol):
     """What a round reads: the segments resident now."""
 
     def resident(self) -> frozenset[str]: ...
+
+
+# How long a released segment counts as resident without DART saying so: long enough for
+# its request to wait in the engine's queue, prefill and be reported.
+PENDING_GRACE_S = 5.0
+
+
+class PendingResidency:
+    """`source` (DART's account) plus the segments released since (`released`) that it
+    has not reported resident yet, each for at most `grace_s` after its release; then
+    DART's word is final (an evicted or never-cached segment drops out)."""
+
+    def __init__(
+        self,
+        source: Residency,
+        grace_s: float = PENDING_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self.grace_s = grace_s
+        self.clock = clock
+        self._pending: dict[str, float] = {}  # segment -> when it stops counting
+        self._key: tuple[frozenset[str], int] | None = None
+        self._union: frozenset[str] = frozenset()
+        self._changes = 0
+
+    def released(self, segments: Iterable[str]) -> None:
+        until = self.clock() + self.grace_s
+        for segment in segments:
+            self._pending[segment] = until
+        self._changes += 1
+
+    def resident(self) -> frozenset[str]:
+        confirmed = self.source.resident()
+        if self._pending:
+            now = self.clock()
+            stale = [s for s, until in self._pending.items() if until <= now or s in confirmed]
+            for segment in stale:
+                del self._pending[segment]
+            self._changes += bool(stale)
+        key = (confirmed, self._changes)
+        if key != self._key:  # recomputed only when either side changed
+            self._key = key
+            self._union = confirmed.union(self._pending) if self._pending else confirmed
+        return self._union
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 # the environment `make venv` builds. Real-stack sweeps run in real time and want a
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
-#   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|all]   (default: all)
+#   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|all]
+#   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
 # their commands pin the paper's (`--qas paper`). `qas` re-runs issue 13's comparison.
@@ -132,12 +133,24 @@ quality() {
   cp runs/quality/{report.md,summary.json,answers-*.jsonl} docs/results/quality/
 }
 
+quality_unmodified() {
+  # Issue 24: answer F1 when an unmodified client's documents are found and reordered
+  # by the proxy, against the client's own order (SmolLM2 on a real SGLang; ~15 min)
+  for layout in numbered blank; do
+    prism-loadgen quality --out runs/quality-plain-$layout --layout $layout --orders fifo,prism
+    mkdir -p docs/results/quality-unmodified/$layout
+    cp runs/quality-plain-$layout/{report.md,summary.json,answers-*.jsonl} \
+      docs/results/quality-unmodified/$layout/
+  done
+}
+
 case $what in
   real) real ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
-  all) real; twin; qas; unmodified; quality ;;
-  *) echo "usage: $0 [real|twin|qas|unmodified|quality|all]" >&2; exit 2 ;;
+  quality-unmodified) quality_unmodified ;;
+  all) real; twin; qas; unmodified; quality; quality_unmodified ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|all]" >&2; exit 2 ;;
 esac

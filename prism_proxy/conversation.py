@@ -12,7 +12,8 @@ Cuts are found without knowing the template: the chat rendered up to message k (
 generation prompt) must be a prefix of the whole rendering, and the position must be
 one where the tokenizer cuts the text too (an edge of an added token,
 `ChatPieces.encode_cut`), so the pieces' ids are exactly the ids of the whole text.
-At most `MAX_CUTS` are looked for: the first two message ends and the latest ones.
+At most `MAX_CUTS` are looked for (`_candidates`): the first message ends, every
+stride-th, and the last two.
 
 `template_messages` and `template_tools` give the template what SGLang 0.5.23's OpenAI
 endpoint gives it (its message models dumped, tool-call arguments parsed, None fields
@@ -24,6 +25,7 @@ own code).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from array import array
@@ -84,6 +86,7 @@ def _reads_content_parts(node: jinja2.nodes.Node) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=8)  # one template per served model: parsed once
 def content_format(template: str | None) -> ContentFormat:
     """Whether a chat template takes message content as a string or as OpenAI parts, as
     SGLang decides it (`detect_jinja_template_content_format`)."""
@@ -220,9 +223,17 @@ class Turns:
 
 def _candidates(count: int) -> list[int]:
     """Message counts whose rendering may end a piece: 0 (what a template writes before
-    the first message: tools), the first two, and the latest."""
-    ks = list(range(count))
-    return ks if count <= MAX_CUTS else ks[:3] + ks[count - (MAX_CUTS - 3) :]
+    the first message: tools), 1 and 2, every multiple of a stride, and the last two.
+    The stride is the smallest power of two that keeps them within `MAX_CUTS`: the cuts
+    of a growing history stay where they were (until the stride doubles), so the next
+    call of an agent loop repeats the ids of the call before up to its last stride cut."""
+    if count <= MAX_CUTS:
+        return list(range(count))
+    stride = 1
+    while (count - 1) // stride > MAX_CUTS - 5:
+        stride *= 2
+    middle = range(stride * (3 // stride + 1), count - 2, stride)
+    return sorted({0, 1, 2, *middle, count - 2, count - 1})
 
 
 def find_turns(

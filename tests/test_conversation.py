@@ -293,3 +293,24 @@ def test_a_chat_without_documents_goes_by_its_turns_and_off_is_one_piece(tokeniz
     with pytest.raises(NotRenderable):  # continuing the assistant's message
         chat_job(serializer, [USER, {"role": "assistant", "content": "Par"}], layouts=ALL_LAYOUTS,
                  reorder=True, evidence=evidence)  # fmt: skip
+
+
+def test_a_long_agent_loop_keeps_its_cuts_from_call_to_call(tokenizer):
+    """Past `MAX_CUTS` messages, cuts sit at multiples of a stride: the next call (two
+    messages longer) repeats every id of the call before but those of its last two
+    message ends."""
+    history = [SYSTEM, USER]
+    for n in range(18):
+        history += [call(n, f"City {n}"), result(n, f"weather {n}")]
+    before = turns_job(turns_of(tokenizer, history, [WEATHER]))
+    after = turns_job(
+        turns_of(tokenizer, [*history, call(99, "Oslo"), result(99, "snow")], [WEATHER])
+    )
+    assert len(before.segments) <= MAX_CUTS - 1
+    shared = 0
+    for a, b in zip(before.segments, after.segments, strict=False):
+        if a != b:
+            break
+        shared += 1
+    assert shared >= len(before.segments) - 2 > 0
+    assert after.prefix_key == before.prefix_key

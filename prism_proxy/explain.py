@@ -128,44 +128,52 @@ def plan_to_json(plan: RoundPlan, policy: str, wave_size: int) -> dict[str, Any]
 
 def find_request(body: dict[str, Any]) -> dict[str, Any]:
     """What the proxy finds in a request without hints, with every layout on and no
-    evidence yet (a first request: blank-line blocks stay in the client's order)."""
+    evidence yet (a first request: blank-line blocks stay in the client's order): the
+    documents of a single turn (its user message, else its system message), else a
+    chat's turns under the builtin tokenizer."""
     from prism_proxy.api_models import ChatCompletionRequest
-    from prism_proxy.evidence import BlockEvidence
-    from prism_proxy.extraction import ALL_LAYOUTS
-    from prism_proxy.prompts import find_documents, single_turn
+    from prism_proxy.prompts import single_turn
 
-    system: str | None = None
-    if "messages" in body:
-        try:
-            chat = ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise BadInput(f"{_field_path(first['loc'])}: {first['msg']}") from None
-        turn = single_turn(chat.messages)
-        if turn is None:
-            return {"outcome": "none", "why": "not one user message after at most one system one"}
-        system, text = turn
-    else:
+    if "messages" not in body:
         text = body.get("prompt", body.get("text"))
         if not isinstance(text, str):
             raise BadInput("input: expected `messages`, or `prompt` or `text` as a string")
+        return _documents(text, None, None) or {"outcome": "none"}
+    try:
+        chat = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BadInput(f"{_field_path(first['loc'])}: {first['msg']}") from None
+    turn = single_turn(chat.messages)
+    if turn is not None:
+        system, text = turn
+        found = _documents(text, system, "user")
+        if found is None and system is not None:
+            found = _documents(system, None, "system", user=text)
+        if found is not None:
+            return found
+    return _turns(chat.forwarded(body))
+
+
+def _documents(
+    text: str, system: str | None, where: str | None, user: str | None = None
+) -> dict[str, Any] | None:
+    from prism_proxy.evidence import BlockEvidence
+    from prism_proxy.extraction import ALL_LAYOUTS
+    from prism_proxy.prompts import find_documents
+
     evidence = BlockEvidence(1 << 20)
     finding = find_documents(
-        text, system=system, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence
+        text, system=system, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence, user=user
     )
-    where = "user" if "messages" in body else "prompt"
-    if finding is None and system is not None:  # the documents in the system message
-        finding = find_documents(
-            system, system=None, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence, user=text
-        )
-        where = "system"
     if finding is None:
-        return {"outcome": "none"}
+        return None
     prompt = finding.prompt
+    found: dict[str, Any] = {"outcome": finding.outcome, "layout": finding.layout}
+    if where is not None:
+        found["message"] = where
     return {
-        "outcome": finding.outcome,
-        "layout": finding.layout,
-        "message": where,
+        **found,
         "preamble": prompt.preamble,
         "documents": [
             {
@@ -177,6 +185,37 @@ def find_request(body: dict[str, Any]) -> dict[str, Any]:
             for position, segment in enumerate(prompt.segments, 1)
         ],
         "suffix": prompt.suffix,
+    }
+
+
+def _turns(forwarded: dict[str, Any]) -> dict[str, Any]:
+    """A chat's turns (`conversation.find_turns`): where its messages end, in tokens of
+    the builtin tokenizer (the served model's tokenizer moves the numbers, not the
+    message ends)."""
+    from prism_proxy.conversation import (
+        NotRenderable,
+        content_format,
+        find_turns,
+        template_messages,
+        template_tools,
+    )
+    from prism_proxy.tokenizer import ChatTemplateError, load_tokenizer
+
+    tokenizer = load_tokenizer()
+    try:
+        given = template_messages(forwarded["messages"], content_format(tokenizer.chat_template))
+        tools = template_tools(forwarded.get("tools"), forwarded.get("tool_choice"))
+        turns = find_turns(tokenizer, given, tools)
+    except (NotRenderable, ChatTemplateError) as exc:
+        return {"outcome": "none", "why": str(exc)}
+    if not turns.cuts:
+        return {"outcome": "none", "why": "no message ends before the last message"}
+    return {
+        "outcome": "turns",
+        "tokenizer": tokenizer.name,
+        "tokens": len(turns.ids),
+        "head_tokens": turns.cuts[0],
+        "message_ends": list(turns.cuts),
     }
 
 

@@ -94,3 +94,51 @@ def test_missing_file_exits_2() -> None:
     result = explain("/nonexistent/round.json")
     assert result.returncode == 2
     assert result.stderr.startswith("error: input: cannot read")
+
+
+# --- a request without hints: what the proxy finds in it (issue 24) -----------------------
+DOCS = ["The Osse flows north.", "Two bridges cross it.", "The mill is old."]
+
+
+def found(body: dict) -> dict:
+    result = explain(stdin=json.dumps(body))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_the_example_request_shows_its_documents() -> None:
+    result = found(json.loads((ROOT / "examples" / "explain_request.json").read_text()))
+    assert (result["outcome"], result["layout"], result["message"]) == ("found", "xml", "user")
+    assert len(result["documents"]) == 2 and all(d["movable"] for d in result["documents"])
+
+
+def test_documents_in_the_system_message_are_shown() -> None:
+    system = "Answer from the context:\n\n<context>\n" + "\n\n".join(DOCS) + "\n</context>"
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Q?"}]}
+    result = found(body)
+    assert (result["outcome"], result["layout"], result["message"]) == (
+        "found-ordered",
+        "xml",
+        "system",
+    )
+    assert [d["text"].strip() for d in result["documents"]] == DOCS
+    assert not any(d["movable"] for d in result["documents"])  # no evidence yet
+    assert result["preamble"].endswith("<context>\n") and result["suffix"] == "\n</context>"
+
+
+def test_a_chat_without_documents_shows_its_turns() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Look it up."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+    ]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    result = found({"messages": messages, "tools": tools})
+    assert result["outcome"] == "turns" and result["tokenizer"] == "builtin"
+    ends = result["message_ends"]
+    assert len(ends) == 3 and ends == sorted(set(ends)) and ends[-1] < result["tokens"]
+    assert result["head_tokens"] == ends[0]
+    alone = found({"messages": [{"role": "user", "content": "Hi"}]})
+    assert alone["outcome"] == "none"

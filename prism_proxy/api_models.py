@@ -280,13 +280,15 @@ class _OpenAIFields(BaseModel):
             "top_k", "min_p", "n", "stop", "stop_token_ids", "presence_penalty",
             "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
             "skip_special_tokens", "seed", "user", "rid", "prism", "priority",
-            "extra_key", "cache_salt",
+            "extra_key", "cache_salt", "prompt_cache_key",
         }
     )  # fmt: skip
 
     model: ModelName = ""
     stream: bool = False
     stream_options: dict[str, bool] | None = None
+    # OpenAI's grouping hint for requests that share a prefix: used by QAS, never sent on
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
     max_tokens: TokenCount | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None

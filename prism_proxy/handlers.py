@@ -413,8 +413,10 @@ async def token_path(
     stream: bool,
     fmt: ResponseFormat,
     extra_fields: dict[str, Any] | None = None,
+    group: str = "",
 ) -> web.StreamResponse:
     """Admit, serialize in the released order, stream from the backend's `/generate`.
+    `group`: the client's grouping hint (`prompt_cache_key`) for QAS.
 
     The proxy always streams from the backend, also for clients that did not ask to:
     the first chunk is the moment the request stops pending prefill (SPEC §2 pacing).
@@ -422,7 +424,7 @@ async def token_path(
     """
     app = request.app
     backend = app[state.BACKEND]
-    async with _Admitted(request, job.queued(rid, time.monotonic())) as release:
+    async with _Admitted(request, job.queued(rid, time.monotonic(), group)) as release:
         lane = release.lane.value
         payload = await off_loop(
             size,
@@ -524,6 +526,7 @@ async def passthrough(
     *,
     set_rid: bool,
     job: TokenJob | None = None,
+    group: str = "",
 ) -> web.StreamResponse:
     """Admit, then send `body` (the request's checked, served fields: its `forwarded`)
     to the backend's `path`, with a rid of the proxy's own when `set_rid`. The request
@@ -539,9 +542,9 @@ async def passthrough(
         body["rid"] = rid
     arrival = time.monotonic()
     queued = (
-        QueuedRequest(rid=rid or new_rid(), arrival=arrival)
+        QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
         if job is None
-        else job.queued(rid or new_rid(), arrival)
+        else job.queued(rid or new_rid(), arrival, group)
     )
     async with _Admitted(request, queued, lane=None if job else "passthrough") as release:
         lane = release.lane.value if job else "passthrough"
@@ -714,7 +717,9 @@ async def chat_relay(
     else:
         count_origin(request, "turns", "messages")
     path = "/v1/chat/completions"
-    return await passthrough(request, path, forwarded, set_rid=(body.n or 1) == 1, job=job)
+    set_rid = (body.n or 1) == 1
+    group = body.prompt_cache_key or ""
+    return await passthrough(request, path, forwarded, set_rid=set_rid, job=job, group=group)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -764,6 +769,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         stream=body.stream,
         fmt=_format(ChatFormat, body.rid or rid, "chatcmpl", body.model, body.include_usage),
         extra_fields=body.generate_fields(),
+        group=body.prompt_cache_key or "",
     )
 
 
@@ -775,7 +781,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.passthrough_reason() is not None:
         forwarded = body.forwarded(raw)
         count_origin(request, "forwarded")
-        return await passthrough(request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1)
+        group = body.prompt_cache_key or ""
+        return await passthrough(
+            request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1, group=group
+        )
     prompt = body.single_prompt()
     serializer = request.app[state.SERIALIZER]
     finder = DocumentFinder(request, body.prism is not None)
@@ -802,6 +811,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         stream=body.stream,
         fmt=_format(CompletionFormat, body.rid or rid, "cmpl", body.model, body.include_usage),
         extra_fields=body.generate_fields(),
+        group=body.prompt_cache_key or "",
     )
 
 

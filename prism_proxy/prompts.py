@@ -78,8 +78,8 @@ class TokenJob:
             payload["kv_hints"] = make_kv_hints(dispatch.anchors, priorities, message_id=rid)
         return payload
 
-    def queued(self, rid: str, arrival: float) -> QueuedRequest:
-        """What QAS schedules for this job (SPEC §2)."""
+    def queued(self, rid: str, arrival: float, group: str = "") -> QueuedRequest:
+        """What QAS schedules for this job (SPEC §2); `group`: the client's grouping hint."""
         return QueuedRequest(
             rid=rid,
             arrival=arrival,
@@ -90,6 +90,7 @@ class TokenJob:
             segment_tokens=self.segment_tokens,
             fixed=self.fixed,
             pinned=self.pinned,
+            group=group,
         )
 
 

@@ -13,7 +13,8 @@ So every field of SGLang's bodies is in exactly one class, per endpoint:
 * **served**: declared in the proxy's models (`api_models`), checked (types, SGLang's
   own bounds, the vocabulary, counts) and forwarded, or used by the token path;
 * **owned by the proxy**: accepted and never forwarded (`rid` names only the client's
-  response; `priority`, `kv_hints`, `log_metrics`, `received_time` are the proxy's);
+  response; `priority`, `kv_hints`, `log_metrics`, `received_time` are the proxy's;
+  `prompt_cache_key` is a grouping hint for QAS);
 * **refused**: answered 400 naming the field and why (below).
 
 Fields SGLang does not know are dropped: its OpenAI models ignore them, so dropping
@@ -98,7 +99,9 @@ REFUSED: Mapping[str, str] = {
 }
 
 # Accepted from the client, never forwarded: the proxy sets or owns them.
-PROXY_OWNED = frozenset({"rid", "priority", "kv_hints", "log_metrics", "received_time", "prism"})
+PROXY_OWNED = frozenset(
+    {"rid", "priority", "kv_hints", "log_metrics", "received_time", "prism", "prompt_cache_key"}
+)
 
 # Keys `apply_chat_template` takes itself: in `chat_template_kwargs` they collide (500).
 CHAT_TEMPLATE_RESERVED = frozenset(

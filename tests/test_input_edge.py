@@ -301,6 +301,7 @@ async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
         "store": True,
         "metadata": {"k": "v"},
         "extra_key": "tenant-a",
+        "prompt_cache_key": "tenant-a-agents",  # QAS's grouping hint, never sent on
     }
     async with (
         loopback_app(backend) as url,
@@ -323,6 +324,7 @@ async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
     token_path = seen["generate"]
     assert token_path["extra_key"] == "tenant-a" and token_path["rid"].startswith("prism-")
     assert not {"priority", "store", "metadata", "model", "messages"} & set(token_path)
+    assert "prompt_cache_key" not in token_path
 
 
 async def test_costly_bodies_are_judged_off_the_loop_and_refused_before_validation(

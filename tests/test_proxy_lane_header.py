@@ -25,7 +25,14 @@ TOOLS = {
     # one without hints has the empty signature and is cold-only (SPEC §2); so has one
     # with tools, whose only turn is the head (the tools' system turn). The engine's
     # endpoint serves it; without segmentation it would be passed through.
-    [(HINTED, {"hot"}), (CHAT, {"cold"}), (TOOLS, {"cold"})],
+    # A client's grouping hint (`prompt_cache_key`) gives it a bucket of its own.
+    [
+        (HINTED, {"hot"}),
+        (CHAT, {"cold"}),
+        (TOOLS, {"cold"}),
+        ({**CHAT, "prompt_cache_key": "tenant-a"}, {"hot"}),
+        ({**TOOLS, "prompt_cache_key": "tenant-a"}, {"hot"}),
+    ],
 )
 async def test_lane_header(proxy_factory: ProxyFactory, sim, body, lanes, stream) -> None:
     proxy = await proxy_factory()

@@ -304,3 +304,25 @@ def test_pending_residency_counts_released_segments_until_dart_reports_or_grace_
     assert policy.plan_round([follow], [], wave_size=4).skeletons["r3"] == path
     alone = PrismPolicy(qas_params("full"), PendingResidency(ResidentSegments()))
     assert alone.plan_round([follow], [], wave_size=4).skeletons["r3"] == path[::-1]
+
+
+def test_the_clients_grouping_hint_buckets_requests_with_nothing_found():
+    """`prompt_cache_key` (QueuedRequest.group): requests with no segments share a bucket
+    when they share the key, so they go out together in the hot lane; without a key they
+    stay cold-only; a request with segments keeps its own signature."""
+    policy = PrismPolicy(qas_params("full"))
+    queue = [
+        QueuedRequest("a1", 0.0, group="tenant-a"),
+        QueuedRequest("b1", 0.1, group="tenant-b"),
+        QueuedRequest("a2", 0.2, group="tenant-a"),
+        QueuedRequest("none", 0.3),
+        QueuedRequest("seg", 0.4, ("d1",), group="tenant-a", segment_tokens=(10,)),
+    ]
+    plan = policy.plan_round(queue, [], 8)
+    buckets = {tuple(b.rids) for b in plan.buckets}
+    assert ("a1", "a2") in buckets and ("b1",) in buckets and ("seg",) in buckets
+    assert all("none" not in rids for rids in buckets)
+    assert plan.signatures["seg"] == ("d1",) and plan.signatures["none"] == ()
+    lanes = {entry.rid: entry.lane for entry in plan.wave}
+    assert lanes["a1"] == lanes["a2"] == Lane.HOT and lanes["none"] == Lane.COLD
+    assert not any(key.startswith("\x00group:") for key in plan.dispatch_priorities)

@@ -68,7 +68,8 @@ def bucket_score(
     base = sum(counters.base_priority(segment) for segment in distinct)
     hot_batch = bucket.members[: max(0, hot_capacity)]
     next_total = sum(len(set(member.skeleton)) for member in hot_batch)
-    utility = (base + params.w_n * next_total) / len(distinct)
+    # a bucket of the client's grouping hint alone has no segments: U(b) = 0
+    utility = (base + params.w_n * next_total) / len(distinct) if distinct else 0.0
     return params.alpha_size * len(bucket.members) + params.beta_util * utility, utility
 
 

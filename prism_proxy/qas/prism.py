@@ -28,6 +28,9 @@ from prism_proxy.qas.round import fifo_order
 from prism_proxy.qas.types import ActiveRequest, BucketView, QueuedRequest, RoundPlan
 from prism_proxy.qas.wave import fill_wave
 
+# The signature of requests grouped only by the client's hint (`QueuedRequest.group`): a
+# namespace no segment id enters (NUL first).
+GROUP_PREFIX = "\x00group:"
 # Nodes one cached-path search may visit (a request's segments seldom branch in the view).
 PATH_SEARCH_NODES = 64
 
@@ -134,13 +137,16 @@ class PrismPolicy:
         members = []
         for rank, request in enumerate(fifo):
             skeleton = self.align(request, priority, resident)
+            sig = signature(skeleton, priority, params.kappa, params.canonical_ties)
+            if not sig and request.group:  # nothing reusable found: the client's hint
+                sig = (GROUP_PREFIX + request.group,)
             members.append(
                 Member(
                     rid=request.rid,
                     rank=rank,
                     arrival=request.arrival,
                     skeleton=skeleton,
-                    signature=signature(skeleton, priority, params.kappa, params.canonical_ties),
+                    signature=sig,
                     deadline=request.deadline,
                 )
             )

@@ -39,6 +39,9 @@ class QueuedRequest:
     `head` names the request's system head for DART's table (issue 23; its entry is
     keyed `counters.head_key(head)`): the `prefix_key` when the head has tokens, None
     when there is no head (an unhinted, private request, or an empty head).
+
+    `group` is the client's grouping hint (OpenAI's `prompt_cache_key`): requests in
+    which nothing reusable was found share a bucket when they share it ("" for none).
     """
 
     rid: str
@@ -52,6 +55,7 @@ class QueuedRequest:
     deadline: float = math.inf
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
+    group: str = ""
 
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]

@@ -94,7 +94,7 @@ class DartSimExtension:
         self._follow(cache)
         self.core.apply_pending()
         try:
-            hints = request_hints(req.kv_hints, None, req.input_ids)
+            hints = request_hints(req.kv_hints, req.custom_params, req.input_ids)
         except AnchorError as exc:
             logger.warning("request %s: ignoring malformed PRISM anchors: %s", req.rid, exc)
             return

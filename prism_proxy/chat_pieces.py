@@ -109,16 +109,7 @@ class ChatPieces:
 
     def encode(self, text: str) -> list[int]:
         """The ids ``encode(text)`` gives, from cached pieces where it can."""
-        ids: list[int] = []
-        start = 0
-        for match in self._splitter.finditer(text):
-            if match.start() > start:
-                ids.extend(self._piece(text[start : match.start()]))
-            ids.append(self._added[match.group()])
-            start = match.end()
-        if start < len(text):
-            ids.extend(self._piece(text[start:]))
-        return ids
+        return self.encode_cut(text, ())[0]
 
     def encode_cut(self, text: str, cuts: Sequence[int]) -> tuple[list[int], list[int | None]]:
         """``encode(text)`` and, for each character position in `cuts`, the number of ids

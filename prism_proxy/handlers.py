@@ -680,18 +680,16 @@ class DocumentFinder:
         count_origin(request, self.outcome, self.layout)
 
 
-def _chat_turns(tokenizer: Tokenizer, forwarded: dict[str, Any], *, tools: bool) -> TokenJob | None:
-    """The turns of a chat as the engine's template renders it (`conversation`), or None
-    when the proxy cannot render it as the engine would. `tools`: render the request's
-    `tools` too (a chat the engine's own endpoint serves)."""
+def _chat_turns(tokenizer: Tokenizer, forwarded: dict[str, Any]) -> TokenJob | None:
+    """The turns of a chat the engine's own endpoint serves, rendered (tools included)
+    as that endpoint renders it (`conversation`), or None when the proxy cannot render
+    it as the engine would."""
     if forwarded.get("chat_template_kwargs") or forwarded.get("reasoning_effort") is not None:
         return None  # template variables the proxy does not pass
     try:
         messages = template_messages(forwarded["messages"], content_format(tokenizer.chat_template))
-        listed = (
-            template_tools(forwarded.get("tools"), forwarded.get("tool_choice")) if tools else None
-        )
-        return turns_job(find_turns(tokenizer, messages, listed))
+        tools = template_tools(forwarded.get("tools"), forwarded.get("tool_choice"))
+        return turns_job(find_turns(tokenizer, messages, tools))
     except NotRenderable:
         return None
 
@@ -708,7 +706,7 @@ async def chat_relay(
     job = None
     if DocumentFinder(request, hinted=False).searching:
         try:
-            job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded, tools=True))
+            job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded))
         except ChatTemplateError:
             job = None
     if job is None or job.head_tokens == 0:

@@ -192,6 +192,7 @@ class SimEngine:
         rid: str | None = None,
         kv_hints: dict[str, Any] | None = None,
         priority: int | None = None,
+        custom_params: dict[str, Any] | None = None,
         stream: bool = False,
         output_script: list[int] | None = None,
     ) -> RequestHandle:
@@ -205,6 +206,7 @@ class SimEngine:
             max_new_tokens=max_new_tokens,
             arrival_s=self.loop.now(),
             kv_hints=kv_hints,
+            custom_params=custom_params,
             priority=priority,
             stream=stream,
             output_script=output_script,

@@ -7,14 +7,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from backend_plugin.dart.anchors import CUSTOM_PARAMS_KEY, MAX_CUSTOM_PARAMS_CHARS
 from prism_proxy.conversation import content_format, template_messages, template_tools
 from prism_sim.api_models import ChatCompletionIn, CompletionIn
 from prism_sim.engine import RequestHandle, SimEngine
@@ -186,19 +184,6 @@ async def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[
     return await encode(engine, text), body.max_completion_tokens or body.max_tokens
 
 
-def _anchors_envelope(custom_params: dict[str, Any]) -> dict[str, Any] | None:
-    """The `kv_hints` envelope a chat request carries in `custom_params` (None when it
-    carries none or it is not JSON: SGLang's plugin ignores those too)."""
-    text = custom_params.get(CUSTOM_PARAMS_KEY)
-    if not isinstance(text, str) or len(text) > MAX_CUSTOM_PARAMS_CHARS:
-        return None
-    try:
-        envelope = json.loads(text)
-    except ValueError:
-        return None
-    return envelope if isinstance(envelope, dict) else None
-
-
 async def _complete(
     request: web.Request,
     model: type[BodyT],
@@ -221,9 +206,6 @@ async def _complete(
             stop = engine.tokenizer.eos_token_id
             script = engine.tokenizer.encode(call.text) + ([] if stop is None else [stop])
         ids, max_tokens = await prompt_of(engine, body)
-        kv_hints = None
-        if isinstance(body, ChatCompletionIn) and body.custom_params:
-            kv_hints = _anchors_envelope(body.custom_params)
         handle = start_request(
             engine,
             ids,
@@ -233,7 +215,7 @@ async def _complete(
             priority=body.priority,
             stream=body.stream,
             output_script=script,
-            kv_hints=kv_hints,
+            custom_params=body.custom_params if isinstance(body, ChatCompletionIn) else None,
         )
     except BadRequest as exc:
         return error_response(str(exc))

@@ -34,6 +34,8 @@ class SimRequest:
     max_new_tokens: int
     arrival_s: float
     kv_hints: dict[str, Any] | None = None
+    # SGLang's `sampling_params.custom_params`: where anchors ride on the chat endpoint
+    custom_params: dict[str, Any] | None = None
     priority: int | None = None
     stream: bool = False  # for metric labels (`is_streaming`)
     # The tokens to generate, in order, ending with a stop token (a tool call forced by

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -66,6 +67,23 @@ async def loopback_app(app: web.Application) -> AsyncIterator[str]:
         yield f"http://{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+def recording_generate(
+    record: Callable[[dict], None],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A stub backend's `/generate`: hands each body to `record`, then streams one chunk
+    "x" that ends by length."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        record(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    return generate
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from hostile_bodies import ENGINE_KILLERS
-from proxy_support import loopback_app, running_proxy
+from proxy_support import loopback_app, recording_generate, running_proxy
 
 from backend_plugin.config import ControlConfig, ControlConfigError
 from backend_plugin.control_rpc import create_control_app
@@ -280,17 +280,10 @@ async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
         seen["chat"] = await request.json()
         return web.json_response({"choices": [], "usage": None})
 
-    async def generate(request: web.Request) -> web.StreamResponse:
-        seen["generate"] = await request.json()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        chunk = {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}}
-        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
-        return response
-
     backend = web.Application()
     backend.router.add_post("/v1/chat/completions", chat)
-    backend.router.add_post("/generate", generate)
+    record = recording_generate(lambda body: seen.update(generate=body))
+    backend.router.add_post("/generate", record)
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     body = {
         "model": "m",

@@ -8,7 +8,6 @@ found, or the deployment or the request opting out, and the request goes as befo
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import openai
@@ -18,6 +17,7 @@ from proxy_support import (
     ProxyFactory,
     loopback_app,
     proxy_factory_fixture,
+    recording_generate,
     running_proxy,
     sim_server,
 )
@@ -103,17 +103,9 @@ async def test_without_reordering_the_prompt_is_the_clients_own_text() -> None:
     client's text, each document tokenized on its own (SPEC §1), decoding to the chat
     rendered whole."""
     seen: list[list[int]] = []
-
-    async def generate(request: web.Request) -> web.StreamResponse:
-        seen.append((await request.json())["input_ids"])
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        chunk = {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}}
-        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
-        return response
-
     backend = web.Application()
-    backend.router.add_post("/generate", generate)
+    record = recording_generate(lambda body: seen.append(body["input_ids"]))
+    backend.router.add_post("/generate", record)
     async with loopback_app(backend) as url:
         for layout in LAYOUTS:
             async with running_proxy(url, extraction_reorder=False) as proxy:

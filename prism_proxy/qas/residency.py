@@ -21,6 +21,7 @@ also says in which order the resident segments were cached.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -55,28 +56,38 @@ class PendingResidency:
         self.grace_s = grace_s
         self.clock = clock
         self._pending: dict[str, float] = {}  # segment -> when it stops counting
-        self._key: tuple[frozenset[str], int] | None = None
+        self._expiries: list[tuple[float, str]] = []  # heap; stale entries skipped
+        self._confirmed: frozenset[str] | None = None  # the source's set last seen
         self._union: frozenset[str] = frozenset()
-        self._changes = 0
+        self._dirty = False
 
     def released(self, segments: Iterable[str]) -> None:
         until = self.clock() + self.grace_s
         for segment in segments:
             self._pending[segment] = until
-        self._changes += 1
+            heapq.heappush(self._expiries, (until, segment))
+        self._dirty = True
 
     def resident(self) -> frozenset[str]:
+        """Per round: expired entries leave through a heap; the pending set is checked
+        against DART's only when DART's set changed (the sources hand out the same
+        frozenset until a summary changes it)."""
         confirmed = self.source.resident()
-        if self._pending:
-            now = self.clock()
-            stale = [s for s, until in self._pending.items() if until <= now or s in confirmed]
-            for segment in stale:
-                del self._pending[segment]
-            self._changes += bool(stale)
-        key = (confirmed, self._changes)
-        if key != self._key:  # recomputed only when either side changed
-            self._key = key
-            self._union = confirmed.union(self._pending) if self._pending else confirmed
+        now = self.clock()
+        expiries, pending = self._expiries, self._pending
+        while expiries and expiries[0][0] <= now:
+            until, segment = heapq.heappop(expiries)
+            if pending.get(segment) == until:  # not released again since
+                del pending[segment]
+                self._dirty = True
+        if confirmed is not self._confirmed:
+            self._confirmed = confirmed
+            for segment in [s for s in pending if s in confirmed]:
+                del pending[segment]
+            self._dirty = True
+        if self._dirty:
+            self._dirty = False
+            self._union = confirmed.union(pending) if pending else confirmed
         return self._union
 
 

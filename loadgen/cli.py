@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.agent_trace import AgentTraceParams, build_agent_trace
-from loadgen.apis import API_NAMES, LAYOUTS
+from loadgen.apis import API_NAMES, CHAT_LAYOUTS
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
 from loadgen.reorder_trace import ReorderTraceParams, build_reorder_trace
 from loadgen.trace_format import read_trace, write_trace
@@ -137,6 +137,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from loadgen.replay import ROUTING_KEYS
     from loadgen.sweep import add_sweep_flags
 
     parser = argparse.ArgumentParser(
@@ -168,9 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--api", choices=API_NAMES, default="prism")
     rep.add_argument(
         "--layout",
-        choices=LAYOUTS,
+        choices=CHAT_LAYOUTS,
         default="blank",
-        help="--api openai: how the documents sit in the user message",
+        help="--api openai: how the documents sit in the user message (tool: in a tool result)",
     )
     rep.add_argument(
         "--time-scale",
@@ -182,9 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--timeout", type=float, default=600.0, help="per-request read timeout (s)")
     rep.add_argument(
         "--routing-key",
-        choices=("none", "anchor", "anchor-bounded"),
+        choices=ROUTING_KEYS,
         default="none",
-        help="send X-SMG-Routing-Key = the request's anchor segment (a gateway in front);"
+        help="send X-SMG-Routing-Key (a gateway in front): canonical = the request's first"
+        " segment in PRISM's canonical order (what a client computes); anchor = its"
+        " hottest segment by the trace's hot ranks (the generator's knowledge);"
         " anchor-bounded spreads hot anchors (prism_proxy.hot_keys)",
     )
     rep.add_argument(

@@ -30,7 +30,7 @@ from prism_proxy.hot_keys import BoundedKeys
 from prism_proxy.routing import ROUTING_KEY_HEADER, routing_headers
 from prism_proxy.smg_ring import SmgRing
 
-ROUTING_KEYS = ("none", "anchor", "anchor-bounded")
+ROUTING_KEYS = ("none", "canonical", "anchor", "anchor-bounded")
 
 
 @dataclass(frozen=True)
@@ -112,13 +112,19 @@ def trace_popularity(request: TraceRequest) -> dict[str, float] | None:
 def routing_headers_for(
     request: TraceRequest, mode: str, bounded: BoundedKeys | None = None
 ) -> dict[str, str]:
-    """`X-SMG-Routing-Key` for a gateway in front of replicas (issue 15): `anchor` routes
-    by the request's most popular segment (the trace's hot ranks; else PRISM's
-    canonical first), `anchor-bounded` by the same anchor with hot keys spread
-    (`bounded`), `none` sends no key."""
+    """`X-SMG-Routing-Key` for a gateway in front of replicas (issue 15).
+
+    * `canonical`: the segment PRISM's canonical order puts first, which any client can
+      compute from the request alone;
+    * `anchor`: the request's most popular segment by the trace's hot ranks, the
+      generator's knowledge (a client with exact popularity counts; else canonical);
+    * `anchor-bounded`: the same anchor with hot keys spread (`bounded`);
+    * `none`: no key."""
     if mode == "none":
         return {}
     ids = [s.id for s in request.segments]
+    if mode == "canonical":
+        return routing_headers(ids)
     if mode == "anchor-bounded":
         if bounded is None:
             raise ValueError("anchor-bounded needs a BoundedKeys policy")

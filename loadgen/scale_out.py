@@ -11,8 +11,11 @@ replicas on the default profile, real time) and reports the aggregate hit rate
 * `A-round_robin`, `A-cache_aware`: a PRISM sidecar (proxy, DART on the engine) per
   replica, smg in front with that policy and no routing key;
 * `A-key`: the same with smg `consistent_hashing` and `X-SMG-Routing-Key` = the
-  request's anchor segment (`prism_proxy.routing`, `prism-loadgen replay --routing-key
-  anchor`);
+  request's hottest segment by the trace's hot ranks (`prism_proxy.routing`,
+  `prism-loadgen replay --routing-key anchor`): the generator's knowledge, which a
+  client has only if it counts popularity exactly;
+* `A-key-canonical`: the same with the key a client computes from the request alone,
+  its first segment in PRISM's canonical order (`--routing-key canonical`);
 * `A-key-bounded`: `A-key` with hot anchors spread (`prism_proxy.hot_keys`, `--routing-key
   anchor-bounded`): a hot key's request never goes to a replica holding
   `--max-replica-share` of the client's last 256 requests;
@@ -41,8 +44,9 @@ from bench.peers_launch import OFFLINE_ENV, Smg
 from loadgen.processes import ServerProcess, free_port, run_server
 
 CONFIGS = ("single", "A-round_robin", "A-cache_aware", "A-key", "B-round_robin", "B-cache_aware")
-EXTRA_CONFIGS = ("A-key-bounded",)  # run when named in --configs
-KEY_MODES = {"key": "anchor", "key-bounded": "anchor-bounded"}  # A-<policy>: routing key
+EXTRA_CONFIGS = ("A-key-bounded", "A-key-canonical")  # run when named in --configs
+# A-<policy>: the routing key each A-key configuration sends (loadgen.replay.ROUTING_KEYS)
+KEY_MODES = {"key": "anchor", "key-bounded": "anchor-bounded", "key-canonical": "canonical"}
 SMG = Smg()
 
 

@@ -74,12 +74,15 @@ async def test_replay_sends_the_anchor_as_routing_key() -> None:
         meta={"hot_ranks": {"p00001": 4, "p00003": 1}},
     )
     async with loopback_app(app) as url, aiohttp.ClientSession() as session:
-        for mode in ("anchor", "none"):
+        for mode in ("anchor", "canonical", "none"):
             config = ReplayConfig(target=url, api="openai", routing_key=mode, model="m")
             body = {"model": "m", "messages": [{"role": "user", "content": "q"}], "stream": True}
             record = await send_one(session, config, request, ("/v1/chat/completions", body), 0.0)
             assert record.success, record.error
-    assert seen == ["p00003", None]  # hot rank 1 is the anchor, before any cold segment
+    # hot rank 1 is the anchor, before any cold segment; canonical: what the client
+    # computes from the request alone (PRISM's canonical first), whatever the hot ranks
+    canonical = min(("p00003", "p00001", "p00000"), key=canonical_key)
+    assert seen == ["p00003", canonical, None]
 
 
 async def test_replay_spreads_a_hot_anchor_over_the_gateways_replicas() -> None:

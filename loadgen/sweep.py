@@ -11,7 +11,13 @@ Two engines run the same sweep and write the same results and report:
   serializer, scheduler, radix cache and DART in one deterministic modeled-time run.
 
 Results land in ``<out>/results/<label>_qps<λ>.json``; the report (table + plots) in
-``<out>``.
+``<out>``. Each result records the settings its line ran with (issue 25): the proxy's
+own account of them (``variant.proxy_settings``, from its ``/server_info``) or the
+twin's ``TwinSetup`` (``variant.twin_setup``); ``sweep.json`` lists them per line too.
+
+Seeds. ``--seeds 0,1,2`` runs the whole sweep once per seed, each on its own traces;
+results are then ``<label>_qps<λ>_seed<k>.json`` and the report gives means over seeds
+with 95 % intervals (``loadgen.report``). One seed (``--seed N``) keeps the names above.
 
 Speed. ``--speed F`` runs the engine's clock F× faster and replays with time scale F
 (results stay in modeled seconds); the proxy's QAS window is scaled by 1/F too, so it
@@ -30,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +46,7 @@ from loadgen.apis import LAYOUTS
 from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import free_port, run_server
 from loadgen.variants import ALL_POLICIES, Variant, make_variants
-from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS
+from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 
 DEFAULT_QPS = (40.0, 50.0, 60.0, 70.0, 80.0)
 ENGINES = ("sim", "twin")
@@ -78,6 +84,13 @@ class SweepConfig:
     # documents in `layout`, as an unmodified client sends them)
     client_api: str = "prism"
     layout: str = "blank"
+    # Every seed of a repeated sweep (empty: `seed` alone); `seed` is the one running
+    seeds: tuple[int, ...] = ()
+
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        """The seeds the sweep runs, each a full sweep on its own traces."""
+        return self.seeds or (self.seed,)
 
     def trace_overrides(self) -> dict[str, Any]:
         names = ("hot_count", "alpha", "r_hot", "max_tokens")
@@ -91,7 +104,8 @@ def trace_path(config: SweepConfig, qps: float) -> Path:
 
 def result_path(config: SweepConfig, variant: Variant, qps: float) -> Path:
     safe = variant.label.replace("[", "-").replace("]", "").replace("=", "").replace("+", "p")
-    return config.out / "results" / f"{safe}_qps{qps:g}.json"
+    seed = f"_seed{config.seed}" if len(config.seed_list) > 1 else ""
+    return config.out / "results" / f"{safe}_qps{qps:g}{seed}.json"
 
 
 def ensure_trace(config: SweepConfig, qps: float) -> Path:
@@ -153,6 +167,44 @@ def has_control_rpc(config: SweepConfig, variant: Variant) -> bool:
     `prism`'s lines, except on a real SGLang running its own LRU cache (no plugin)."""
     stock = config.backend == "sglang-cpu" and variant.eviction == "lru"
     return variant.pushes_priorities and not stock
+
+
+def line_qas(config: SweepConfig, variant: Variant) -> QasParams:
+    """The QAS parameters a line's proxy runs: its variant (the sweep's `--qas` unless
+    the line names one), `--qas-param` on prism lines, the line's `q_cold`."""
+    overrides: dict[str, Any] = dict(config.qas_overrides) if variant.policy == "prism" else {}
+    if variant.q_cold is not None:
+        overrides["q_cold"] = variant.q_cold
+    return qas_params(variant.qas or config.qas, overrides)
+
+
+def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
+    """The settings a line is run with, as the sweep sets them (issue 25): for prism
+    lines the QAS variant and its resolved parameters; the window (modeled ms), the
+    prefill batch B (fixed, or "auto": the proxy's rule), the residency source prism
+    will use, the eviction order, whether the control RPC is on, and how clients talk.
+    `--proxy-arg`s may change them; each run records the proxy's own account."""
+    proxied, prism = variant.policy is not None, variant.policy == "prism"
+    qas = line_qas(config, variant) if prism else None
+    control = has_control_rpc(config, variant)
+    residency = None
+    if qas is not None:
+        residency = "none" if qas.w_c <= 0 else ("dart" if control else "view")
+    client_api = config.client_api if proxied else "native"
+    return {
+        "policy": variant.policy,
+        "qas_variant": (variant.qas or config.qas) if prism else None,
+        "qas": asdict(qas) if qas is not None else None,
+        "window_ms": config.window_ms if proxied else None,
+        "prefill_batch": (variant.prefill_batch or "auto") if proxied else None,
+        "residency": residency,
+        "eviction": variant.eviction,
+        "schedule_policy": variant.schedule_policy,
+        "control_rpc": control,
+        "client_api": client_api,
+        "layout": config.layout if client_api == "openai" else None,
+        "proxy_args": list(config.proxy_args) if proxied else [],
+    }
 
 
 def sglang_cpu_command(
@@ -230,6 +282,17 @@ def proxy_counters(url: str) -> dict[str, float]:
         return {}
 
 
+def proxy_settings(url: str) -> dict[str, Any] | None:
+    """The settings the proxy ran with, by its own account (`/server_info`'s
+    `prism.settings`), or None when it cannot tell."""
+    try:
+        info = httpx.get(url + "/server_info", timeout=30.0).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    prism = info.get("prism") if isinstance(info, dict) else None
+    return prism.get("settings") if isinstance(prism, dict) else None
+
+
 def metric_totals(text: str) -> dict[str, float]:
     """Counter, gauge and histogram sum/count samples of a Prometheus text page, each
     sample name's values summed over its labels (``_created`` and ``_bucket`` left out)."""
@@ -262,6 +325,7 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         module, python, timeout_s = "prism_sim", sys.executable, 60.0
         sim_args = sim_command(config, variant, control_port, token)
     proxy_args: list[str] = []
+    settings: dict[str, Any] | None = None
     engine_name = f"{config.backend}-{variant.label}"
     with (
         run_server(
@@ -284,6 +348,7 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         results["engine_state"] = engine_state(sim.url)
         if variant.policy is not None:
             results["proxy_metrics"] = proxy_counters(target)
+            settings = proxy_settings(target)
     results["variant"] = {
         **asdict(variant),
         "qps": qps,
@@ -294,6 +359,8 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         "proxy_args": proxy_args,
         "client_api": api,
         "layout": config.layout if api == "openai" else None,
+        "seed": config.seed,
+        "proxy_settings": settings,
     }
     return results
 
@@ -304,14 +371,10 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
         raise ValueError("the twin replays hinted requests or plain chat (--client-api openai)")
     from loadgen.trace_format import read_trace
     from loadgen.twin import TwinSetup, simulate
-    from prism_proxy.qas.params import qas_params
     from prism_proxy.tokenizer import load_tokenizer
 
     trace = read_trace(ensure_trace(config, qps))
-    overrides: dict[str, Any] = dict(config.qas_overrides) if variant.policy == "prism" else {}
-    if variant.q_cold is not None:
-        overrides["q_cold"] = variant.q_cold
-    qas = qas_params(variant.qas or config.qas, overrides)
+    qas = line_qas(config, variant)
     setup = TwinSetup(
         policy=variant.policy,
         eviction=variant.eviction,
@@ -332,6 +395,8 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
         "profile": config.profile,
         "client_api": config.client_api if variant.policy is not None else "native",
         "layout": setup.layout if variant.policy is not None else None,
+        "seed": config.seed,
+        "twin_setup": asdict(setup),
     }
     return results
 
@@ -341,8 +406,9 @@ RUNNERS: dict[str, PointRunner] = {"sim": run_point, "twin": run_point_twin}
 
 
 def run_sweep(config: SweepConfig, command: str) -> list[Path]:
-    """Every variant at every QPS on `config.engine`, writing each result as it comes;
-    returns the result files (the report is the caller's)."""
+    """Every variant at every QPS on `config.engine`, once per seed (each seed a full
+    sweep on its own traces), writing each result as it comes; returns the result files
+    (the report is the caller's)."""
     from loadgen.replay import write_results
 
     config.out.mkdir(parents=True, exist_ok=True)
@@ -356,35 +422,48 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         "qps": list(config.qps),
         "speed": config.speed,
         "num_requests": config.num_requests,
-        "seed": config.seed,
+        "seed": config.seed_list[0],
+        "seeds": list(config.seed_list),
         "profile": config.profile,
         "workload": config.workload,
         "kv_capacity_tokens": config.kv_capacity_tokens,
         "model": config.model,
         "tokenizer": config.tokenizer,
         "trace_overrides": config.trace_overrides(),
+        "client_api": config.client_api,
+        "layout": config.layout if config.client_api == "openai" else None,
+        "window_ms": config.window_ms,
+        "qas": config.qas,
+        "qas_overrides": dict(config.qas_overrides),
+        "sim_args": list(config.sim_args),
+        "proxy_args": list(config.proxy_args),
+        "settings": {v.label: line_settings(config, v) for v in config.variants},
         "git_commit": _git_commit(),
     }
     (config.out / "sweep.json").write_text(json.dumps(manifest, indent=1) + "\n")
     run = RUNNERS[config.engine]
     paths = []
-    for qps in config.qps:
-        ensure_trace(config, qps)
-    for variant in config.variants:
+    repeated = len(config.seed_list) > 1
+    for seed in config.seed_list:
+        seeded = replace(config, seed=seed)
         for qps in config.qps:
-            started = time.monotonic()
-            results = run(config, variant, qps)
-            path = result_path(config, variant, qps)
-            write_results(path, results)
-            summary = results["summary"]
-            print(
-                f"{variant.label:>18} @ {qps:g} QPS: p99 TTFT "
-                f"{_fmt_s(summary['p99_ttft_ms'])}, hit {_fmt_pct(summary['hit_rate'])}, "
-                f"{summary['request_throughput']:.1f} req/s, failed {summary['failed']}"
-                f" ({time.monotonic() - started:.0f}s wall)",
-                flush=True,
-            )
-            paths.append(path)
+            ensure_trace(seeded, qps)
+        for variant in config.variants:
+            for qps in config.qps:
+                started = time.monotonic()
+                results = run(seeded, variant, qps)
+                path = result_path(seeded, variant, qps)
+                write_results(path, results)
+                summary = results["summary"]
+                print(
+                    f"{variant.label:>18} @ {qps:g} QPS{f' seed {seed}' if repeated else ''}: "
+                    f"p99 TTFT {_fmt_s(summary['p99_ttft_ms'])}, "
+                    f"hit {_fmt_pct(summary['hit_rate'])}, "
+                    f"{summary['request_throughput']:.1f} req/s, failed {summary['failed']}"
+                    f" ({time.monotonic() - started:.0f}s wall)",
+                    flush=True,
+                )
+                paths.append(path)
     return paths
 
 
@@ -455,7 +534,13 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
         help="zipf_hotspot, agent_prefix, or reorder_replay (same documents, new order)",
     )
     parser.add_argument("--num-requests", type=int, default=2048)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="trace and engine seed")
+    parser.add_argument(
+        "--seeds",
+        default="",
+        help="repeat the sweep over these seeds, e.g. 0,1,2 (overrides --seed): results"
+        " <label>_qps<λ>_seed<k>.json, report with means and 95%% t-intervals over seeds",
+    )
     parser.add_argument("--speed", type=float, default=1.0, help="engine clock speed factor F")
     parser.add_argument("--profile", default="a800-qwen3-4b")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine KV pool")
@@ -512,7 +597,16 @@ def model_tokenizer(model: str, tokenizer: str, sglang_python: str) -> str:
     return tokenizer if directory is None else str(directory)
 
 
+def parse_seeds(text: str, seed: int) -> tuple[int, ...]:
+    """`--seeds 0,1,2` (distinct integers), else `(seed,)`."""
+    seeds = tuple(int(s) for s in _csv(text)) or (seed,)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text}: a seed is listed twice")
+    return seeds
+
+
 def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig:
+    seeds = parse_seeds(args.seeds, args.seed)
     return SweepConfig(
         out=Path(args.out),
         variants=make_variants(
@@ -527,7 +621,8 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
         qps=tuple(float(q) for q in _csv(args.qps)),
         workload=args.workload,
         num_requests=args.num_requests,
-        seed=args.seed,
+        seed=seeds[0],
+        seeds=seeds if len(seeds) > 1 else (),
         speed=args.speed,
         profile=args.profile,
         tokenizer=model_tokenizer(args.model, args.tokenizer, args.sglang_python),

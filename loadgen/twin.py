@@ -50,7 +50,12 @@ from prism_proxy.prompts import TokenJob
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import PendingResidency, ResidencySummary, ResidentSegments
+from prism_proxy.qas.residency import (
+    PendingResidency,
+    ResidencySummary,
+    ResidentSegments,
+    residency_source,
+)
 from prism_proxy.serializer import Serializer
 from prism_proxy.tokenizer import Tokenizer
 from prism_sim.engine import EngineCore, SimConfig
@@ -332,5 +337,7 @@ def simulate(trace: Trace, setup: TwinSetup, tokenizer: Tokenizer) -> dict[str, 
             "uncached_tokens_ewma": pacing.uncached_tokens,
             "rounds_with_release": len(waves),
             "mean_wave_size": sum(waves) / len(waves) if waves else 0.0,
+            "residency": residency_source(twin.core.policy) if twin.core else "none",
+            "control_rpc": twin.dart is not None,  # P̂_t applied to DART inline
         },
     }

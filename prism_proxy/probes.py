@@ -7,6 +7,7 @@ gateway sees the real load: requests waiting in QAS are waiting requests of that
 replica, which the engine cannot report.
 
     GET /server_info, /get_server_info    the backend's, plus "prism": the proxy's state
+                                          and the settings it runs with ("settings")
     GET /model_info, /get_model_info      the backend's
     GET /v1/loads, /loads                 the backend's /v1/loads (SGLang 0.5.23) with the
                                           proxy's queue added to rank 0's waiting
@@ -21,6 +22,7 @@ of the proxy may change another client's requests or the cache.
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +31,7 @@ from aiohttp import web
 from prism_proxy import state
 from prism_proxy.backend_client import BackendError
 from prism_proxy.handlers import ApiError, backend_failure, json_answer
+from prism_proxy.qas.residency import residency_source
 
 
 def proxy_state(app: web.Application) -> dict[str, Any]:
@@ -43,6 +46,38 @@ def proxy_state(app: web.Application) -> dict[str, Any]:
         "prefill_batch_limit": admission.pacing.prefill_batch,
         "inflight_limit": admission.pacing.backstop,
         "backend_replicas": admission.pacing.replicas,
+        "settings": proxy_settings(app),
+    }
+
+
+def proxy_settings(app: web.Application) -> dict[str, Any]:
+    """The settings the proxy runs with, as in effect now (issue 25): the QAS variant
+    and its resolved parameters, pacing (B and the backstop, each fixed or automatic,
+    with its current value), the round window, the residency source and the control
+    RPC. A sweep stores them beside each run's results."""
+    admission, config = app[state.ADMISSION], app[state.CONFIG]
+    pacing = admission.pacing
+    return {
+        "policy": config.policy,
+        "qas_variant": config.qas_variant,
+        "qas": asdict(config.qas),
+        "prefill_batch": {
+            "mode": "auto" if pacing.fixed_batch is None else "fixed",
+            "value": pacing.prefill_batch,
+        },
+        "backstop": {
+            "mode": "auto" if pacing.fixed_backstop is None else "fixed",
+            "value": pacing.backstop,
+        },
+        "window_ms": config.window_ms,
+        "residency": residency_source(admission.core.policy),
+        "residency_setting": config.residency,
+        "control_rpc": bool(config.control_urls),
+        "control_rpcs": len(config.control_urls),
+        "protect": config.protect,
+        "backend_replicas": pacing.replicas,
+        "extraction": list(config.extraction_layouts),
+        "max_queue": config.max_queue,
     }
 
 

@@ -127,3 +127,40 @@ def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
             assert stats["anchors_resident"] > 0
             assert "prism:control_rpc_failures_total 0.0" in metrics
             assert "prism:control_rpc_up 1.0" in metrics
+
+
+async def test_server_info_reports_the_settings_in_effect(proxy_factory: ProxyFactory) -> None:
+    """GET /server_info's `prism.settings`: the QAS variant and its resolved parameters,
+    pacing (fixed or automatic, with the current value), the window, the residency
+    source and the control RPC, as the proxy runs them (issue 25; a sweep stores them)."""
+    from prism_proxy.qas.params import qas_params
+
+    async with loopback_app(_control_app([])) as url:
+        with_dart = await proxy_factory(control_url=url, control_token=TOKEN, window_ms=7)
+        own_view = await proxy_factory(
+            qas_variant="residency", qas=qas_params("residency", {"cold_deadline_ms": 500})
+        )
+        fixed = await proxy_factory(policy="fifo", prefill_batch=16, max_inflight=40)
+        async with aiohttp.ClientSession() as session:
+            infos = []
+            for proxy in (with_dart, own_view, fixed):
+                async with session.get(proxy.url + "/server_info") as response:
+                    assert response.status == 200
+                    infos.append((await response.json())["prism"]["settings"])
+    dart, view, fifo = infos
+    assert dart["policy"] == "prism" and dart["qas_variant"] == "full"
+    assert dart["qas"]["w_c"] == 1e4 and dart["qas"]["cold_deadline_ms"] == 2000.0
+    assert dart["qas"]["canonical_ties"] is True and dart["window_ms"] == 7
+    assert dart["residency"] == "dart" and dart["control_rpc"] is True
+    assert dart["prefill_batch"]["mode"] == "auto" and dart["prefill_batch"]["value"] >= 1
+    assert dart["backstop"]["mode"] == "auto"
+    # The simulated engine's max_running_requests (learned from its /server_info).
+    backend = with_dart.app[state.ADMISSION].pacing
+    assert dart["backstop"]["value"] == backend.backstop > 0
+    assert view["qas_variant"] == "residency" and view["qas"]["cold_deadline_ms"] == 500
+    assert view["qas"]["canonical_ties"] is False
+    assert view["residency"] == "view" and view["control_rpc"] is False
+    assert fifo["policy"] == "fifo" and fifo["residency"] == "none"
+    assert fifo["prefill_batch"] == {"mode": "fixed", "value": 16}
+    assert fifo["backstop"] == {"mode": "fixed", "value": 40}
+    assert fifo["window_ms"] == 10.0 and fifo["control_rpc"] is False

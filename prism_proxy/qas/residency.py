@@ -169,3 +169,15 @@ class NoResidency:
 
     def resident(self) -> frozenset[str]:
         return frozenset()
+
+
+def residency_source(policy: object) -> str:
+    """Where a policy learns which segments the backend holds: `dart` (DART's resident
+    sets, through the control RPC), `view` (the proxy's own cache view) or `none`
+    (residency unused: `w_c` = 0, or a policy without it)."""
+    residency = getattr(policy, "residency", None)
+    if isinstance(residency, PendingResidency):
+        return "dart"
+    if isinstance(residency, ViewResidency):
+        return "view"
+    return "none"

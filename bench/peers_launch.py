@@ -26,14 +26,15 @@ from pathlib import Path
 
 import httpx
 
+from loadgen.peer_lines import (
+    CONTEXTPILOT_MODULE,
+    CONTEXTPILOT_VERSION,
+    HOST,
+    OFFLINE_ENV,
+    PEERS_DIR,
+    contextpilot_args,
+)
 from loadgen.processes import ServerProcess, free_port, run_server
-
-ROOT = Path(__file__).resolve().parent.parent
-PEERS_DIR = ROOT / ".venv-peers"
-HOST = "127.0.0.1"
-# sglang-router fetches the backend model's tokenizer from the Hugging Face hub at start
-# (and goes on without it); these keep that attempt offline, on a closed loopback port.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,15 +163,15 @@ class ContextPilot(Peer):
     readiness is `/`. Its per-request info logs are off at --log-level warning."""
 
     name: str = "contextpilot"
-    version: str = "0.5.0"
-    module: str = "contextpilot.server.http_server"
-    import_check: str = "import contextpilot.server.http_server"
+    version: str = CONTEXTPILOT_VERSION
+    module: str = CONTEXTPILOT_MODULE
+    import_check: str = f"import {CONTEXTPILOT_MODULE}"
     health_path: str = "/"
     needs_model: bool = False
     endpoints: frozenset[str] = frozenset({"chat", "chat_stream", "completions"})
 
     def args(self, backend_url, *, served_model=None, client_model=None):
-        return ["--host", HOST, "--infer-api-url", backend_url, "--log-level", "warning"]
+        return contextpilot_args(backend_url)  # the sweep's contextpilot-real runs it too
 
 
 PEERS: tuple[Peer, ...] = (Smg(), SglangRouter(), ContextPilot())

@@ -8,7 +8,9 @@
   `LAYOUTS` (``blank``: joined by blank lines, as LangChain's stuff-documents chain;
   ``xml``: ``<document>`` elements; ``numbered``: ``[1] ``, ``[2] `` labels in the
   client's order; ``markdown``: a ``## `` header naming each document; ``dashed``:
-  LlamaIndex's default text-QA template).
+  LlamaIndex's default text-QA template). One more chat layout, ``tool``, puts the
+  documents in a retrieval tool's result instead (`CHAT_LAYOUTS`, `tool_messages`):
+  the only place ContextPilot 0.5.0's server reorders text documents.
 * ``sglang`` — SGLang's native ``/generate`` with the whole prompt as ``text``.
 * ``native`` — SGLang's native ``/generate`` with ``input_ids``: the token ids the proxy
   sends under ``fifo`` (its serializer, the client's segment order). The no-proxy
@@ -28,7 +30,15 @@ from prism_proxy.prompts import TokenJob, hinted_job
 from prism_proxy.serializer import Serializer
 
 API_NAMES = ("prism", "openai", "sglang", "native")
-LAYOUTS = ("blank", "xml", "numbered", "markdown", "dashed")
+LAYOUTS = ("blank", "xml", "numbered", "markdown", "dashed")  # in the user message
+CHAT_LAYOUTS = (*LAYOUTS, "tool")  # `tool`: in a tool result (`tool_messages`)
+# The retrieval step of the `tool` layout: the same call in every request (no
+# arguments), so what precedes the documents is shared as the system prompt is.
+RETRIEVAL_CALL = {
+    "id": "call_retrieve",
+    "type": "function",
+    "function": {"name": "retrieve_documents", "arguments": "{}"},
+}
 
 
 def user_text(request: TraceRequest, layout: str = "blank") -> str:
@@ -67,9 +77,37 @@ class StreamEvent:
     error: str | None = None
 
 
-def chat_messages(request: TraceRequest, layout: str | None = None) -> list[dict[str, str]]:
+def tool_documents(request: TraceRequest) -> str:
+    """The `tool` layout's tool result: the documents as ``<document>`` elements in a
+    ``<documents>`` element, one per line, each stripped, in the client's order. This is
+    the text ContextPilot 0.5.0 writes back after reordering
+    (`contextpilot/server/intercept_parser.py` `_reconstruct_xml`), so a request it
+    leaves in order reads exactly like one it reorders."""
+    items = "\n".join(f"<document>{s.text.strip()}</document>" for s in request.segments)
+    return f"<documents>\n{items}\n</documents>"
+
+
+def tool_messages(request: TraceRequest) -> list[dict[str, Any]]:
+    """The `tool` layout (agentic RAG): the system message, the assistant's retrieval
+    call (`RETRIEVAL_CALL`), its result holding the documents (`tool_documents`), then
+    the question as the user message. The question comes last so that the documents
+    are prefix material, as in the user-message layouts."""
+    system = [{"role": "system", "content": request.system}] if request.system else []
+    call = {"role": "assistant", "content": "", "tool_calls": [RETRIEVAL_CALL]}
+    result = {
+        "role": "tool",
+        "tool_call_id": RETRIEVAL_CALL["id"],
+        "content": tool_documents(request),
+    }
+    return [*system, call, result, {"role": "user", "content": request.suffix}]
+
+
+def chat_messages(request: TraceRequest, layout: str | None = None) -> list[dict[str, Any]]:
     """The chat's messages: the system message, then the user message holding the
-    documents in `layout` (None: joined as hinted text is) and the question."""
+    documents in `layout` (None: joined as hinted text is) and the question; or, for
+    the `tool` layout, `tool_messages`."""
+    if layout == "tool":
+        return tool_messages(request)
     messages = [{"role": "system", "content": request.system}] if request.system else []
     text = request.joined_user_text() if layout is None else user_text(request, layout)
     return [*messages, {"role": "user", "content": text}]

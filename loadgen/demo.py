@@ -1,6 +1,6 @@
 """``make demo``: the main comparison on zipf_hotspot across the knee (issue 10).
 
-1. **The twin** (``prism-loadgen simulate``): fifo, klpm, contextpilot and prism through
+1. **The twin** (``prism-loadgen simulate``): fifo, klpm, contextpilot-style and prism through
    the proxy's admission core, and native SGLang FCFS with no proxy, at 40, 60 and
    80 QPS, N = 2048 (SPEC §6), in modeled time on the default engine profile. This is
    the comparison table; it states the winner in words.
@@ -22,7 +22,7 @@ from loadgen.sweep import SweepConfig, run_sweep
 from loadgen.variants import base_variant
 
 DEMO_QPS = (40.0, 60.0, 80.0)
-DEMO_POLICIES = ("fifo", "klpm", "contextpilot", "prism", "sglang-fcfs")
+DEMO_POLICIES = ("fifo", "klpm", "contextpilot-style", "prism", "sglang-fcfs")
 REAL_QPS = (60.0,)
 REAL_POLICIES = ("fifo", "prism")
 REAL_REQUESTS = 1024

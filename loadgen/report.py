@@ -503,6 +503,9 @@ def _doc_settings(doc: dict[str, Any], planned: dict[str, Any]) -> dict[str, Any
         "engine": engine,
         "clients": f"{clients} ({layout})" if layout else clients,
     }
+    peer = variant.get("peer_server") or {}
+    if peer:  # a third party's server in the proxy's place (loadgen.peer_lines)
+        return {**out, "qas": f"{peer.get('name')} {peer.get('version')}", "control": "off"}
     if policy is None and ("policy" in variant or "policy" in planned):
         return {**out, "qas": "no proxy", "control": "off"}
     if policy == "prism":

@@ -42,10 +42,10 @@ from typing import Any
 
 import httpx
 
-from loadgen.apis import LAYOUTS
+from loadgen.apis import CHAT_LAYOUTS
 from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import free_port, run_server
-from loadgen.variants import ALL_POLICIES, Variant, make_variants
+from loadgen.variants import ALL_POLICIES, KNOWN_LINES, Variant, make_variants
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 
 DEFAULT_QPS = (40.0, 50.0, 60.0, 70.0, 80.0)
@@ -191,8 +191,11 @@ def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
     if qas is not None:
         residency = "none" if qas.w_c <= 0 else ("dart" if control else "view")
     client_api = config.client_api if proxied else "native"
+    if variant.peer is not None:  # a third party's server, sent plain chat
+        client_api = "openai"
     return {
         "policy": variant.policy,
+        "peer": variant.peer,
         "qas_variant": (variant.qas or config.qas) if prism else None,
         "qas": asdict(qas) if qas is not None else None,
         "window_ms": config.window_ms if proxied else None,
@@ -335,7 +338,13 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         contextlib.ExitStack() as stack,
     ):  # fmt: skip
         target, api = sim.url, "native"
-        if variant.policy is not None:
+        if variant.peer is not None:  # a third party's own server (loadgen.peer_lines)
+            from loadgen.peer_lines import PEER_SERVERS, run_peer_server
+
+            peer_server = PEER_SERVERS[variant.peer]
+            peer = stack.enter_context(run_peer_server(peer_server, sim.url, log_dir=logs))
+            target, api = peer.url, "openai"
+        elif variant.policy is not None:
             proxy_args = proxy_command(config, variant, sim.url, control_port, token)
             proxy = stack.enter_context(
                 run_server("prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{variant.label}")
@@ -362,11 +371,19 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         "seed": config.seed,
         "proxy_settings": settings,
     }
+    if variant.peer is not None:
+        from loadgen.peer_lines import peer_record
+
+        results["variant"]["peer_server"] = peer_record(peer_server, sim.url, config.layout, peer)
     return results
 
 
 def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[str, Any]:
     """One point in the twin (modeled time, deterministic); the results."""
+    if variant.peer is not None:
+        from loadgen.peer_lines import TWIN_REFUSAL
+
+        raise ValueError(TWIN_REFUSAL)
     if config.client_api not in ("prism", "openai"):
         raise ValueError("the twin replays hinted requests or plain chat (--client-api openai)")
     from loadgen.trace_format import read_trace
@@ -501,7 +518,7 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         default=",".join(ALL_POLICIES),
-        help=f"comma-separated, from {','.join(ALL_POLICIES)}",
+        help=f"comma-separated, from {','.join(KNOWN_LINES)} (contextpilot-real: not a default)",
     )
     parser.add_argument("--qps", default=",".join(f"{q:g}" for q in DEFAULT_QPS))
     parser.add_argument(
@@ -582,9 +599,10 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--layout",
-        choices=LAYOUTS,
+        choices=CHAT_LAYOUTS,
         default="blank",
-        help="--client-api openai: how the documents sit in the user message",
+        help="--client-api openai: how the documents sit in the user message (tool: in a "
+        "tool result, the one contextpilot-real acts on)",
     )
 
 
@@ -653,6 +671,10 @@ def run_sweep_from_args(args: argparse.Namespace, engine: str = "sim") -> int:
         raise ValueError(f"{config.sglang_python} not found: run `make sglang-venv` first")
     if config.backend == "sglang-cpu" and config.speed != 1.0:
         raise ValueError("--backend sglang-cpu runs in real time: --speed must be 1")
+    from loadgen.peer_lines import check_peer_lines
+
+    peers = [variant.label for variant in config.variants if variant.peer is not None]
+    check_peer_lines(peers, engine=engine, client_api=config.client_api, layout=config.layout)
     command = "prism-loadgen " + shlex.join(sys.argv[1:])
     run_sweep(config, command)
     if not args.no_report:

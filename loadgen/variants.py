@@ -1,8 +1,13 @@
 """The lines of a comparison: proxy policies, native SGLang, and PRISM's ablations
 (SPEC §5).
 
-* Proxy policies (`fifo`, `klpm`, `contextpilot`, `prism`): the engine behind the proxy
-  runs FCFS; the baselines on LRU eviction, `prism` on DART with the control RPC.
+* Proxy policies (`fifo`, `klpm`, `contextpilot-style`, `prism`): the engine behind the
+  proxy runs FCFS; the baselines on LRU eviction, `prism` on DART with the control RPC.
+  `contextpilot-style` is the proxy's own re-implementation of ContextPilot's ordering
+  (`prism_proxy.qas.baselines`).
+* Peer lines (`contextpilot-real`): a third party's own server in front of the same
+  engine (FCFS, LRU), with its own reordering and index (`loadgen.peer_lines`); not
+  in the default set, since it needs `make peers` and a layout it acts on.
 * Native SGLang (`sglang-fcfs`, `sglang-lpm`, `sglang-hrrn`): no proxy in the path; the
   client sends each prompt serialized in its own order (`--api native`), and the
   engine's `--schedule-policy` orders them, on LRU: what a user would run instead.
@@ -18,17 +23,20 @@ from dataclasses import dataclass
 
 from prism_proxy.qas.params import QAS_VARIANTS
 
-PROXY_BASELINES = ("fifo", "klpm", "contextpilot")
+PROXY_BASELINES = ("fifo", "klpm", "contextpilot-style")
 NATIVE = ("sglang-fcfs", "sglang-lpm", "sglang-hrrn")
-BASELINES = (*PROXY_BASELINES, *NATIVE)
+PEER_LINES = ("contextpilot-real",)  # keys of loadgen.peer_lines.PEER_SERVERS
+BASELINES = (*PROXY_BASELINES, *NATIVE, *PEER_LINES)
 POLICIES = (*PROXY_BASELINES, "prism")
-ALL_POLICIES = (*POLICIES, *NATIVE)
+ALL_POLICIES = (*POLICIES, *NATIVE)  # the default lines
+KNOWN_LINES = (*ALL_POLICIES, *PEER_LINES)
 
 
 @dataclass(frozen=True)
 class Variant:
     """One line: a proxy policy (None: no proxy), the engine's eviction order and
-    schedule policy, and the proxy's overrides (None: its defaults)."""
+    schedule policy, and the proxy's overrides (None: its defaults). `peer` names a
+    third party's server that stands where the proxy would (policy None)."""
 
     label: str
     policy: str | None
@@ -37,6 +45,7 @@ class Variant:
     schedule_policy: str = "fcfs"
     prefill_batch: int | None = None
     qas: str | None = None  # QAS variant (None: the sweep's)
+    peer: str | None = None  # a PEER_LINES name: that server instead of a proxy
 
     @property
     def pushes_priorities(self) -> bool:
@@ -50,7 +59,9 @@ def base_variant(name: str) -> Variant:
         return Variant(name, None, "lru", schedule_policy=name.removeprefix("sglang-"))
     if name in POLICIES:
         return Variant(name, name, "dart" if name == "prism" else "lru")
-    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(ALL_POLICIES)}")
+    if name in PEER_LINES:
+        return Variant(name, None, "lru", peer=name)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(KNOWN_LINES)}")
 
 
 def make_variants(

@@ -21,7 +21,7 @@ from prism_proxy.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 from prism_proxy.qas.policies import POLICIES
 
-POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot
+POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot-style
 RESIDENCY_SOURCES = ("auto", "dart", "view")
 ENV_PREFIX = "PRISM_"
 

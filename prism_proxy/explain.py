@@ -59,7 +59,7 @@ class ActiveIn(_Strict):
 
 
 class ExplainInput(_Strict):
-    policy: Literal["prism", "fifo", "klpm", "contextpilot"] = "prism"
+    policy: Literal["prism", "fifo", "klpm", "contextpilot-style"] = "prism"
     wave_size: int = Field(ge=0)
     params: dict[str, Any] = {}
     queue: list[QueuedIn] = []

@@ -43,7 +43,7 @@ def test_example_from_file_and_stdin_agree() -> None:
     assert result["dispatch_priorities"]["d1"] == 300_003.0
 
 
-@pytest.mark.parametrize("policy", ["fifo", "klpm", "contextpilot"])
+@pytest.mark.parametrize("policy", ["fifo", "klpm", "contextpilot-style"])
 def test_every_policy_explains(policy: str) -> None:
     document = json.loads(EXAMPLE.read_text()) | {"policy": policy}
     result = explain(stdin=json.dumps(document))

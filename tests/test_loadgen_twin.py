@@ -41,7 +41,7 @@ def test_twin_is_deterministic_across_processes(tmp_path: Path) -> None:
     for hash_seed in ("1", "2"):
         out = tmp_path / f"run{hash_seed}"
         argv = ["-m", "loadgen", "simulate", "--out", str(out), "--qps", "70"]
-        argv += ["--policies", "klpm,contextpilot,prism,sglang-lpm", "--num-requests", "200"]
+        argv += ["--policies", "klpm,contextpilot-style,prism,sglang-lpm", "--num-requests", "200"]
         subprocess.run(
             [sys.executable, *argv, "--no-report"],
             cwd=REPO,

@@ -252,7 +252,7 @@ async def test_models_and_health(proxy_factory: ProxyFactory) -> None:
     }
 
 
-@pytest.mark.parametrize("policy", ["prism", "fifo", "klpm", "contextpilot"])
+@pytest.mark.parametrize("policy", ["prism", "fifo", "klpm", "contextpilot-style"])
 async def test_every_policy_serves_concurrent_hinted_requests(
     proxy_factory: ProxyFactory, policy: str
 ) -> None:

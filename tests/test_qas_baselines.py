@@ -116,8 +116,8 @@ def test_klpm_remembers_earlier_waves() -> None:
     assert [e.rid for e in plan.wave] == ["a", "c"]
 
 
-def test_contextpilot_puts_cached_segments_first_and_groups() -> None:
-    policy = make_policy("contextpilot")
+def test_contextpilot_style_puts_cached_segments_first_and_groups() -> None:
+    policy = make_policy("contextpilot-style")
     policy.plan_round([q("warm", 0.0, "d1", "d2")], [], wave_size=1)
     queue = [
         q("x", 1.0, "d3", "d2", "d1"),  # cached path d1 → d2 first, then d3
@@ -133,8 +133,8 @@ def test_contextpilot_puts_cached_segments_first_and_groups() -> None:
     assert plan.buckets[0].rids == ("x", "y")
 
 
-def test_contextpilot_keeps_order_sensitive_requests() -> None:
-    policy = make_policy("contextpilot")
+def test_contextpilot_style_keeps_order_sensitive_requests() -> None:
+    policy = make_policy("contextpilot-style")
     policy.plan_round([q("warm", 0.0, "d1")], [], wave_size=1)
     fixed = QueuedRequest("f", 1.0, ("d2", "d1"), reorder=False, prefix_key="sys")
     plan = policy.plan_round([fixed], [], wave_size=1)

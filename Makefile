@@ -136,8 +136,10 @@ demo: venv
 
 # fifo vs PRISM vs SGLang's FCFS on the real engine: SGLang 0.5.23 on this CPU serving
 # SmolLM2-135M-Instruct (prepared on first use), 60 requests at 1.5 QPS (docs/sglang-cpu.md).
+# SEEDS=0,1,2 repeats it per seed and reports means with 95 % intervals.
+SEEDS ?= 0
 demo-real: venv sglang-venv
-	$(PY) -m loadgen.demo_real --out runs/demo-real --sglang-python $(SGL_PY)
+	$(PY) -m loadgen.demo_real --out runs/demo-real --sglang-python $(SGL_PY) --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) $(SGL_VENV) $(PEERS_DIR) .pytest_cache .ruff_cache .hypothesis

@@ -42,6 +42,7 @@ import httpx
 
 from bench.peers_launch import OFFLINE_ENV, Smg
 from loadgen.processes import ServerProcess, free_port, run_server
+from loadgen.sweep import git_commit
 
 CONFIGS = ("single", "A-round_robin", "A-cache_aware", "A-key", "B-round_robin", "B-cache_aware")
 EXTRA_CONFIGS = ("A-key-bounded", "A-key-canonical")  # run when named in --configs
@@ -173,6 +174,16 @@ def row(name: str, qps: float, results: dict[str, Any]) -> str:
     )
 
 
+def brief(results: dict[str, Any]) -> dict[str, Any]:
+    """What a configuration's run gives the table, for summaries.json."""
+    summary = results["summary"]
+    names = ("completed", "failed", "hit_rate", "p99_ttft_ms", "mean_ttft_ms")
+    return {
+        "served": results["scale_out"]["served"],
+        **{name: summary.get(name) for name in (*names, "median_ttft_ms", "request_throughput")},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     from loadgen.rag_trace import RagTraceParams, build_rag_trace
     from loadgen.trace_format import write_trace
@@ -209,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         "| busiest replica | failed |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    summaries: dict[str, dict[str, Any]] = {}
     for qps in (float(q) for q in args.qps.split(",")):
         params = RagTraceParams(num_requests=args.num_requests, qps=qps)
         trace_path = out / "traces" / f"rag_n{args.num_requests}_qps{qps:g}.jsonl"
@@ -220,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                 name, trace_path, args.replicas, out, args.max_replica_share, args.front_proxy_arg
             )
             lines.append(row(name, qps, results))
+            summaries[f"{name}_{trace_path.stem}"] = brief(results)
             print(lines[-1], flush=True)
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     (out / "command.json").write_text(json.dumps({"argv": argv or []}, indent=1))
+    document = {"argv": argv or [], "git_commit": git_commit(), "results": summaries}
+    (out / "summaries.json").write_text(json.dumps(document, indent=1) + "\n")
     print(table)
     return 0

@@ -455,7 +455,7 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         "sim_args": list(config.sim_args),
         "proxy_args": list(config.proxy_args),
         "settings": {v.label: line_settings(config, v) for v in config.variants},
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
     }
     (config.out / "sweep.json").write_text(json.dumps(manifest, indent=1) + "\n")
     run = RUNNERS[config.engine]
@@ -484,7 +484,7 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
     return paths
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     try:
         done = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False

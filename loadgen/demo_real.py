@@ -3,8 +3,9 @@
 An unmodified SGLang 0.5.23 on this CPU serving SmolLM2-135M-Instruct (prepared from
 its PyPI wheel on first use), a fresh server per line, the zipf_hotspot trace (SPEC §6)
 cut down to what a CPU serves in minutes: N = 60 requests, 16-token answers, Poisson
-arrivals at 1.5 QPS, above the server's knee (~0.9 req/s under fifo here), where
-admission order matters. Three lines, in real time:
+arrivals at 1.5 QPS, about this server's knee on a quiet machine (it serves what is
+offered; past it when other work shares the cores), where admission order starts to
+matter. Three lines, in real time:
 
 * ``fifo``: the proxy releasing in arrival order, the client's document order (the
   baseline the paper beats);

@@ -54,7 +54,7 @@ real_engine() {
   python -m loadgen.demo_real --out runs/demo-real --seeds 0,1,2 --sglang-python .venv-sglang/bin/python
   publish sglang-cpu sglang-cpu-tool
   mkdir -p docs/results/demo-real
-  cp runs/demo-real/{report.md,summaries.json,sweep.json} docs/results/demo-real/
+  cp runs/demo-real/{report.md,summaries.json,sweep.json,*.png} docs/results/demo-real/
 }
 
 twin() {
@@ -122,6 +122,15 @@ qas() {
   cp $out/reorder-twin/bound.json docs/results/qas-variants/reorder-twin/
 }
 
+scale_out() {
+  # Issue 25: routing by the key a client computes (canonical) beside the generator's hot
+  # key, round robin and B, three prism-sim replicas behind smg (make smg-peer; ~8 min)
+  prism-loadgen scale-out --out runs/scale-out-canonical --qps 40,120 \
+    --configs single,A-round_robin,A-key,A-key-canonical,B-cache_aware
+  mkdir -p docs/results/scale-out-canonical
+  cp runs/scale-out-canonical/{table.md,summaries.json} docs/results/scale-out-canonical/
+}
+
 unmodified() {
   # Issue 24: zipf_hotspot sent as plain OpenAI chat, as unmodified clients send it, in
   # each layout, through the real proxy and prism-sim at 60 QPS (~12 min); beside it the
@@ -161,11 +170,12 @@ quality_unmodified() {
 case $what in
   real) real ;;
   real-engine) real_engine ;;
+  scale-out) scale_out ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
-  all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine ;;
+  all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine; scale_out ;;
   *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|all]" >&2; exit 2 ;;
 esac

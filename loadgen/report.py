@@ -216,7 +216,7 @@ def paired(runs: Runs, reference: str = REFERENCE) -> dict[str, dict[float, dict
             cells: dict[str, Any] = {}
             for metric in ("p99_ttft_ms", "mean_ttft_ms"):
                 ratios: dict[str, float] = {}
-                for seed, _ in sorted_seeds({s: None for s in set(mine) & set(theirs)}):
+                for seed in sorted(set(mine) & set(theirs), key=seed_order):
                     a, b = mine[seed].get(metric), theirs[seed].get(metric)
                     if a is not None and b:
                         ratios[_seed_key(seed)] = a / b
@@ -454,8 +454,13 @@ def seeds_json(runs: Runs) -> dict[str, Any]:
     }
 
 
+def seed_order(seed: int | None) -> tuple[bool, int]:
+    """Seeds in order, an unrecorded one (None) last."""
+    return (seed is None, seed or 0)
+
+
 def sorted_seeds(by_seed: dict[int | None, Any]) -> list[tuple[int | None, Any]]:
-    return sorted(by_seed.items(), key=lambda item: (item[0] is None, item[0] or 0))
+    return sorted(by_seed.items(), key=lambda item: seed_order(item[0]))
 
 
 def _qas_text(name: str | None, params: dict[str, Any] | None) -> str:

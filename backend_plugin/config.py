@@ -4,7 +4,7 @@ PRISM_DART_POLICY      dart | lru | lru+active | lfu          (default dart)
 PRISM_DART_PROTECT     protection budget f before the first push (default 8)
 PRISM_DART_PROTECT_FRACTION
                        most of the KV pool the protected owners F_t may hold, in
-                       [0, 1] (default 0.25; issue 23)
+                       [0, 1] (default 0.25)
 PRISM_CONTROL_PORT     control RPC port of dp rank 0; rank r listens on port + r
                        (unset: no control RPC)
 PRISM_CONTROL_HOST     bind address (default 127.0.0.1)

@@ -37,17 +37,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from backend_plugin.config import ControlConfig
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import EvictionClass
-from backend_plugin.dart.priority import (
-    DEFAULT_PROTECT,
-    MAX_EPOCH,
-    PriorityUpdate,
-    StaleEpochError,
-)
+from backend_plugin.dart.priority import PriorityUpdate, StaleEpochError
+from prism_wire import RPC_PRIORITIES, RPC_RESET, RPC_RESIDENCY, PriorityBody
 
 CORE_KEY = web.AppKey("prism_dart_core", DartCore)
 INLINE_KEY = web.AppKey("prism_apply_inline", bool)
@@ -55,16 +51,6 @@ TOKEN_KEY = web.AppKey("prism_control_token", str)
 REGISTRY_KEY = web.AppKey("prism_metrics_registry", CollectorRegistry)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class PriorityBody(BaseModel):
-    """Body of `POST /prism/priorities`."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-    epoch: int = Field(ge=0, le=MAX_EPOCH)
-    table: dict[str, float]
-    protect: int = Field(default=DEFAULT_PROTECT, ge=0)
 
 
 def _error(status: int, message: str, **extra: object) -> web.Response:
@@ -195,10 +181,10 @@ def create_control_app(
     registry = CollectorRegistry(auto_describe=True)
     registry.register(DartCollector(core))
     app[REGISTRY_KEY] = registry
-    app.router.add_post("/prism/priorities", _priorities)
-    app.router.add_post("/prism/reset", _reset)
+    app.router.add_post(RPC_PRIORITIES, _priorities)
+    app.router.add_post(RPC_RESET, _reset)
     app.router.add_get("/prism/stats", _stats)
-    app.router.add_get("/prism/residency", _residency)
+    app.router.add_get(RPC_RESIDENCY, _residency)
     app.router.add_get("/prism/health", _health)
     app.router.add_get("/prism/metrics", _metrics)
     return app

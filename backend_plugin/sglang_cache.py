@@ -26,10 +26,10 @@ from sglang.srt.mem_cache.base_prefix_cache import EvictParams, EvictResult, Ins
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
-from backend_plugin.dart.anchors import AnchorError, AnchorHints, request_hints
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
 from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
+from prism_wire import AnchorError, AnchorHints, request_hints
 
 logger = logging.getLogger(__name__)
 

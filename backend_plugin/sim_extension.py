@@ -21,10 +21,10 @@ from dataclasses import replace
 from typing import Any
 
 from backend_plugin.config import ControlConfig, load_config
-from backend_plugin.dart.anchors import AnchorError, request_hints
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
 from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
+from prism_wire import AnchorError, request_hints
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What a cached prefix saves on the real CPU engine, stock cache vs DART (issue 16).
+"""What a cached prefix saves on the real CPU engine, stock cache vs DART.
 
     flock /tmp/prism-measure.lock .venv/bin/python -m bench.cached_prefill [--repeats 5]
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         control, token = free_port(), secrets.token_hex(8)
         serve = sglang_cpu_command(config, base_variant(label), control, token)
         with run_server(
-            "backend_plugin.cpu_server.serve", serve, python=args.sglang_python,
+            "sglang_cpu.serve", serve, python=args.sglang_python,
             startup_timeout_s=300.0, name=f"cached-prefill-{label}",
         ) as server:  # fmt: skip
             t = asyncio.run(_times(server.url, args.prompt, args.cached, args.repeats))

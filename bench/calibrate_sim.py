@@ -1,4 +1,4 @@
-"""Calibration sweep of the simulated engine's default profile (SPEC §7, §8; issue 3).
+"""Calibration sweep of the simulated engine's default profile (SPEC §7, §8).
 
     python -m bench.calibrate_sim [--qps 40 50 60 70 80] [--requests 2048] [--speed 5]
 

@@ -1,4 +1,4 @@
-"""Tokenizing multi-turn chats: whole texts against cached pieces, side by side (issue 14).
+"""Tokenizing multi-turn chats: whole texts against cached pieces, side by side.
 
     python -m bench.chat_tokens [--requests 400] [--conversations 8] [--tokenizer DIR]
 
@@ -6,7 +6,7 @@ Renders every request of `bench.agent_chats` (agents re-sending their whole hist
 turn) with the tokenizer's chat template, then tokenizes it both ways, one right after
 the other: `Tokenizer.encode` (the whole text, as the proxy did) and
 `Tokenizer.encode_chat` (the pieces between special tokens, cached across requests:
-`prism_proxy.chat_pieces`). It checks the ids are equal and prints the CPU time per
+`prism_tokens.chat_pieces`). It checks the ids are equal and prints the CPU time per
 request of each and their ratio.
 """
 
@@ -16,7 +16,7 @@ import argparse
 import time
 
 from bench.agent_chats import agent_turns
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""`python -m bench.dart_evict`: cost of DART's eviction order vs plain LRU (issue 5).
+"""`python -m bench.dart_evict`: cost of DART's eviction order vs plain LRU.
 
 Builds two identical radix trees of ~10^6 resident tokens (system prompts, 128-token
 segments, private suffixes, all anchored), one evicting in DART order with a priority
@@ -7,7 +7,7 @@ side in one run: once as a single pass, and as many small passes (as an allocati
 scheduler does). Prints the time per evicted node and the DART/LRU ratio. No
 thresholds: DART should stay within a small constant factor of LRU (same heap, a tuple
 key, one protection-set snapshot per pass). Each system head is its own owner with a
-table entry (issue 23), and DART is told of a KV pool as large as the tree, so F_t's
+table entry, and DART is told of a KV pool as large as the tree, so F_t's
 bound (a quarter of it) is tracked as a server tracks it.
 
     python -m bench.dart_evict [--tokens 1000000] [--evict 100000] [--tree sim|sglang]
@@ -30,13 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from backend_plugin.dart import (
-    DartCore,
-    PriorityUpdate,
-    make_kv_hints,
-    parse_kv_hints,
-    system_owner,
-)
+from backend_plugin.dart import DartCore, PriorityUpdate
+from prism_wire import make_kv_hints, parse_kv_hints, system_owner
 
 SYSTEM_TOKENS = 64
 SEGMENT_TOKENS = 128

@@ -1,11 +1,11 @@
-"""`python -m bench.dart_residency`: cost of DART's residency log at 10^5 anchors (issue 13).
+"""`python -m bench.dart_residency`: cost of DART's residency log at 10^5 anchors.
 
 * transitions: 10^5 segments enter the tree (`DartCore.on_assign`, each a 0 -> >0
   transition), then leave it (`on_evicted`), with the log and with a log that records
   nothing; best of `--repeat` runs, ratio with/without;
 * summaries with 10^5 resident: the full set and a delta of 100 changes (50 left, 50
   arrived), each as the RPC builds it (`residency_summary` + orjson), and the proxy's
-  strict decode of the same bytes (`ResidencyBody.model_validate_json`);
+  strict decode of the same bytes (`ResidencySummary.from_json`);
 * memory (tracemalloc, segment-id strings included): the log with 10^5 resident, and
   after 10^6 transitions over 10^6 distinct segments (the change list stays at its
   bound of 2^17 entries).
@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 import orjson
 
-from backend_plugin.dart import AnchorKind, DartCore, NodeMeta
+from backend_plugin.dart import DartCore, NodeMeta
 from backend_plugin.dart.residency import DEFAULT_MAX_ENTRIES, ResidencyLog
-from prism_proxy.control_client import ResidencyBody
+from prism_wire import AnchorKind, ResidencySummary
 
 SEGMENT_TOKENS = 128
 
@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     full_s, full_body = timed(repeat, encode(None))
     delta_s, delta_body = timed(repeat, encode(held))
     assert isinstance(full_body, bytes) and isinstance(delta_body, bytes)
-    decode_full_s, _ = timed(repeat, lambda: ResidencyBody.model_validate_json(full_body))
-    decode_delta_s, decoded = timed(repeat, lambda: ResidencyBody.model_validate_json(delta_body))
-    assert isinstance(decoded, ResidencyBody) and len(decoded.resident + decoded.gone) == 100
+    decode_full_s, _ = timed(repeat, lambda: ResidencySummary.from_json(full_body))
+    decode_delta_s, decoded = timed(repeat, lambda: ResidencySummary.from_json(delta_body))
+    assert isinstance(decoded, ResidencySummary) and len(decoded.resident + decoded.gone) == 100
 
     def resident_log() -> ResidencyLog:
         log = ResidencyLog()

@@ -1,5 +1,5 @@
-"""Time per MB of `prism_proxy.extraction.extract` (all layouts, the defaults) on normal
-RAG prompts and on bad input (issue 24, item 5).
+"""Time per MB of `prism_proxy.prompts.extraction.extract` (all layouts, the defaults) on normal
+RAG prompts and on bad input.
 
     python -m bench.extraction [--mb 1.0] [--repeats 5]
 
@@ -15,7 +15,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from prism_proxy.extraction import extract
+from prism_proxy.prompts.extraction import extract
 
 PARAGRAPH = (
     "The river runs past the old mill and the children count the boats that pass. "

@@ -1,9 +1,9 @@
-"""Fit the `cpu-smollm2` engine profile from the real server's timings (issue 16).
+"""Fit the `cpu-smollm2` engine profile from the real server's timings.
 
     flock /tmp/prism-measure.lock .venv/bin/python -m bench.fit_cpu_profile \\
         [--out prism_sim/profiles/cpu-smollm2.json] [--samples-out FILE] [--port 23500]
 
-Starts SmolLM2-135M-Instruct on an unmodified SGLang (`backend_plugin.cpu_server.serve`
+Starts SmolLM2-135M-Instruct on an unmodified SGLang (`sglang_cpu.serve`
 with exactly the arguments `prism-loadgen sweep --backend sglang-cpu --model smollm2`
 gives a baseline line: SGLang's own cache, FCFS, the same KV pool), then measures over
 HTTP, client-side, one thing at a time:
@@ -217,7 +217,7 @@ def _measure_server(
     started = time.monotonic()
     load_before = _load()
     with run_server(
-        "backend_plugin.cpu_server.serve", serve_args, port=args.port,
+        "sglang_cpu.serve", serve_args, port=args.port,
         python=args.sglang_python, startup_timeout_s=300.0, name="fit-cpu-smollm2",
     ) as server:  # fmt: skip
         limits = server_limits(server.url)

@@ -1,10 +1,10 @@
-"""A largest-allowed prompt against the proxy: how long `/health` waits, and RSS (issue 12).
+"""A largest-allowed prompt against the proxy: how long `/health` waits, and RSS.
 
     python -m bench.large_prompt [--chars 1000000] [--requests 3]
 
 Starts the simulated engine and `prism-proxy serve` (real subprocesses), then sends
 `--requests` unhinted chat requests whose user message has `--chars` characters (the
-proxy's default `--max-prompt-chars`), one after the other, while a second client asks
+proxy's default `max_prompt_chars`), one after the other, while a second client asks
 `/health` every 5 ms. Prints, for the idle baseline and during the large requests, the
 P50 and the largest `/health` latency, the large requests' own latency, and the proxy's
 RSS (from /proc) before, right after each request (the largest) and 2 s after the last
@@ -134,7 +134,7 @@ def main() -> None:
     sim_args = ["--speed", "20", "--log-level", "warning"]
     with run_server("prism_sim", sim_args, log_dir=logs, name="sim") as sim:
         proxy_args = ["serve", "--backend", sim.url, "--log-level", "warning"]
-        proxy_args += ["--max-prompt-chars", str(args.chars)]
+        proxy_args += ["--set", f"max_prompt_chars={args.chars}"]
         with run_server("prism_proxy", proxy_args, log_dir=logs, name="proxy") as proxy:
             asyncio.run(measure(proxy, args.chars, args.requests))
 

@@ -1,10 +1,10 @@
-"""What the proxy costs below the knee on a real SGLang (issue 25): P99 TTFT of each
+"""What the proxy costs below the knee on a real SGLang: P99 TTFT of each
 line over SGLang alone, measured side by side in one run.
 
     python -m bench.light_load [--qps 8,16] [--num-requests 240] [--rounds 2]
 
 Two unmodified SGLang 0.5.23 servers run on this CPU with the tiny model
-(`backend_plugin.cpu_server.serve`): one with SGLang's own radix cache (`stock`), one
+(`sglang_cpu.serve`): one with SGLang's own radix cache (`stock`), one
 with the DART plugin and its control RPC (`dart`). Every line replays the same
 zipf_hotspot trace (the sweep's, same seed) at each load, on a flushed cache:
 
@@ -79,7 +79,7 @@ def engine(kind: str, log_dir: Path, sglang_python: str) -> Iterator[Engine]:
     else:
         args += ["--eviction", "stock"]
     with run_server(
-        "backend_plugin.cpu_server.serve",
+        "sglang_cpu.serve",
         args,
         log_dir=log_dir,
         name=f"sglang-{kind}",
@@ -213,7 +213,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def serve_without_pushes(argv: list[str]) -> int:
     """The proxy's own CLI, with its pushes of P̂_t to DART switched off."""
     from prism_proxy import cli
-    from prism_proxy.control_client import ControlClient
+    from prism_proxy.backend.control import ControlClient
 
     ControlClient.push = lambda self, table: None  # type: ignore[method-assign]
     return cli.main(argv)

@@ -1,5 +1,5 @@
 """How long costly bodies hold the proxy's event loop: `/health` latency while each is
-handled (issue 23).
+handled.
 
     python -m bench.loop_stall [--repeat 3]
 

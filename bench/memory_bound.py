@@ -110,14 +110,13 @@ async def upload(proxy_url: str, megabytes: float, seed: int) -> dict[int, int]:
     return statuses
 
 
-CACHE_FLAGS = ("--segment-cache-bytes", "--head-cache-bytes", "--chat-cache-bytes",
-               "--cache-view-bytes")  # fmt: skip
+CACHE_KEYS = ("segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "cache_view_bytes")
 
 
 def cache_capacity_bytes(cache_mib: int | None) -> int:
     """What the proxy's caches may hold: `cache_mib` each, or their defaults."""
     if cache_mib is not None:
-        return len(CACHE_FLAGS) * cache_mib * MIB
+        return len(CACHE_KEYS) * cache_mib * MIB
     config = ProxyConfig()
     return (
         config.segment_cache_bytes
@@ -128,9 +127,9 @@ def cache_capacity_bytes(cache_mib: int | None) -> int:
 
 
 def proxy_args(sim: ServerProcess, cache_mib: int | None) -> list[str]:
-    args = ["serve", "--backend", sim.url, "--health-interval-s", "0", "--log-level", "warning"]
-    for flag in CACHE_FLAGS if cache_mib is not None else ():
-        args += [flag, str(cache_mib * MIB)]
+    args = ["serve", "--backend", sim.url, "--set", "health_interval_s=0", "--log-level", "warning"]
+    for key in CACHE_KEYS if cache_mib is not None else ():
+        args += ["--set", f"{key}={cache_mib * MIB}"]
     return args
 
 

@@ -1,4 +1,4 @@
-"""Least-squares fit of the time model's constants from measured timings (issue 16).
+"""Least-squares fit of the time model's constants from measured timings.
 
 Pure functions, no server: `bench.fit_cpu_profile` measures, this fits. The forms are
 the simulated engine's (SPEC §7, `prism_sim.time_model`):

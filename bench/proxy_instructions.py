@@ -1,4 +1,4 @@
-"""The proxy's CPU cost per request, counted in instructions (issue 14).
+"""The proxy's CPU cost per request, counted in instructions.
 
     python -m bench.proxy_instructions [--ref GIT_REF] [--requests 500]
 
@@ -45,7 +45,7 @@ import aiohttp
 from bench.agent_chats import agent_turns
 from bench.stub_backend import run_stub
 from loadgen.processes import free_port, wait_healthy
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "Say something short."}]}

@@ -1,4 +1,4 @@
-"""What the proxy costs, measured side by side in one run on loopback (issue 4).
+"""What the proxy costs, measured side by side in one run on loopback.
 
     python -m bench.proxy_overhead [--requests 300] [--concurrency 64] [--duration-s 5]
 
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with run_server("prism_sim", sim_args, log_dir=log_dir) as sim:
         proxy_args = [
             "serve", "--backend", sim.url, "--policy", "fifo", "--log-level", "warning",
-            "--max-inflight", str(max(64, args.concurrency)),
+            "--set", f"max_inflight={max(64, args.concurrency)}",
         ]  # fmt: skip
         with run_server("prism_proxy", proxy_args, log_dir=log_dir) as proxy:
             print(f"backend {sim.url} (prism-sim --speed {args.speed}), proxy {proxy.url} "

@@ -1,4 +1,4 @@
-"""Where the proxy's CPU goes under a burst, by sampling (issue 14, docs/performance.md).
+"""Where the proxy's CPU goes under a burst, by sampling (docs/performance.md).
 
     python -m bench.proxy_profile [--seconds 10] [--policy fifo]
 
@@ -34,22 +34,22 @@ from loadgen.processes import run_server
 # First match wins: a frame's file path fragment → its category.
 CATEGORIES = (
     ("aiohttp (server side, syscalls)", "aiohttp/"),
-    ("backend client (backend_http, backend_client)", "prism_proxy/backend_"),
-    ("tokenizing (tokenizer, chat_pieces)", "prism_proxy/tokenizer.py"),
-    ("tokenizing (tokenizer, chat_pieces)", "prism_proxy/chat_pieces.py"),
+    ("backend client", "prism_proxy/backend/"),
+    ("tokenizing (tokenizer, chat_pieces)", "prism_tokens/tokenizer.py"),
+    ("tokenizing (tokenizer, chat_pieces)", "prism_tokens/chat_pieces.py"),
     ("jinja chat template", "jinja2/"),
     ("jinja chat template", "<template>"),
     ("pydantic validation", "pydantic"),
-    ("pydantic validation", "prism_proxy/api_models.py"),
+    ("pydantic validation", "prism_proxy/api/models.py"),
     ("admission and QAS", "prism_proxy/admission"),
     ("admission and QAS", "prism_proxy/qas/"),
-    ("admission and QAS", "prism_proxy/pacing.py"),
+    ("admission and QAS", "prism_proxy/admission/core.py"),
     ("prometheus metrics", "prometheus_client/"),
     ("prism_proxy/metrics.py", "prism_proxy/metrics.py"),
-    ("OpenAI formatting", "prism_proxy/openai_format.py"),
-    ("prompts and serializer", "prism_proxy/prompts.py"),
-    ("prompts and serializer", "prism_proxy/serializer.py"),
-    ("handlers", "prism_proxy/handlers.py"),
+    ("OpenAI formatting", "prism_proxy/edge/openai_format.py"),
+    ("prompts and serializer", "prism_proxy/prompts/jobs.py"),
+    ("prompts and serializer", "prism_proxy/prompts/serializer.py"),
+    ("edge", "prism_proxy/edge/"),
     ("contextlib and dataclasses", "contextlib.py"),
     ("contextlib and dataclasses", "dataclasses.py"),
     ("contextlib and dataclasses", "<string>"),

@@ -1,4 +1,4 @@
-"""Where one proxied request's time goes (issue 14, the profile behind docs/performance.md).
+"""Where one proxied request's time goes (the profile behind docs/performance.md).
 
     python -m bench.proxy_stages [--requests 400]
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import uvloop
 
-import prism_proxy.admission as admission
-import prism_proxy.backend_client as backend_client
-import prism_proxy.handlers as handlers
+import prism_proxy.admission.driver as admission
+import prism_proxy.backend.client as backend_client
+import prism_proxy.edge.endpoints as endpoints
 from bench.stub_backend import create_app
 from prism_proxy.app import start_proxy
 from prism_proxy.config import ProxyConfig
@@ -51,9 +51,9 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 def instrument(stages: dict[str, list[float]]) -> None:
     """Wrap the token path, the backend stream and admission with timestamps."""
     current: dict[str, float] = {}
-    token_path = handlers.token_path
+    token_path = endpoints.token_path
     generate_batches = backend_client.BackendClient.generate_batches
-    submit = admission.AdmissionController._admit  # what `slot` calls
+    submit = admission.AdmissionController.admit  # what the edge's `Admitted` calls
 
     async def timed_token_path(request, job, **kwargs):
         current["start"] = started = time.perf_counter()
@@ -84,9 +84,9 @@ def instrument(stages: dict[str, list[float]]) -> None:
             )
         return future
 
-    handlers.token_path = timed_token_path
+    endpoints.token_path = timed_token_path
     backend_client.BackendClient.generate_batches = timed_batches
-    admission.AdmissionController._admit = timed_submit
+    admission.AdmissionController.admit = timed_submit
 
 
 async def run(requests: int) -> None:

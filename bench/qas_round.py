@@ -19,8 +19,9 @@ import time
 
 from prism_proxy.qas.params import QAS_VARIANTS, qas_params
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import ResidencySummary, ResidentSegments
+from prism_proxy.qas.residency import ResidentSegments
 from prism_proxy.qas.types import ActiveRequest, QueuedRequest
+from prism_wire import ResidencySummary
 
 SEGMENTS_PER_REQUEST = 5
 

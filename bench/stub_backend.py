@@ -1,4 +1,4 @@
-"""A fast SGLang-shaped stub backend for proxy benchmarks (issue 14).
+"""A fast SGLang-shaped stub backend for proxy benchmarks.
 
     python -m bench.stub_backend --port 31000 [--incremental] [--step-ms 10]
 

@@ -1,4 +1,4 @@
-"""What the transport alone costs a Python pass-through proxy (issue 14).
+"""What the transport alone costs a Python pass-through proxy.
 
     python -m bench.transport_floor [--sequential 300] [--burst 3000]
 
@@ -6,9 +6,9 @@ Three proxies that do nothing but forward a chat completion's body to the stub b
 (`bench.stub_backend`) and its answer back, each in its own process on uvloop:
 
 * `aiohttp/aiohttp`: aiohttp's server, aiohttp's client (the proxy's transport before
-  issue 14);
+ );
 * `aiohttp/lean`: aiohttp's server, the proxy's own HTTP/1.1 pool
-  (`prism_proxy.backend_http`, the proxy's transport now);
+  (`prism_proxy.backend.client`, the proxy's transport now);
 * `raw/lean`: an `asyncio.Protocol` server parsing with httptools, and the same pool.
 
 Measured as `bench.peers` measures (the same client functions, one run, side by side
@@ -35,7 +35,7 @@ from aiohttp import ClientSession, TCPConnector, web
 from bench.peers import burst, cpu_seconds, sequential
 from bench.stub_backend import run_stub
 from loadgen.processes import run_server
-from prism_proxy.backend_http import Http1Pool
+from prism_proxy.backend.client import Http1Pool
 
 PATH = "/v1/chat/completions"
 KINDS = ("aiohttp/aiohttp", "aiohttp/lean", "raw/lean")

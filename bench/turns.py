@@ -1,5 +1,5 @@
-"""What cutting a chat at its message ends costs (`prism_proxy.conversation.find_turns`),
-beside rendering and tokenizing it once, for agent histories of growing length (issue 24).
+"""What cutting a chat at its message ends costs (`prism_proxy.prompts.conversation.find_turns`),
+beside rendering and tokenizing it once, for agent histories of growing length.
 
     python -m bench.turns [--repeats 20]
 
@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prism_proxy.conversation import content_format, find_turns, template_messages, template_tools
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.prompts.conversation import find_turns
+from prism_tokens.chat import content_format, template_messages, template_tools
+from prism_tokens.tokenizer import load_tokenizer
 
 TOOLS = [
     {

@@ -15,9 +15,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # Only what the package needs, so the build cache survives edits elsewhere in the repo.
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY prism_wire ./prism_wire
+COPY prism_tokens ./prism_tokens
 COPY prism_proxy ./prism_proxy
 COPY prism_sim ./prism_sim
 COPY backend_plugin ./backend_plugin
+COPY sglang_cpu ./sglang_cpu
 COPY loadgen ./loadgen
 COPY bench ./bench
 RUN pip install . && rm -rf /src
@@ -29,7 +32,7 @@ ENV PRISM_HOST=0.0.0.0 \
     PRISM_PORT=8000 \
     PRISM_CACHE_DIR=/home/prism/.cache/prism
 # Build the deterministic builtin tokenizer once, at image build time.
-RUN python -c "from prism_proxy.tokenizer import load_tokenizer; load_tokenizer('builtin')"
+RUN python -c "from prism_tokens.tokenizer import load_tokenizer; load_tokenizer('builtin')"
 
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \

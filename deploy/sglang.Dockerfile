@@ -16,9 +16,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /opt/prism-src
 COPY pyproject.toml README.md ./
+COPY prism_wire ./prism_wire
+COPY prism_tokens ./prism_tokens
 COPY prism_proxy ./prism_proxy
 COPY prism_sim ./prism_sim
 COPY backend_plugin ./backend_plugin
+COPY sglang_cpu ./sglang_cpu
 COPY loadgen ./loadgen
 COPY bench ./bench
 RUN python3 -m pip install --no-deps . && rm -rf /opt/prism-src

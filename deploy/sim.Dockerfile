@@ -14,9 +14,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY prism_wire ./prism_wire
+COPY prism_tokens ./prism_tokens
 COPY prism_proxy ./prism_proxy
 COPY prism_sim ./prism_sim
 COPY backend_plugin ./backend_plugin
+COPY sglang_cpu ./sglang_cpu
 COPY loadgen ./loadgen
 COPY bench ./bench
 RUN pip install . && rm -rf /src
@@ -25,7 +28,7 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/pri
 USER prism
 WORKDIR /home/prism
 ENV PRISM_CACHE_DIR=/home/prism/.cache/prism
-RUN python -c "from prism_proxy.tokenizer import load_tokenizer; load_tokenizer('builtin')"
+RUN python -c "from prism_tokens.tokenizer import load_tokenizer; load_tokenizer('builtin')"
 
 EXPOSE 30000
 HEALTHCHECK --interval=5s --timeout=3s --start-period=20s --retries=3 \

@@ -1,4 +1,4 @@
-"""The load generator and the paper's experiments (issue 6; SPEC §6, §8).
+"""The load generator and the paper's experiments (SPEC §6, §8).
 
 Traces: ``trace_format`` (JSONL), ``rag_trace`` (zipf_hotspot), ``agent_trace`` with
 ``agent_material``/``tau2_source`` (agent_prefix), ``corpus``, ``textgen``, ``sampling``.

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen.trace_format import TraceRequest
-from prism_proxy.api_models import PrismHint
-from prism_proxy.prompts import TokenJob, hinted_job
-from prism_proxy.serializer import Serializer
+from prism_proxy.api.models import PrismHint
+from prism_proxy.prompts.jobs import TokenJob, hinted_job
+from prism_proxy.prompts.serializer import Serializer
 
 API_NAMES = ("prism", "openai", "sglang", "native")
 LAYOUTS = ("blank", "xml", "numbered", "markdown", "dashed")  # in the user message

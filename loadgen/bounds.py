@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from loadgen.trace_format import Trace, TraceRequest
-from prism_proxy.request_model import SegmentedPrompt
-from prism_proxy.serializer import Serializer
+from prism_proxy.api.segments import SegmentedPrompt
+from prism_proxy.prompts.serializer import Serializer
 
 # Cached prefixes: (system, segment id, segment id, ...).
 Seen = set[tuple[str, ...]]

@@ -47,7 +47,7 @@ def _params_from_args(cls: Any, args: argparse.Namespace) -> Any:
 
 
 def _tokenizer(spec: str | None) -> tuple[Any, str]:
-    from prism_proxy.tokenizer import load_tokenizer
+    from prism_tokens.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec or "builtin")
     return tokenizer, tokenizer.name
@@ -100,7 +100,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_bound(args: argparse.Namespace) -> int:
     from loadgen.bounds import hit_rate_ceilings
-    from prism_proxy.serializer import Serializer
+    from prism_proxy.prompts.serializer import Serializer
 
     tokenizer, _ = _tokenizer(args.tokenizer)
     ceilings = hit_rate_ceilings(read_trace(Path(args.trace)), Serializer(tokenizer))
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send X-SMG-Routing-Key (a gateway in front): canonical = the request's first"
         " segment in PRISM's canonical order (what a client computes); anchor = its"
         " hottest segment by the trace's hot ranks (the generator's knowledge);"
-        " anchor-bounded spreads hot anchors (prism_proxy.hot_keys)",
+        " anchor-bounded spreads hot anchors (loadgen.hot_keys)",
     )
     rep.add_argument(
         "--max-replica-share",
@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = sub.add_parser(
         "simulate", help="the same sweep in the twin: proxy + engine in modeled time"
     )
-    add_sweep_flags(simulate)
+    add_sweep_flags(simulate, real_stack=False)
     simulate.set_defaults(func=cmd_simulate)
 
     report = sub.add_parser("report", help="table and plots from a sweep's results dir")

@@ -1,8 +1,8 @@
-"""The CPU server's models in the sweep harness (`--model tiny|smollm2`, issue 16).
+"""The CPU server's models in the sweep harness (`--model tiny|smollm2`).
 
-`tiny` (the default) is the random-weight model of `backend_plugin.cpu_server.model`,
+`tiny` (the default) is the random-weight model of `sglang_cpu.model`,
 whose tokenizer is the proxy's builtin one. `smollm2` is SmolLM2-135M-Instruct
-(`backend_plugin.cpu_server.smollm2`): the trace, the proxy and the twin must then
+(`sglang_cpu.smollm2`): the trace, the proxy and the twin must then
 tokenize with the model's own directory, prepared on first use by the SGLang
 environment (it needs torch and transformers).
 
@@ -34,13 +34,13 @@ class CpuModel:
         tokenizer is the proxy's builtin one."""
         if self.name == "tiny":
             return None
-        from backend_plugin.cpu_server.smollm2 import smollm2_dir
+        from sglang_cpu.smollm2 import smollm2_dir
 
         path = smollm2_dir()
         if (path / "tokenizer.json").exists():
             return path
         done = subprocess.run(
-            [sglang_python, "-m", "backend_plugin.cpu_server.smollm2"],
+            [sglang_python, "-m", "sglang_cpu.smollm2"],
             check=True,
             capture_output=True,
             text=True,

@@ -1,4 +1,4 @@
-"""``make demo``: the main comparison on zipf_hotspot across the knee (issue 10).
+"""``make demo``: the main comparison on zipf_hotspot across the knee.
 
 1. **The twin** (``prism-loadgen simulate``): fifo, klpm, contextpilot-style and prism through
    the proxy's admission core, and native SGLang FCFS with no proxy, at 40, 60 and

@@ -1,4 +1,4 @@
-"""``make demo-real``: the main comparison on the real engine and a real model (issue 16).
+"""``make demo-real``: the main comparison on the real engine and a real model.
 
 An unmodified SGLang 0.5.23 on this CPU serving SmolLM2-135M-Instruct (prepared from
 its PyPI wheel on first use), a fresh server per line, the zipf_hotspot trace (SPEC §6)

@@ -1,4 +1,4 @@
-"""Sweep lines run by a third party's own server in front of the engine (issue 25).
+"""Sweep lines run by a third party's own server in front of the engine.
 
 `contextpilot-real` is ContextPilot 0.5.0's HTTP server (`python -m
 contextpilot.server.http_server`), pinned in `.venv-peers/contextpilot/` by `make peers`

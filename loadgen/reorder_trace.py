@@ -1,4 +1,4 @@
-"""reorder_replay: the same documents again, in a new order (issue 13).
+"""reorder_replay: the same documents again, in a new order.
 
 What a RAG retriever does all day: a later question retrieves a set of passages that an
 earlier one already retrieved, and returns them in another order. Each request either

@@ -1,4 +1,4 @@
-"""Open-loop replay of a trace against a target URL (issue 6).
+"""Open-loop replay of a trace against a target URL.
 
 Each request is sent at its arrival time, whatever happened to earlier ones (a single
 dispatcher sleeps until the next arrival and spawns a task; it never awaits answers).
@@ -24,11 +24,11 @@ from typing import Any
 import aiohttp
 
 from loadgen.apis import build_request, parse_event
+from loadgen.hot_keys import BoundedKeys
+from loadgen.routing import ROUTING_KEY_HEADER, routing_headers
+from loadgen.smg_ring import SmgRing
 from loadgen.summary import RequestRecord, summarize
 from loadgen.trace_format import Trace, TraceRequest
-from prism_proxy.hot_keys import BoundedKeys
-from prism_proxy.routing import ROUTING_KEY_HEADER, routing_headers
-from prism_proxy.smg_ring import SmgRing
 
 ROUTING_KEYS = ("none", "canonical", "anchor", "anchor-bounded")
 
@@ -42,8 +42,8 @@ class ReplayConfig:
     model: str | None = None
     request_timeout_s: float = 600.0
     progress: bool | None = None  # None: only on a terminal
-    routing_key: str = "none"  # X-SMG-Routing-Key for a gateway (issue 15): ROUTING_KEYS
-    max_replica_share: float = 0.4  # "anchor-bounded": the cap m (prism_proxy.hot_keys)
+    routing_key: str = "none"  # X-SMG-Routing-Key for a gateway: ROUTING_KEYS
+    max_replica_share: float = 0.4  # "anchor-bounded": the cap m (loadgen.hot_keys)
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -112,7 +112,7 @@ def trace_popularity(request: TraceRequest) -> dict[str, float] | None:
 def routing_headers_for(
     request: TraceRequest, mode: str, bounded: BoundedKeys | None = None
 ) -> dict[str, str]:
-    """`X-SMG-Routing-Key` for a gateway in front of replicas (issue 15).
+    """`X-SMG-Routing-Key` for a gateway in front of replicas.
 
     * `canonical`: the segment PRISM's canonical order puts first, which any client can
       compute from the request alone;
@@ -223,8 +223,8 @@ async def send_one(
 
 def _serializer(trace: Trace) -> Any:
     """The proxy's serializer over the trace's own tokenizer (``--api native``)."""
-    from prism_proxy.serializer import Serializer
-    from prism_proxy.tokenizer import load_tokenizer
+    from prism_proxy.prompts.serializer import Serializer
+    from prism_tokens.tokenizer import load_tokenizer
 
     return Serializer(load_tokenizer(trace.header.tokenizer or "builtin"))
 

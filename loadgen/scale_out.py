@@ -11,12 +11,12 @@ replicas on the default profile, real time) and reports the aggregate hit rate
 * `A-round_robin`, `A-cache_aware`: a PRISM sidecar (proxy, DART on the engine) per
   replica, smg in front with that policy and no routing key;
 * `A-key`: the same with smg `consistent_hashing` and `X-SMG-Routing-Key` = the
-  request's hottest segment by the trace's hot ranks (`prism_proxy.routing`,
+  request's hottest segment by the trace's hot ranks (`loadgen.routing`,
   `prism-loadgen replay --routing-key anchor`): the generator's knowledge, which a
   client has only if it counts popularity exactly;
 * `A-key-canonical`: the same with the key a client computes from the request alone,
   its first segment in PRISM's canonical order (`--routing-key canonical`);
-* `A-key-bounded`: `A-key` with hot anchors spread (`prism_proxy.hot_keys`, `--routing-key
+* `A-key-bounded`: `A-key` with hot anchors spread (`loadgen.hot_keys`, `--routing-key
   anchor-bounded`): a hot key's request never goes to a replica holding
   `--max-replica-share` of the client's last 256 requests;
 * `B-round_robin`, `B-cache_aware`: one PRISM proxy in front of smg, smg in front of the
@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from bench.peers_launch import OFFLINE_ENV, Smg
+from loadgen.peers_launch import OFFLINE_ENV, Smg
 from loadgen.processes import ServerProcess, free_port, run_server
 from loadgen.sweep import git_commit
 
@@ -187,7 +187,7 @@ def brief(results: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     from loadgen.rag_trace import RagTraceParams, build_rag_trace
     from loadgen.trace_format import write_trace
-    from prism_proxy.tokenizer import load_tokenizer
+    from prism_tokens.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser(
         prog="prism-loadgen scale-out",

@@ -1,4 +1,4 @@
-"""The paper's comparison: every variant × every QPS, each on a fresh engine (issue 6, 10).
+"""The paper's comparison: every variant × every QPS, each on a fresh engine.
 
 Two engines run the same sweep and write the same results and report:
 
@@ -11,7 +11,7 @@ Two engines run the same sweep and write the same results and report:
   serializer, scheduler, radix cache and DART in one deterministic modeled-time run.
 
 Results land in ``<out>/results/<label>_qps<λ>.json``; the report (table + plots) in
-``<out>``. Each result records the settings its line ran with (issue 25): the proxy's
+``<out>``. Each result records the settings its line ran with: the proxy's
 own account of them (``variant.proxy_settings``, from its ``/server_info``) or the
 twin's ``TwinSetup`` (``variant.twin_setup``); ``sweep.json`` lists them per line too.
 
@@ -45,7 +45,7 @@ import httpx
 from loadgen.apis import CHAT_LAYOUTS
 from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import free_port, run_server
-from loadgen.variants import ALL_POLICIES, KNOWN_LINES, Variant, make_variants
+from loadgen.variants import ALL_POLICIES, Variant, make_variants
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 
 DEFAULT_QPS = (40.0, 50.0, 60.0, 70.0, 80.0)
@@ -79,7 +79,7 @@ class SweepConfig:
     alpha: float | None = None
     r_hot: float | None = None
     max_tokens: int | None = None
-    model: str = "tiny"  # --backend sglang-cpu's model (loadgen.cpu_models, issue 16)
+    model: str = "tiny"  # --backend sglang-cpu's model (loadgen.cpu_models)
     # How clients talk to the proxy: "prism" (segment hints) or "openai" (plain chat,
     # documents in `layout`, as an unmodified client sends them)
     client_api: str = "prism"
@@ -117,7 +117,7 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
     from loadgen.rag_trace import RagTraceParams, build_rag_trace
     from loadgen.reorder_trace import ReorderTraceParams, build_reorder_trace
     from loadgen.trace_format import write_trace
-    from prism_proxy.tokenizer import load_tokenizer
+    from prism_tokens.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(config.tokenizer)
     if config.workload == "rag":
@@ -179,7 +179,7 @@ def line_qas(config: SweepConfig, variant: Variant) -> QasParams:
 
 
 def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
-    """The settings a line is run with, as the sweep sets them (issue 25): for prism
+    """The settings a line is run with, as the sweep sets them: for prism
     lines the QAS variant and its resolved parameters; the window (modeled ms), the
     prefill batch B (fixed, or "auto": the proxy's rule), the residency source prism
     will use, the eviction order, whether the control RPC is on, and how clients talk.
@@ -213,7 +213,7 @@ def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
 def sglang_cpu_command(
     config: SweepConfig, variant: Variant, control_port: int, token: str
 ) -> list[str]:
-    """Arguments of `backend_plugin.cpu_server.serve`: a real SGLang on this CPU.
+    """Arguments of `sglang_cpu.serve`: a real SGLang on this CPU.
 
     Lines on plain LRU (the baselines, native SGLang, `prism[lru]`) run SGLang's own
     radix cache (SPEC §5); the other orders run the DART plugin with that order."""
@@ -258,9 +258,9 @@ def proxy_command(
     if variant.policy == "prism":
         args += ["--qas", variant.qas or config.qas]
         for name, value in config.qas_overrides:
-            args += ["--" + name.replace("_", "-"), f"{value:g}"]
+            args += ["--set", f"{name}={value:g}"]
     if variant.q_cold is not None:
-        args += ["--q-cold", str(variant.q_cold)]
+        args += ["--set", f"q_cold={variant.q_cold}"]
     if variant.prefill_batch is not None:
         args += ["--prefill-batch", str(variant.prefill_batch)]
     return [*args, *config.proxy_args]
@@ -322,7 +322,7 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
     token = secrets.token_hex(16)
     control_port = free_port()
     if config.backend == "sglang-cpu":
-        module, python, timeout_s = "backend_plugin.cpu_server.serve", config.sglang_python, 300.0
+        module, python, timeout_s = "sglang_cpu.serve", config.sglang_python, 300.0
         sim_args = sglang_cpu_command(config, variant, control_port, token)
     else:
         module, python, timeout_s = "prism_sim", sys.executable, 60.0
@@ -388,7 +388,7 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
         raise ValueError("the twin replays hinted requests or plain chat (--client-api openai)")
     from loadgen.trace_format import read_trace
     from loadgen.twin import TwinSetup, simulate
-    from prism_proxy.tokenizer import load_tokenizer
+    from prism_tokens.tokenizer import load_tokenizer
 
     trace = read_trace(ensure_trace(config, qps))
     qas = line_qas(config, variant)
@@ -397,7 +397,7 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
         eviction=variant.eviction,
         schedule_policy=variant.schedule_policy,
         qas=qas,
-        prefill_batch=variant.prefill_batch or 0,
+        prefill_batch=variant.prefill_batch,
         window_s=config.window_ms / 1000.0,
         profile=config.profile,
         kv_capacity_tokens=config.kv_capacity_tokens,
@@ -513,12 +513,13 @@ def _qas_param(text: str) -> tuple[str, float]:
     return name.strip().replace("-", "_"), float(value)
 
 
-def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
+def add_sweep_flags(parser: argparse.ArgumentParser, *, real_stack: bool = True) -> None:
+    """The flags of `sweep` (`real_stack`) and `simulate` (the twin: no backend flags)."""
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
         "--policies",
         default=",".join(ALL_POLICIES),
-        help=f"comma-separated, from {','.join(KNOWN_LINES)} (contextpilot-real: not a default)",
+        help="comma-separated lines (docs/experiments.md; default: all but contextpilot-real)",
     )
     parser.add_argument("--qps", default=",".join(f"{q:g}" for q in DEFAULT_QPS))
     parser.add_argument(
@@ -526,8 +527,10 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--q-cold", default="", help="q_cold values run with prism (+dart)")
     parser.add_argument(
-        "--prefill-batches", default="", help="fixed B values run with each proxy policy listed"
+        "--prefill-batch", default="", help="fixed B values run with each proxy policy listed"
     )
+    # The name in commands recorded before B had one name everywhere.
+    parser.add_argument("--prefill-batches", dest="prefill_batch", help=argparse.SUPPRESS)
     parser.add_argument(
         "--qas",
         choices=tuple(QAS_VARIANTS),
@@ -548,48 +551,50 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
         "--workload",
         choices=("rag", "agent", "reorder"),
         default="rag",
-        help="zipf_hotspot, agent_prefix, or reorder_replay (same documents, new order)",
+        help="zipf_hotspot, agent_prefix, or reorder_replay",
     )
     parser.add_argument("--num-requests", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0, help="trace and engine seed")
     parser.add_argument(
         "--seeds",
         default="",
-        help="repeat the sweep over these seeds, e.g. 0,1,2 (overrides --seed): results"
-        " <label>_qps<λ>_seed<k>.json, report with means and 95%% t-intervals over seeds",
+        help="repeat over these seeds, e.g. 0,1,2 (overrides --seed; means, 95%% intervals)",
     )
     parser.add_argument("--speed", type=float, default=1.0, help="engine clock speed factor F")
     parser.add_argument("--profile", default="a800-qwen3-4b")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine KV pool")
     parser.add_argument("--tokenizer", default="builtin")
-    parser.add_argument("--corpus", default=None, help="MultiHop-RAG corpus.json (rag only)")
-    parser.add_argument("--tau2-dir", default=None, help="tau2 package dir (agent only)")
-    parser.add_argument("--hot-count", type=int, default=None, help="zipf_hotspot hot_count")
-    parser.add_argument("--alpha", type=float, default=None, help="zipf_hotspot Zipf α")
-    parser.add_argument("--r-hot", type=float, default=None, help="zipf_hotspot r_hot")
     parser.add_argument(
-        "--max-tokens", type=int, default=None, help="zipf_hotspot answer length (default 32)"
+        "--trace-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the trace's shape: " + ", ".join(TRACE_PARAMS) + " (repeatable)",
     )
+    for name, parse in TRACE_PARAMS.items():  # each also as --name-with-dashes VALUE
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, type=parse, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--model",
         choices=tuple(CPU_MODELS),
         default="tiny",
-        help="sglang-cpu's model; smollm2 also makes its directory the tokenizer (twin too)",
+        help="sglang-cpu's model (smollm2: also the tokenizer)",
     )
     parser.add_argument("--window-ms", type=float, default=10.0, help="QAS window (modeled)")
+    if real_stack:
+        parser.add_argument(
+            "--backend",
+            choices=("sim", "sglang-cpu"),
+            default="sim",
+            help="prism-sim, or a real SGLang on this CPU (make sglang-cpu)",
+        )
+        parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
+        parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
+    else:
+        parser.set_defaults(backend="sim", sim_arg=[], proxy_arg=[])
     parser.add_argument(
-        "--backend",
-        choices=("sim", "sglang-cpu"),
-        default="sim",
-        help="sweep only: prism-sim, or a real SGLang on this CPU (make sglang-cpu)",
+        "--sglang-python", default=".venv-sglang/bin/python", help="the SGLang environment"
     )
-    parser.add_argument(
-        "--sglang-python",
-        default=".venv-sglang/bin/python",
-        help="python of the SGLang environment (--backend sglang-cpu)",
-    )
-    parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
-    parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
     parser.add_argument("--no-report", action="store_true")
     parser.add_argument(
         "--client-api",
@@ -601,14 +606,36 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
         "--layout",
         choices=CHAT_LAYOUTS,
         default="blank",
-        help="--client-api openai: how the documents sit in the user message (tool: in a "
-        "tool result, the one contextpilot-real acts on)",
+        help="--client-api openai: where the documents sit (tool: in a tool result)",
     )
+    _compact_metavars(parser)
+
+
+def _compact_metavars(parser: argparse.ArgumentParser) -> None:
+    """Short metavars, so that `--help` fits on a screen: a choice's options go to its
+    help line, a list's metavar says so."""
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or action.nargs == 0:
+            continue
+        if action.choices:
+            choices = "|".join(str(c) for c in action.choices)
+            action.help = f"{action.help}: {choices}" if action.help else choices
+            action.metavar = "NAME"
+        elif action.metavar is None:
+            action.metavar = (
+                "LIST"
+                if action.default == ""
+                or (
+                    action.default is not None
+                    and (isinstance(action.default, str) and "," in action.default)
+                )
+                else "X"
+            )
 
 
 def model_tokenizer(model: str, tokenizer: str, sglang_python: str) -> str:
     """The tokenizer of trace, proxy and twin: a real model's own directory unless one
-    was given (issue 16: ids must be the model's)."""
+    was given (ids must be the model's)."""
     if tokenizer != "builtin":
         return tokenizer
     directory = CPU_MODELS[model].directory(sglang_python)
@@ -623,7 +650,30 @@ def parse_seeds(text: str, seed: int) -> tuple[int, ...]:
     return seeds
 
 
+# The trace shape's parameters (`--trace-param NAME=VALUE`) and how each is read.
+TRACE_PARAMS: dict[str, Callable[[str], Any]] = {
+    "hot_count": int,
+    "alpha": float,
+    "r_hot": float,
+    "max_tokens": int,
+    "corpus": str,
+    "tau2_dir": str,
+}
+
+
+def _trace_params(args: argparse.Namespace) -> None:
+    """`--trace-param NAME=VALUE` pairs into `args` (over the dashed flags)."""
+    for text in args.trace_param:
+        name, sep, value = text.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in TRACE_PARAMS:
+            raise ValueError(f"--trace-param {text!r}: expected NAME=VALUE, NAME one of "
+                             f"{', '.join(TRACE_PARAMS)}")  # fmt: skip
+        setattr(args, name, TRACE_PARAMS[name](value))
+
+
 def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig:
+    _trace_params(args)
     seeds = parse_seeds(args.seeds, args.seed)
     return SweepConfig(
         out=Path(args.out),
@@ -631,7 +681,7 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
             _csv(args.policies),
             _csv(args.evictions),
             [int(q) for q in _csv(args.q_cold)],
-            [int(b) for b in _csv(args.prefill_batches)],
+            [int(b) for b in _csv(args.prefill_batch)],
             _csv(args.qas_variants),
         ),
         qas=args.qas,

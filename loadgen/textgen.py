@@ -54,7 +54,7 @@ _PUNCTUATION = (".", ",", ".", ";")
 
 
 class TokenCounter(Protocol):
-    """The part of ``prism_proxy.tokenizer.Tokenizer`` the generator needs."""
+    """The part of ``prism_tokens.tokenizer.Tokenizer`` the generator needs."""
 
     def encode(self, text: str) -> list[int]: ...
 

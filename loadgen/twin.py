@@ -1,5 +1,5 @@
 """The twin: proxy admission and the simulated engine in one deterministic run in
-modeled time (`prism-loadgen simulate`, issue 10).
+modeled time (`prism-loadgen simulate`).
 
 It drives the same objects as the real stack, with a discrete-event clock instead of
 sockets and sleeps:
@@ -41,27 +41,25 @@ from backend_plugin.dart.priority import PriorityUpdate
 from loadgen.apis import chat_messages, client_order_ids, token_job
 from loadgen.summary import RequestRecord, summarize
 from loadgen.trace_format import Trace, TraceRequest
-from prism_proxy.admission_core import AdmissionCore, Wave
+from prism_proxy.admission.core import AdmissionCore, BackendLimits, PrefillPacing, Wave
 from prism_proxy.config import ProxyConfig
-from prism_proxy.conversation import chat_job
-from prism_proxy.evidence import BlockEvidence
-from prism_proxy.pacing import BackendLimits, PrefillPacing
-from prism_proxy.prompts import TokenJob
+from prism_proxy.prompts.conversation import chat_job
+from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.jobs import TokenJob
+from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import (
     PendingResidency,
-    ResidencySummary,
     ResidentSegments,
     residency_source,
 )
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import Tokenizer
 from prism_sim.engine import EngineCore, SimConfig
 from prism_sim.native_api import batch_limits
 from prism_sim.request import SimRequest
 from prism_sim.time_model import DEFAULT_PROFILE
+from prism_tokens.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -72,8 +70,8 @@ class TwinSetup:
     eviction: str = "lru"
     schedule_policy: str = "fcfs"
     qas: QasParams = field(default_factory=QasParams)
-    prefill_batch: int = 0
-    max_inflight: int = 0
+    prefill_batch: int | None = None  # None: automatic, as in the proxy
+    max_inflight: int | None = None
     window_s: float = 0.010
     protect: int = 8
     protect_fraction: float | None = None  # DART's bound on F_t (None: the default)
@@ -122,14 +120,14 @@ class Twin:
         self.evidence = BlockEvidence(PROXY_DEFAULTS.evidence_cache_bytes)
         self.core: AdmissionCore | None = None
         if setup.policy is not None:
-            pacing = PrefillPacing(setup.prefill_batch, setup.max_inflight)
-            pacing.learn(BackendLimits.from_server_info(batch_limits(self.scheduler)))
             self.core = AdmissionCore(
                 make_policy(setup.policy, setup.qas),
-                pacing,
+                PrefillPacing(setup.prefill_batch, setup.max_inflight),
                 window_s=setup.window_s,
                 max_queue=len(trace.requests) + 1,
+                cold_deadline_s=setup.qas.cold_deadline_s,
             )
+            self.core.learn_backend(BackendLimits.from_server_info(batch_limits(self.scheduler)))
         dart = getattr(self.engine.extension, "core", None)
         self.dart = dart if setup.policy == "prism" else None  # only prism pushes P̂_t
         self.resident: ResidentSegments | None = None
@@ -225,15 +223,8 @@ class Twin:
         a hop old when it arrives (read here, at a round, when one is due)."""
         if self.resident is None or self.dart is None or self.now < self._next_poll:
             return
-        report = self.dart.residency_summary(self.resident.generation, self.resident.version)
         self.resident.apply(
-            ResidencySummary(
-                report.generation,
-                report.version,
-                report.full,
-                tuple(report.resident),
-                tuple(report.gone),
-            )
+            self.dart.residency_summary(self.resident.generation, self.resident.version)
         )
         self._next_poll = self.now + self.setup.residency_poll_s
 
@@ -305,7 +296,7 @@ class Twin:
         dart = getattr(self.engine.extension, "core", None)
         return {
             "evicted_tokens_total": self.engine.cache.evicted_tokens_total,
-            "prefill_batches": stats.prefill_batches,
+            "prefill_steps": stats.prefill_steps,
             "decode_steps": stats.decode_steps,
             "kv_overcommit_tokens": stats.kv_overcommit_tokens,
             "radix_eviction_policy": self.setup.eviction,

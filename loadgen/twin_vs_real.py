@@ -1,4 +1,4 @@
-"""The twin against the real engine: one table (issue 16).
+"""The twin against the real engine: one table.
 
     python -m loadgen.twin_vs_real --real runs/twin-vs-real/real --profile cpu-smollm2 \\
         [--twin-out runs/twin-vs-real/twin] [--out docs/results/twin-vs-real/table.md]

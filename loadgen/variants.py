@@ -12,7 +12,7 @@
   client sends each prompt serialized in its own order (`--api native`), and the
   engine's `--schedule-policy` orders them, on LRU: what a user would run instead.
 * Ablations of `prism`: another eviction order (`prism[lru]`), cold-lane quota
-  (`prism[q_cold=4]`), a QAS variant (`prism[qas=paper]`, issue 13), and any proxy
+  (`prism[q_cold=4]`), a QAS variant (`prism[qas=paper]`), and any proxy
   policy at a fixed prefill batch `B` (`fifo[B=16]`). Plain `prism` runs the sweep's
   QAS variant (`--qas`, by default the proxy's default).
 """
@@ -68,7 +68,7 @@ def make_variants(
     policies: list[str],
     evictions: list[str],
     q_colds: list[int],
-    prefill_batches: list[int] | None = None,
+    prefill_batch: list[int] | None = None,
     qas_variants: list[str] | None = None,
 ) -> tuple[Variant, ...]:
     """The named policies, then PRISM's eviction, q_cold and QAS-variant ablations, then
@@ -83,7 +83,7 @@ def make_variants(
         if qas not in QAS_VARIANTS:
             raise ValueError(f"unknown QAS variant {qas!r}; choose from {', '.join(QAS_VARIANTS)}")
         variants.append(Variant(f"prism[qas={qas}]", "prism", "dart", qas=qas))
-    for batch in prefill_batches or []:
+    for batch in prefill_batch or []:
         for base in [v for v in variants[: len(policies)] if v.policy is not None]:
             label = f"{base.label}[B={batch}]"
             variants.append(Variant(label, base.policy, base.eviction, prefill_batch=batch))

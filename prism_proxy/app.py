@@ -3,7 +3,7 @@ context (started in order, stopped in reverse): JSON parser → backend session 
 serializer → control RPC sender → QAS loop (and DART residency poller) → backend health
 probe.
 
-Serving (`start_proxy`, `serve`): the proxy's own HTTP/1.x server (`http_server`),
+Serving (`start_proxy`, `serve`): the proxy's own HTTP/1.x server (`edge.server`),
 with its connection limits, and when `metrics_listen` is set an admin listener for
 /metrics. Shutdown (`RunningProxy.stop()`): aiohttp stops listening, waits up to
 `shutdown_timeout_s` for in-flight handlers (the QAS loop still runs, so queued
@@ -22,25 +22,26 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from prism_proxy import state
-from prism_proxy.admission import AdmissionController, PushFn
-from prism_proxy.backend_client import BackendClient, BackendError
-from prism_proxy.bodies import JsonParser
+from prism_proxy.admission.core import BackendLimits, PrefillPacing
+from prism_proxy.admission.driver import AdmissionController, PushFn
+from prism_proxy.backend.client import BackendClient, BackendError
+from prism_proxy.backend.control import ControlClient
+from prism_proxy.backend.residency_poller import ResidencyPoller
 from prism_proxy.config import ProxyConfig, parse_listen
-from prism_proxy.control_client import ControlClient
-from prism_proxy.evidence import BlockEvidence
-from prism_proxy.handlers import add_routes, error_middleware
-from prism_proxy.handlers import metrics as metrics_handler
-from prism_proxy.http_server import ConnectionPolicy, ProxyRunner, fd_budget, listen
+from prism_proxy.edge import state
+from prism_proxy.edge.bodies import JsonParser
+from prism_proxy.edge.endpoints import add_routes
+from prism_proxy.edge.endpoints import metrics as metrics_handler
+from prism_proxy.edge.errors import error_middleware
+from prism_proxy.edge.probes import add_probe_routes
+from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, listen
 from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
-from prism_proxy.pacing import BackendLimits, PrefillPacing
-from prism_proxy.probes import add_probe_routes
+from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import PendingResidency, ResidentSegments, UnionResidency
-from prism_proxy.residency_poller import ResidencyPoller
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def parser_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The JSON parser and its worker process for costly bodies (`prism_proxy.bodies`)."""
+    """The JSON parser and its worker process for costly bodies (`prism_proxy.edge.intake`)."""
     app[state.PARSER] = parser = JsonParser()
     yield
     await asyncio.to_thread(parser.close)
@@ -163,7 +164,7 @@ def push_to_all(clients: list[ControlClient]) -> PushFn | None:
 def dart_residency(
     policy: SchedulingPolicy, config: ProxyConfig, clients: list[ControlClient]
 ) -> list[ResidencyPoller]:
-    """When prism weighs residency and may ask DART (`--residency auto|dart` with a
+    """When prism weighs residency and may ask DART (`--set residency=auto|dart` with a
     control URL), it reads DART's resident sets (their union, with several replicas)
     instead of its own cache view, plus what it released that DART has not reported
     yet (`PendingResidency`)."""
@@ -186,6 +187,7 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
         pacing=PrefillPacing(config.prefill_batch, config.max_inflight, config.replicas),
         window_s=config.window_s,
         max_queue=config.max_queue,
+        cold_deadline_s=config.qas.cold_deadline_s,
         metrics=app[state.METRICS],
         on_wave=push_to_all(controls),
     )

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the admission proxy",
-        description="Settings: flag > PRISM_* environment variable > --config file > default.",
+        description="Settings: command line (a flag or --set) > PRISM_* environment variable > "
+        "--config file > default.",
     )
     add_arguments(serve)
     serve.set_defaults(handler=_serve)

@@ -1,9 +1,12 @@
 """The proxy's configuration: one frozen `ProxyConfig`, read in one place.
 
-Every setting has a command-line flag, a `PRISM_*` environment variable and a config
-file key (TOML or JSON file given with `--config` / `PRISM_CONFIG`). Precedence:
-flag > environment > file > default. The QAS parameters (SPEC §2, §5) are generated
-from `QasParams`'s fields, so a new parameter gets its flag, variable and key for free.
+Every setting has a config file key (TOML or JSON file given with `--config` /
+`PRISM_CONFIG`) and a `PRISM_*` environment variable; on the command line, the settings
+of `FLAGS` have flags of their own and any setting can be given as `--set KEY=VALUE`.
+Precedence: command line > environment > file > default. The QAS parameters (SPEC §2,
+§5) are generated from `QasParams`'s fields, so a new parameter gets its key and
+variable for free. Automatic values (B, the backstop, the replica count) are `None`,
+written `auto`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,21 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from prism_proxy.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
+from prism_proxy.prompts.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 from prism_proxy.qas.policies import POLICIES
 
 POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot-style
 RESIDENCY_SOURCES = ("auto", "dart", "view")
 ENV_PREFIX = "PRISM_"
+# Settings whose value may be automatic (None, written "auto").
+AUTOMATIC = ("prefill_batch", "max_inflight", "backend_replicas")
+# The settings with a flag of their own; every other one is `--set KEY=VALUE`.
+FLAGS = (
+    "backend", "host", "port", "tokenizer", "policy", "qas_variant", "control_url",
+    "control_token", "prefill_batch", "window_ms", "max_queue", "metrics_listen",
+    "log_level",
+)  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -50,8 +61,8 @@ class ProxyConfig:
     policy: str = "prism"
     qas_variant: str = DEFAULT_QAS_VARIANT
     residency: str = "auto"
-    prefill_batch: int = 0
-    max_inflight: int = 0
+    prefill_batch: int | None = None
+    max_inflight: int | None = None
     window_ms: float = 10.0
     max_queue: int = 10_000
     max_body_bytes: int = 8 * 1024 * 1024
@@ -72,7 +83,7 @@ class ProxyConfig:
     evidence_cache_bytes: int = 16 * 1024 * 1024
     control_url: str | None = None
     control_token: str | None = None
-    backend_replicas: int = 0
+    backend_replicas: int | None = None
     protect: int = 8
     backend_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
@@ -81,8 +92,18 @@ class ProxyConfig:
     retry_after_s: int = 1
     log_level: str = "info"
     qas: QasParams = field(default_factory=lambda: qas_params(DEFAULT_QAS_VARIANT))
+    # Derived from `extraction` once, not per request: the layouts looked for in
+    # requests without hints (none: off).
+    extraction_layouts: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        text = self.extraction.strip()
+        layouts = (
+            ()
+            if text in ("", "off", "none")
+            else tuple(name.strip() for name in text.split(",") if name.strip())
+        )
+        object.__setattr__(self, "extraction_layouts", layouts)
         if self.policy not in POLICY_NAMES:
             raise ConfigError(f"policy: unknown {self.policy!r}; choose one of {POLICY_NAMES}")
         if self.qas_variant not in QAS_VARIANTS:
@@ -104,10 +125,13 @@ class ProxyConfig:
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
-        non_negative = ("prefill_batch", "max_inflight", "window_ms", "protect", "backend_replicas")
-        for name in (*non_negative, "health_interval_s", "retry_after_s"):
+        for name in ("window_ms", "protect", "health_interval_s", "retry_after_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in AUTOMATIC:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name}: must be 'auto' or >= 1, got {value}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: out of range: {self.port}")
         if self.metrics_listen is not None:
@@ -120,14 +144,6 @@ class ProxyConfig:
             )
         if not self.backend.startswith(("http://", "https://")):
             raise ConfigError(f"backend: expected an http(s) URL, got {self.backend!r}")
-
-    @property
-    def extraction_layouts(self) -> tuple[str, ...]:
-        """The layouts the proxy looks for in requests without hints (none: off)."""
-        text = self.extraction.strip()
-        if text in ("", "off", "none"):
-            return ()
-        return tuple(name.strip() for name in text.split(",") if name.strip())
 
     @property
     def backend_url(self) -> str:
@@ -145,7 +161,9 @@ class ProxyConfig:
     def replicas(self) -> int:
         """Engines behind the backend URL: `backend_replicas`, else one per control RPC
         (a gateway in front of N replicas, each with its DART), else 1."""
-        return self.backend_replicas or max(1, len(self.control_urls))
+        if self.backend_replicas is not None:
+            return self.backend_replicas
+        return max(1, len(self.control_urls))
 
     @property
     def window_s(self) -> float:
@@ -195,8 +213,8 @@ _HELP = {
     "residency": "where prism learns which segments the backend holds: auto (DART when "
     "--control-url is set, else the proxy's own cache view), dart, view",
     "prefill_batch": "B: released requests that may await their first token at once "
-    "(0: the backend's prefill budget / observed uncached tokens per request)",
-    "max_inflight": "backstop on released, unfinished requests (0: the backend's "
+    "(auto: the backend's prefill budget / observed uncached tokens per request)",
+    "max_inflight": "backstop on released, unfinished requests (auto: the backend's "
     "max_running_requests)",
     "window_ms": "QAS round window Δt_win in milliseconds",
     "max_queue": "queued requests beyond which new ones get 429",
@@ -231,7 +249,7 @@ _HELP = {
     "replica behind a gateway; unset: no pushes)",
     "control_token": "bearer token for the control RPC",
     "backend_replicas": "engines behind --backend (a gateway): prefill pacing's budget and "
-    "backstop count each replica's (0: one per --control-url, else 1)",
+    "backstop count each replica's (auto: one per --control-url, else 1)",
     "protect": "DART protection budget f sent with each priority table",
     "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",
@@ -260,7 +278,14 @@ _QAS_HELP = {
 }
 
 
-def _parser_for(default: Any, optional: bool) -> Callable[[str], Any]:
+def _automatic(text: str) -> int | None:
+    text = text.strip().lower()
+    return None if text == "auto" else int(text)
+
+
+def _parser_for(name: str, default: Any, optional: bool) -> Callable[[str], Any]:
+    if name in AUTOMATIC:
+        return _automatic
     if optional:
         return _optional_str
     if isinstance(default, bool):
@@ -277,30 +302,59 @@ def options() -> list[Option]:
     result: list[Option] = []
     base = ProxyConfig()
     for f in fields(ProxyConfig):
-        if f.name == "qas":
+        if f.name == "qas" or not f.init:
             continue
         default = getattr(base, f.name)
-        parse = _parser_for(default, optional="None" in str(f.type))
+        parse = _parser_for(f.name, default, optional="None" in str(f.type))
         result.append(Option(f.name, parse, _HELP.get(f.name, f.name), default))
     qas_defaults = qas_params(DEFAULT_QAS_VARIANT)
     for name in QasParams.field_names():
-        parse = _parser_for(getattr(qas_defaults, name), False)
+        parse = _parser_for(name, getattr(qas_defaults, name), False)
         help_text = _QAS_HELP.get(name, f"QAS parameter {name}")
         result.append(Option(name, parse, help_text, getattr(qas_defaults, name), qas=True))
     return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every setting as a flag; unset flags stay absent (SUPPRESS) for precedence."""
+    """The flags of `FLAGS`, `--config` and `--set`; unset flags stay absent (SUPPRESS)
+    for precedence."""
     parser.add_argument("--config", default=argparse.SUPPRESS, help="TOML or JSON config file")
     for option in options():
+        if option.name not in FLAGS:
+            continue
+        default = option.default
+        if default is None:
+            default = "auto" if option.name in AUTOMATIC else "unset"
         parser.add_argument(
             option.flag,
             dest=option.name,
             type=option.parse,
             default=argparse.SUPPRESS,
-            help=f"{option.help} (default {option.default}; env {option.env})",
+            help=f"{option.help} (default {default})",
         )
+    parser.add_argument(
+        "--set",
+        dest="set",
+        action="append",
+        metavar="KEY=VALUE",
+        default=argparse.SUPPRESS,
+        help="any other setting, by its config file key (repeatable; docs/proxy.md lists "
+        "them all, with their PRISM_* variables)",
+    )
+
+
+def _set_values(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs as settings, each parsed like its environment variable."""
+    known = {option.key: option for option in options()}
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        option = known.get(key)
+        if not sep or option is None:
+            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE with a setting's key")
+        values[option.name] = _coerce(option, text, "--set")
+    return values
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
@@ -353,6 +407,7 @@ def build_config(
     flags = dict(flags or {})
     environ = os.environ if environ is None else environ
     config_path = flags.pop("config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    flags = {**_set_values(flags.pop("set", None) or []), **flags}
     file_values = load_file(config_path) if config_path else {}
     known = {option.name: option for option in options()}
     unknown = sorted(set(file_values) - set(known))

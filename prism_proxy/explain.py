@@ -131,8 +131,8 @@ def find_request(body: dict[str, Any]) -> dict[str, Any]:
     evidence yet (a first request: blank-line blocks stay in the client's order): the
     documents of a single turn (its user message, else its system message), else a
     chat's turns under the builtin tokenizer."""
-    from prism_proxy.api_models import ChatCompletionRequest
-    from prism_proxy.prompts import single_turn
+    from prism_proxy.api.models import ChatCompletionRequest
+    from prism_proxy.prompts.jobs import single_turn
 
     if "messages" not in body:
         text = body.get("prompt", body.get("text"))
@@ -158,9 +158,9 @@ def find_request(body: dict[str, Any]) -> dict[str, Any]:
 def _documents(
     text: str, system: str | None, where: str | None, user: str | None = None
 ) -> dict[str, Any] | None:
-    from prism_proxy.evidence import BlockEvidence
-    from prism_proxy.extraction import ALL_LAYOUTS
-    from prism_proxy.prompts import find_documents
+    from prism_proxy.prompts.evidence import BlockEvidence
+    from prism_proxy.prompts.extraction import ALL_LAYOUTS
+    from prism_proxy.prompts.jobs import find_documents
 
     evidence = BlockEvidence(1 << 20)
     finding = find_documents(
@@ -192,14 +192,9 @@ def _turns(forwarded: dict[str, Any]) -> dict[str, Any]:
     """A chat's turns (`conversation.find_turns`): where its messages end, in tokens of
     the builtin tokenizer (the served model's tokenizer moves the numbers, not the
     message ends)."""
-    from prism_proxy.conversation import (
-        NotRenderable,
-        content_format,
-        find_turns,
-        template_messages,
-        template_tools,
-    )
-    from prism_proxy.tokenizer import ChatTemplateError, load_tokenizer
+    from prism_proxy.prompts.conversation import find_turns
+    from prism_tokens.chat import NotRenderable, content_format, template_messages, template_tools
+    from prism_tokens.tokenizer import ChatTemplateError, load_tokenizer
 
     tokenizer = load_tokenizer()
     try:

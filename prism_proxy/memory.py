@@ -1,4 +1,4 @@
-"""Give freed heap memory back to the OS after a large request (issue 12).
+"""Give freed heap memory back to the OS after a large request.
 
 A large prompt is parsed, tokenized (in a worker thread) and serialized in a few
 hundred MB of short-lived allocations. CPython and the tokenizer free them, but glibc

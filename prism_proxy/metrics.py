@@ -53,7 +53,7 @@ class ProxyMetrics:
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
         """`metric.labels(*values)`, looked up once per label set: `labels()` costs about
-        1 µs a call and the token path makes seven per request (issue 14)."""
+        1 µs a call and the token path makes seven per request."""
         key = (metric, values)
         found = self._children.get(key)
         if found is None:
@@ -103,7 +103,7 @@ class ProxyMetrics:
                 registry=r,
             ),
             prefill_batch=Gauge(
-                "prism:prefill_batch_limit",
+                "prism:prefill_batch",
                 "B: released requests allowed to wait for their first token at once",
                 registry=r,
             ),
@@ -166,7 +166,7 @@ CacheStats = Mapping[str, int]  # entries, bytes, capacity_bytes; hits, misses i
 
 class CacheCollector(Collector):
     """Every cache the proxy keeps, read when Prometheus scrapes (no cost per request):
-    `cache` is `chat_pieces` (rendered chats, `prism_proxy.chat_pieces`), `segments` and
+    `cache` is `chat_pieces` (rendered chats, `prism_tokens.chat_pieces`), `segments` and
     `heads` (the serializer's token ids, SPEC §1) or `view` (the policy's view of
     dispatched prompts, SPEC §5). Each is bounded in bytes by a setting."""
 

@@ -86,7 +86,7 @@ class ChatCompletionIn(_Lenient):
     rid: str | None = None
     priority: int | None = None
     # SGLang's `sampling_params.custom_params`: where DART's anchors ride on this
-    # endpoint (`backend_plugin.dart.anchors.CUSTOM_PARAMS_KEY`).
+    # endpoint (`prism_wire.CUSTOM_PARAMS_KEY`).
     custom_params: dict[str, Any] | None = None
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 

@@ -74,5 +74,5 @@ class SchedulerStats:
     processed_prefill_tokens: int = 0  # uncached tokens prefilled (HRRN's token clock)
     kv_overcommit_tokens: int = 0  # allocations the pool could not cover (should stay 0)
     last_prefill_hit_rate: float = 0.0
-    prefill_batches: int = 0
+    prefill_steps: int = 0
     decode_steps: int = 0

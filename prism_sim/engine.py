@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prism_proxy.tokenizer import Tokenizer, load_tokenizer
 from prism_sim.engine_loop import EngineLoop
 from prism_sim.extensions import load_extension
 from prism_sim.metrics import EngineMetrics
@@ -21,6 +20,7 @@ from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest
 from prism_sim.scheduler import InsertHook, Scheduler, SchedulerConfig
 from prism_sim.time_model import DEFAULT_PROFILE, Profile, load_profile
+from prism_tokens.tokenizer import Tokenizer, load_tokenizer
 
 FILLER_TEXT = (
     " The quick brown fox jumps over the lazy dog while the river runs past the old mill"

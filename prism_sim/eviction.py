@@ -13,12 +13,17 @@ given to `make_eviction_strategy`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from prism_sim.radix_cache import TreeNode
+from typing import Any, Protocol, runtime_checkable
 
 EvictionKey = float | tuple[Any, ...]
+
+
+class TreeNode(Protocol):
+    """What a strategy reads of a radix node (`prism_sim.radix_cache.TreeNode`); plugins
+    read their own attributes too."""
+
+    last_access_time: float
+    hit_count: int
 
 
 @runtime_checkable

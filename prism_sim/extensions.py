@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from prism_sim.radix_cache import RadixCache
     from prism_sim.request import SimRequest
 
-# The DART module lives in the backend plugin package (issue 5); the simulator runs it.
+# The DART module lives in the backend plugin package; the simulator runs it.
 EXTENSION_MODULES: dict[str, str] = {
     "dart": "backend_plugin.sim_extension",
     "lru+active": "backend_plugin.sim_extension",

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from prism_proxy.conversation import content_format, template_messages, template_tools
 from prism_sim.api_models import ChatCompletionIn, CompletionIn
 from prism_sim.engine import RequestHandle, SimEngine
 from prism_sim.http_common import (
@@ -30,6 +29,7 @@ from prism_sim.http_common import (
 )
 from prism_sim.request import SimRequest
 from prism_sim.tool_calls import ForcedCall, call_id, forced_call, tool_call_json
+from prism_tokens.chat import content_format, template_messages, template_tools
 
 BodyT = TypeVar("BodyT", CompletionIn, ChatCompletionIn)
 
@@ -171,7 +171,7 @@ async def _completion_prompt(engine: SimEngine, body: CompletionIn) -> tuple[lis
 
 async def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[int], int | None]:
     """The prompt as SGLang's endpoint renders it: the template given SGLang's message
-    and tool dumps (`prism_proxy.conversation`), so tools and tool calls render too."""
+    and tool dumps (`prism_tokens.chat`), so tools and tool calls render too."""
     tokenizer = engine.tokenizer
     raw = body.raw
     try:

@@ -290,7 +290,7 @@ class Scheduler:
         self.inflight = None
         self._just_finished = []
         if batch.kind == "prefill":
-            self.stats.prefill_batches += 1
+            self.stats.prefill_steps += 1
             for part in batch.parts:
                 self._complete_prefill(part, now)
         else:

@@ -1,4 +1,4 @@
-"""Forced tool calls, emulated as SGLang 0.5.23 answers them (issue 24).
+"""Forced tool calls, emulated as SGLang 0.5.23 answers them.
 
 SGLang started with a tool-call parser answers a chat request whose `tool_choice` is
 "required" or names a function by constraining decoding to a JSON array of calls,

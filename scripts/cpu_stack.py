@@ -1,4 +1,4 @@
-"""The PRISM CPU stack end to end, without Docker (docs/deploy.md, issue 7).
+"""The PRISM CPU stack end to end, without Docker (docs/deploy.md).
 
     python scripts/cpu_stack.py [--requests 40] [--qps 40] [--speed 4] [--out FILE]
 
@@ -241,7 +241,7 @@ def replay_trace(
     from loadgen.rag_trace import RagTraceParams, build_rag_trace
     from loadgen.replay import ReplayConfig, replay
     from loadgen.trace_format import Trace
-    from prism_proxy.tokenizer import load_tokenizer
+    from prism_tokens.tokenizer import load_tokenizer
 
     params = RagTraceParams(passages=200, num_requests=requests, qps=qps, max_tokens=8)
     header, trace_requests = build_rag_trace(params, seed, load_tokenizer("builtin"), "builtin")

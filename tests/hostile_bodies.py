@@ -15,7 +15,7 @@ SP = {"max_new_tokens": 2}
 # (path, body, the `param` of the proxy's 400), on every path: the token path and
 # forwarded bodies alike.
 ENGINE_KILLERS = [
-    # issue 23's crash request, verbatim, then each variant
+    # the request that once crashed the engine, verbatim, then each variant
     (GENERATE, {"input_ids": [[1, 2, 99999]], "sampling_params": {"max_new_tokens": 2}},
      "input_ids.0.2"),
     (GENERATE, {"input_ids": [[1, 2, 3], [1, 2, 99999]]}, "input_ids.1.2"),

@@ -7,15 +7,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from prism_proxy.admission_core import AdmissionCore, QueueFullError
-from prism_proxy.pacing import BackendLimits, PrefillPacing
+from prism_proxy.admission.core import AdmissionCore, BackendLimits, PrefillPacing, QueueFullError
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import POLICIES, make_policy
 from prism_proxy.qas.types import QueuedRequest
 
 
 def _core(
-    policy: str = "fifo", batch: int = 2, backstop: int = 0, window_s: float = 0.01
+    policy: str = "fifo", batch: int = 2, backstop: int | None = None, window_s: float = 0.01
 ) -> AdmissionCore:
     return AdmissionCore(
         make_policy(policy, QasParams()),

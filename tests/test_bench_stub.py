@@ -1,5 +1,5 @@
 """The benchmark's stub backend speaks SGLang's shapes, and the proxy relays its fast
-streams exactly (issue 14): many chunks arrive in one socket read, and every one of
+streams exactly: many chunks arrive in one socket read, and every one of
 them reaches the client, in order, once."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import openai
 from proxy_support import loopback_app, running_proxy
 
 from bench.stub_backend import TOKEN_TEXT, create_app
-from prism_proxy.backend_client import parse_sse_line
+from prism_proxy.backend.client import parse_sse_line
 
 
 def _events(text: str) -> list[dict]:

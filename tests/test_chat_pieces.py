@@ -1,4 +1,4 @@
-"""Rendered chats tokenized piece by piece (issue 14): the same ids as the library's
+"""Rendered chats tokenized piece by piece: the same ids as the library's
 whole-text encode, for every tokenizer where the cut is accepted, and no cut where it
 would change the ids."""
 
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from tokenizer_dirs import LLAMA_SPECIALS, TRAIN_TEXT, write_bpe_dir, write_wordpiece_dir
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
-from prism_proxy.chat_pieces import ChatPieces
-from prism_proxy.tokenizer import Tokenizer as ProxyTokenizer
-from prism_proxy.tokenizer import load_model_dir, load_tokenizer
+from prism_tokens.chat_pieces import ChatPieces
+from prism_tokens.tokenizer import Tokenizer as ProxyTokenizer
+from prism_tokens.tokenizer import load_model_dir, load_tokenizer
 
 CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 WORDS = st.sampled_from(["user\n", "assistant\n", " ", "\n\n", "the quick", "Fox!", "é漢🙂", "12"])

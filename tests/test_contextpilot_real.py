@@ -1,4 +1,4 @@
-"""The sweep's `contextpilot-real` line (issue 25): ContextPilot 0.5.0's own server,
+"""The sweep's `contextpilot-real` line: ContextPilot 0.5.0's own server,
 pinned in `.venv-peers/contextpilot` (`make peers`), in front of prism-sim over real HTTP.
 
 * It reorders the documents of the `tool` layout, and the engine caches the prompt in
@@ -25,8 +25,8 @@ from loadgen.peer_lines import CONTEXTPILOT_REAL, check_peer_lines, run_peer_ser
 from loadgen.processes import run_server
 from loadgen.trace_format import Segment, TraceRequest
 from loadgen.variants import ALL_POLICIES, KNOWN_LINES, base_variant
-from prism_proxy.conversation import content_format, template_messages
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.chat import content_format, template_messages
+from prism_tokens.tokenizer import load_tokenizer
 
 installed = pytest.mark.skipif(
     not CONTEXTPILOT_REAL.python.exists(),

@@ -1,4 +1,4 @@
-"""Message structure as segments (`prism_proxy.conversation`, issue 24): what the
+"""Message structure as segments (`prism_proxy.prompts.conversation`): what the
 template is given, where a rendered chat is cut, and the chained turn ids.
 
 What SGLang itself gives its template is held against SGLang's own code in
@@ -11,24 +11,26 @@ import json
 
 import pytest
 
-from backend_plugin.dart.anchors import anchor_check, make_kv_hints, parse_kv_hints, request_hints
-from prism_proxy.conversation import (
+from prism_proxy.prompts.conversation import (
     MAX_CUTS,
     TURN_ID_PREFIX,
-    NotRenderable,
     chat_job,
-    content_format,
     dispatch_check,
     find_turns,
+    turns_job,
+)
+from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.extraction import ALL_LAYOUTS
+from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.chat import (
+    NotRenderable,
+    content_format,
     template_messages,
     template_tool,
     template_tools,
-    turns_job,
 )
-from prism_proxy.evidence import BlockEvidence
-from prism_proxy.extraction import ALL_LAYOUTS
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import Tokenizer, load_tokenizer
+from prism_tokens.tokenizer import Tokenizer, load_tokenizer
+from prism_wire import anchor_check, make_kv_hints, parse_kv_hints, request_hints
 
 WEATHER = {
     "type": "function",

@@ -10,7 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend_plugin.config import ControlConfig, ControlConfigError, load_config
 from backend_plugin.control_rpc import ControlThread, start_control_site
-from backend_plugin.dart import AnchorKind, DartCore, NodeMeta, system_owner
+from backend_plugin.dart import DartCore, NodeMeta
+from prism_wire import AnchorKind, system_owner
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -125,7 +126,7 @@ async def test_stats_and_metrics_report_evictions_by_class(rpc):
 
 
 async def test_a_head_is_ranked_by_its_pushed_entry_and_shown_readably(rpc):
-    """Issue 23: the proxy pushes a head's demand under its owner ("\u0000sys:" + its
+    """The proxy pushes a head's demand under its owner ("\u0000sys:" + its
     id, JSON-escaped on the wire); stats name it `<system:ID>`."""
     core, client = rpc
     core.on_assign(None, NodeMeta(AnchorKind.SYSTEM, "9f2c", True), 8)

@@ -1,6 +1,6 @@
 """DART core on the simulator's radix tree (SPEC §3), no sglang involved.
 
-The scripted scenario: a system head S (its own owner `system_owner("h")`, issue 23),
+The scripted scenario: a system head S (its own owner `system_owner("h")`),
 segments A-D, one private suffix per request, each request = S + one segment + its
 suffix, inserted in the order A, B, C, D (so plain LRU would evict pA, A, pB, B, ...).
 Table P̂ = {A: 40, B: 10, C: 30, D: 20} with protect = 2, so F_t = {A, C}: the head has
@@ -21,21 +21,17 @@ from typing import Any
 import pytest
 
 from backend_plugin.dart import (
-    AnchorError,
-    AnchorKind,
     DartCore,
     EvictionPolicy,
     NodeMeta,
     PriorityUpdate,
     StaleEpochError,
     eviction_key,
-    make_kv_hints,
-    parse_kv_hints,
-    system_owner,
 )
 from backend_plugin.sim_extension import DartSimExtension
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest
+from prism_wire import AnchorError, AnchorKind, make_kv_hints, parse_kv_hints, system_owner
 
 SYSTEM = list(range(1000, 1008))
 SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
@@ -157,7 +153,7 @@ LEGACY_SYS = NodeMeta(AnchorKind.SYSTEM, None, True)  # a system anchor without 
         (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset(), (1, 7.0, 5.0)),
         (EvictionPolicy.DART, SEG_Z, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),  # not in table
         (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset({"A"}), (2, 7.0, 5.0)),
-        # a system head: its own table entry, no special case (issue 23)
+        # a system head: its own table entry, no special case
         (EvictionPolicy.DART, SYS, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),
         (EvictionPolicy.DART, SYS, {"A": 7.0, HEAD: 3.0}, frozenset(), (1, 3.0, 5.0)),
         (EvictionPolicy.DART, SYS, {HEAD: 3.0}, frozenset({HEAD}), (2, 3.0, 5.0)),
@@ -197,7 +193,7 @@ def test_stale_epochs_are_rejected_and_reset_restarts_them():
 
 def test_protection_is_earned_by_table_entries_heads_included():
     """F_t = the top-f resident owners with P̂ > 0; a system head is one more owner,
-    ranked by its own entry (issue 23), never by its kind."""
+    ranked by its own entry, never by its kind."""
     core = DartCore(protect=3)
     seg_b = NodeMeta(AnchorKind.SEGMENT, "B")
     for meta, tokens in ((SYS, 8), (LEGACY_SYS, 8), (SEG_A, 6), (seg_b, 6), (SEG_Z, 6)):

@@ -1,4 +1,4 @@
-"""A flood of unique system prompts must not pin the KV pool (issue 23, item 6).
+"""A flood of unique system prompts must not pin the KV pool.
 
 The twin (`loadgen.twin`) plays one trace through the proxy's real admission core and
 `PrismPolicy` (which produce every pushed table P̂_t) and prism-sim's scheduler, radix
@@ -12,7 +12,7 @@ The same trace runs under three backends:
 
 * `lru`: the plugin's plain LRU order (no table);
 * `dart`: this code: each head ranked by its own demand, F_t bounded by 25 % of the pool;
-* `old rule`: the rule before issue 23, emulated through the same interfaces: every
+* `old rule`: unbounded protection of every system head, emulated through the same interfaces: every
   system anchor without an id (all heads share one owner, as `SYSTEM_OWNER` did), that
   owner on top of every table (as its +inf did), and no cap (protect_fraction 1).
 
@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend_plugin.dart import system_owner
 from loadgen.textgen import random_words
 from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest
 from loadgen.twin import Twin, TwinSetup
-from prism_proxy.admission_core import Wave
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.admission.core import Wave
 from prism_sim.request import SimRequest
+from prism_tokens.tokenizer import load_tokenizer
+from prism_wire import system_owner
 
 CAPACITY_TOKENS = 12_000
 DURATION_S = 30
@@ -165,4 +165,4 @@ def test_protected_tokens_stay_within_the_share_of_the_pool(runs) -> None:
     _, old_most = runs["old rule"]
     print({"dart": most, "old rule": old_most})
     assert 0 < most <= CAPACITY_TOKENS // 4
-    assert old_most > 0.9 * CAPACITY_TOKENS  # what issue 23 saw: the pool pinned
+    assert old_most > 0.9 * CAPACITY_TOKENS  # the unbounded rule pins the pool

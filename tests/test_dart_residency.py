@@ -24,16 +24,17 @@ from proxy_support import eventually, loopback_app
 
 from backend_plugin.config import ControlConfig
 from backend_plugin.control_rpc import start_control_site
-from backend_plugin.dart import AnchorKind, DartCore, NodeMeta, make_kv_hints, system_owner
+from backend_plugin.dart import DartCore, NodeMeta
 from backend_plugin.dart.residency import ResidencyLog
 from backend_plugin.sim_extension import DartSimExtension
 from loadgen.processes import free_port, run_server
-from prism_proxy.control_client import ControlClient
+from prism_proxy.backend.control import ControlClient
+from prism_proxy.backend.residency_poller import ResidencyPoller
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.qas.residency import ResidentSegments
-from prism_proxy.residency_poller import ResidencyPoller
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest
+from prism_wire import AnchorKind, make_kv_hints, system_owner
 
 TOKEN = "residency-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -93,7 +94,7 @@ class Tree:
 def test_full_then_deltas_follow_the_tree() -> None:
     tree = Tree()
     first = tree.summary()
-    assert (first.full, first.resident, first.gone, first.version) == (True, [], [], 0)
+    assert (first.full, first.resident, first.gone, first.version) == (True, (), (), 0)
     tree.insert("A")
     tree.insert("B")
     tree.insert("A")  # already resident: no transition
@@ -102,9 +103,9 @@ def test_full_then_deltas_follow_the_tree() -> None:
     assert full.generation == tree.generation and len(tree.generation) == 16
     tree.insert("C")
     delta = tree.summary(tree.generation, full.version)
-    assert (delta.full, delta.resident, delta.gone, delta.version) == (False, ["C"], [], 3)
+    assert (delta.full, delta.resident, delta.gone, delta.version) == (False, ("C",), (), 3)
     steady = tree.summary(tree.generation, delta.version)
-    assert (steady.full, steady.resident, steady.gone) == (False, [], [])
+    assert (steady.full, steady.resident, steady.gone) == (False, (), ())
     stats = tree.core.stats().as_dict()
     assert stats["segments_resident"] == 3 and stats["residency_version"] == 3
 
@@ -119,7 +120,7 @@ def test_evicted_segments_are_gone_and_the_delta_is_net() -> None:
     delta = tree.summary(tree.generation, held)
     assert not delta.full and delta.version == 7
     # Net state of each changed segment, whatever the order of its transitions.
-    assert delta.resident == ["B"] and sorted(delta.gone) == ["A", "C"]
+    assert delta.resident == ("B",) and sorted(delta.gone) == ["A", "C"]
     assert tree.core.stats().segments_resident == 1
 
 
@@ -130,7 +131,7 @@ def test_system_prompt_is_never_reported() -> None:
     tree.insert("B")
     assert tree.core.stats().annotated_tokens_resident > 6  # S is annotated and resident
     full = tree.summary()
-    assert full.resident == ["B"] and system_owner("h") not in full.resident
+    assert full.resident == ("B",) and system_owner("h") not in full.resident
     assert full.version == 3  # A in, A out, B in: S's own comings and goings are not steps
     assert system_owner("h") not in tree.summary(tree.generation, 0).gone
 
@@ -150,7 +151,7 @@ def test_unanswerable_requests_get_the_full_set(generation: str | None, since: i
     tree.insert("B")
     own = tree.generation if generation == "<own>" else generation
     answer = tree.summary(own, since)
-    assert answer.full and sorted(answer.resident) == ["A", "B"] and answer.gone == []
+    assert answer.full and sorted(answer.resident) == ["A", "B"] and answer.gone == ()
     assert answer.version == 2 and answer.generation == tree.generation
 
 
@@ -176,10 +177,10 @@ def test_a_flush_clears_residency_in_one_step() -> None:
     tree.cache.reset()  # what /flush_cache does
     tree.insert(None)  # the extension notices the new root at its next insertion
     after = tree.summary(tree.generation, held)
-    assert after.full and after.resident == [] and after.version == 3
+    assert after.full and after.resident == () and after.version == 3
     tree.insert("C")
     delta = tree.summary(tree.generation, 3)
-    assert (delta.full, delta.resident, delta.gone) == (False, ["C"], [])
+    assert (delta.full, delta.resident, delta.gone) == (False, ("C",), ())
 
 
 def test_a_reader_thread_following_deltas_ends_with_the_owners_set() -> None:

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backend_plugin.dart import make_kv_hints
 from loadgen.processes import free_port, run_server
+from prism_wire import make_kv_hints
 
 TOKEN = "sim-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -120,8 +120,8 @@ def test_sim_refuses_an_unauthenticated_control_rpc(tmp_path):
 def test_engine_counts_a_request_in_a_t_until_it_finishes():
     """`lru+active` inside `SimEngine`: a_t rises at the first insertion of an anchored
     request and falls when the scheduler finishes it (the engine's `on_finish` hook)."""
-    from prism_proxy.tokenizer import load_tokenizer
     from prism_sim.engine import SimConfig, SimEngine
+    from prism_tokens.tokenizer import load_tokenizer
 
     engine = SimEngine(SimConfig(eviction="lru+active"), tokenizer=load_tokenizer(None))
     core = engine.extension.core

@@ -1,5 +1,5 @@
 """The compose files validate with `docker-compose config` and wire the stack as
-docs/deploy.md says (issue 7); the Dockerfiles ship every package of the project."""
+docs/deploy.md says; the Dockerfiles ship every package of the project."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Grafana dashboard and its provisioning are consistent (issue 7). That every metric
+"""The Grafana dashboard and its provisioning are consistent. That every metric
 the dashboard queries is exported is checked against live processes in
 tests/test_deploy_stack.py."""
 

@@ -1,5 +1,5 @@
 """The Prometheus configurations pass `promtool check config` and scrape what the compose
-files run (issue 7)."""
+files run."""
 
 from __future__ import annotations
 

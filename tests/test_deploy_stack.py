@@ -1,4 +1,4 @@
-"""The CPU stack end to end on loopback (issue 7): prism-sim (DART, control RPC with a
+"""The CPU stack end to end on loopback: prism-sim (DART, control RPC with a
 token), the proxy in front, and a real Prometheus server (Debian's binary) scraping all
 three every second, fed by a short zipf_hotspot replay through the proxy.
 

@@ -1,5 +1,5 @@
 """Blank-line blocks that are documents on their own, decided from evidence across
-requests (prism_proxy.evidence, issue 24)."""
+requests (prism_proxy.prompts.evidence)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prism_proxy.evidence import BlockEvidence, BlockRecord, block_key, is_unit, seen_with
+from prism_proxy.prompts.evidence import BlockEvidence, BlockRecord, block_key, is_unit, seen_with
 
 A, B, C = (bytes([i]) * 16 for i in (1, 2, 3))
 

@@ -1,4 +1,4 @@
-"""`prism-proxy explain` through its console script (issue 2, item 7)."""
+"""`prism-proxy explain` through its console script."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_missing_file_exits_2() -> None:
     assert result.stderr.startswith("error: input: cannot read")
 
 
-# --- a request without hints: what the proxy finds in it (issue 24) -----------------------
+# --- a request without hints: what the proxy finds in it -----------------------
 DOCS = ["The Osse flows north.", "Two bridges cross it.", "The mill is old."]
 
 

@@ -1,4 +1,4 @@
-"""Documents found inside one message's text (prism_proxy.extraction, issue 24): the
+"""Documents found inside one message's text (prism_proxy.prompts.extraction): the
 layouts of common RAG code, the exact-text invariant, and bad input."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_proxy.extraction import ALL_LAYOUTS, Extraction, extract
+from prism_proxy.prompts.extraction import ALL_LAYOUTS, Extraction, extract
 
 CERTAIN_LAYOUTS = {"xml", "numbered", "markdown"}
 

@@ -1,4 +1,4 @@
-"""Our users' clients, unmodified, pointed at the proxy (issue 24, item 3).
+"""Our users' clients, unmodified, pointed at the proxy.
 
 Each framework comes from PyPI (the `dev` extra) and is used as its documentation shows,
 with no PRISM code: only its base URL is the proxy's (a real `prism-proxy` in front of

@@ -1,4 +1,4 @@
-"""Property-based HTTP fuzz of every endpoint (issue 12): the proxy, prism-sim and the
+"""Property-based HTTP fuzz of every endpoint: the proxy, prism-sim and the
 DART control RPC, as real subprocesses on loopback. Whatever the body — random bytes,
 any JSON value (lone surrogates and deep nesting included), or a valid request with one
 field replaced by anything — every request gets exactly one complete response, and

@@ -1,13 +1,13 @@
 """sgl-model-gateway (smg 1.13.0, its PyPI wheel: `make smg-peer`) in front of three
-PRISM replicas (prism-sim + proxy each) on loopback (issue 15).
+PRISM replicas (prism-sim + proxy each) on loopback.
 
 * the probes smg sends answer from the proxies (server info with the proxy's state,
   loads with its queue);
-* with `--policy consistent_hashing` and `X-SMG-Routing-Key` (`prism_proxy.routing`),
+* with `--policy consistent_hashing` and `X-SMG-Routing-Key` (`loadgen.routing`),
   requests with the same anchor segment reach the same replica, different anchors
   spread, and the `prism` hints arrive intact (the repeat reuses the documents);
-* every key reaches the replica `prism_proxy.smg_ring.SmgRing` predicts, so a hot key's
-  sub-keys (`prism_proxy.hot_keys.spread_keys`) reach distinct replicas;
+* every key reaches the replica `loadgen.smg_ring.SmgRing` predicts, so a hot key's
+  sub-keys (`loadgen.hot_keys.spread_keys`) reach distinct replicas;
 * streaming and client errors go through smg unharmed.
 """
 
@@ -21,13 +21,13 @@ import httpx
 import pytest
 from proxy_support import proxy_config
 
+from loadgen.hot_keys import spread_keys
 from loadgen.processes import ServerProcess, run_server
+from loadgen.routing import ROUTING_KEY_HEADER, routing_headers
 from loadgen.scale_out import gateway as smg_gateway
-from prism_proxy import state
+from loadgen.smg_ring import SmgRing
 from prism_proxy.app import RunningProxy, start_proxy
-from prism_proxy.hot_keys import spread_keys
-from prism_proxy.routing import ROUTING_KEY_HEADER, routing_headers
-from prism_proxy.smg_ring import SmgRing
+from prism_proxy.edge import state
 
 REPLICAS = 3
 SIM_ARGS = ["--speed", "50", "--log-level", "warning"]

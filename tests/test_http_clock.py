@@ -1,4 +1,4 @@
-"""The connection clock (issue 23) without I/O: which limit runs out when, for event
+"""The connection clock without I/O: which limit runs out when, for event
 sequences a client can produce. Limits: headers 10 s, body 20 s, keep-alive 30 s,
 send 5 s; times are seconds since the connection opened."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from prism_proxy.http_clock import ConnectionClock, ConnectionLimits, Expiry
+from prism_proxy.edge.clock import ConnectionClock, ConnectionLimits, Expiry
 
 LIMITS = ConnectionLimits(header_s=10.0, body_s=20.0, keepalive_s=30.0, send_s=5.0)
 

@@ -1,4 +1,4 @@
-"""The proxy's HTTP/1.x server against slow and malformed clients (issue 23): raw
+"""The proxy's HTTP/1.x server against slow and malformed clients: raw
 sockets on loopback against the real proxy in front of prism-sim. Limits are set short
 per test; each timing assertion is "closed (or answered) before a generous bound and
 not before the limit"."""
@@ -21,13 +21,14 @@ import aiohttp
 import pytest
 from proxy_support import eventually, loopback_app, running_proxy
 
-from prism_proxy import http_server, state
 from prism_proxy.app import RunningProxy
 from prism_proxy.config import ConfigError, parse_listen
-from prism_proxy.http_server import FD_SLACK, fd_budget
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.edge import server as http_server
+from prism_proxy.edge import state
+from prism_proxy.edge.server import FD_SLACK, fd_budget
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app
+from prism_tokens.tokenizer import load_tokenizer
 
 BOUND_S = 5.0  # generous: an answer or close expected at a limit comes before limit + this
 EARLY_S = 0.05  # timer slack: nothing happens more than this before its limit
@@ -286,7 +287,7 @@ def test_fd_budget_raises_the_soft_limit_or_lowers_the_cap(monkeypatch, caplog) 
     # Hard limit 2048 (systemd's default soft limit is 1024): soft raised to 2048, and
     # the cap falls to what fits: (2048 - slack) / 2.
     limits.update(soft=1024, hard=2048)
-    with caplog.at_level(logging.WARNING, logger="prism_proxy.http_server"):
+    with caplog.at_level(logging.WARNING, logger="prism_proxy.edge.server"):
         assert fd_budget(4096) == (2048 - FD_SLACK) // 2
     assert limits["soft"] == 2048
     assert "serving at most" in caplog.text

@@ -1,4 +1,4 @@
-"""Each input-edge defect of issue 12, reproduced against the real servers on loopback
+"""Each input-edge defect once found, reproduced against the real servers on loopback
 (proxy in front of prism-sim, prism-sim alone, the DART control RPC): a clear 4xx, never
 a 5xx, and the one-line configuration errors."""
 
@@ -18,13 +18,13 @@ from proxy_support import loopback_app, recording_generate, running_proxy
 
 from backend_plugin.config import ControlConfig, ControlConfigError
 from backend_plugin.control_rpc import create_control_app
-from backend_plugin.dart.anchors import CUSTOM_PARAMS_KEY
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.priority import MAX_EPOCH
-from prism_proxy import state
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.edge import state
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app
+from prism_tokens.tokenizer import load_tokenizer
+from prism_wire import CUSTOM_PARAMS_KEY
 
 TOKEN = "edge-token"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -209,7 +209,7 @@ async def test_a_409_is_a_failure_and_the_proxy_resynchronises(sim_url, caplog) 
         hijack = {"epoch": MAX_EPOCH, "table": {"x": 1.0}}
         async with http.post(control_url + "/prism/priorities", json=hijack, headers=headers) as r:
             assert r.status == 200
-        caplog.set_level(logging.WARNING, logger="prism_proxy.control_client")
+        caplog.set_level(logging.WARNING, logger="prism_proxy.backend.control")
         async with running_proxy(
             sim_url, control_url=control_url, control_token=TOKEN, policy="prism"
         ) as proxy:

@@ -16,7 +16,7 @@ from loadgen.replay import ReplayConfig, replay
 from loadgen.summary import RequestRecord, summarize
 from loadgen.sweep import metric_totals
 from loadgen.trace_format import Trace, read_trace, write_trace
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
 
 SPEED = 4.0
 SUMMARY_KEYS = {

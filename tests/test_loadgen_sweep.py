@@ -130,7 +130,7 @@ def test_small_sweep_end_to_end(tmp_path: Path) -> None:
     # One trace per QPS, shared by both policies.
     assert len(list((out / "traces").glob("*.jsonl"))) == 1
     assert (out / "report.md").exists() and (out / "p99_ttft_vs_qps.png").exists()
-    # Each run records the settings the proxy says it ran with (issue 25) ...
+    # Each run records the settings the proxy says it ran with ...
     prism = docs["prism_qps40.json"]["variant"]["proxy_settings"]
     assert prism["policy"] == "prism" and prism["qas_variant"] == "full"
     assert prism["residency"] == "dart" and prism["control_rpc"] is True
@@ -262,7 +262,8 @@ def test_twin_over_two_seeds_through_the_cli(tmp_path: Path) -> None:
         assert doc["variant"]["seed"] == doc["trace"]["seed"] == seed
         assert doc["variant"]["twin_setup"]["seed"] == seed
     setup = docs["prism_qps40_seed1"]["variant"]["twin_setup"]
-    assert setup["policy"] == "prism" and setup["qas"]["w_c"] == 1e4 and setup["prefill_batch"] == 0
+    assert setup["policy"] == "prism" and setup["qas"]["w_c"] == 1e4
+    assert setup["prefill_batch"] is None  # automatic
     assert docs["prism_qps40_seed1"]["proxy_state"]["residency"] == "dart"
     manifest = json.loads((out / "sweep.json").read_text())
     assert manifest["seeds"] == [0, 1] and manifest["settings"]["prism"]["qas_variant"] == "full"

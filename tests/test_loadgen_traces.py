@@ -17,7 +17,7 @@ from loadgen.rag_trace import RagTraceParams, build_rag_trace
 from loadgen.sampling import zipf_weights
 from loadgen.tau2_source import tau2_root
 from loadgen.trace_format import read_trace
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
 
 # Small pool, many requests: the statistics are tight and generation stays ~1 s.
 STATS = RagTraceParams(passages=120, hot_set=20, num_requests=3000, qps=40.0)
@@ -304,8 +304,8 @@ def test_agent_trace_from_installed_tau2(tokenizer) -> None:
 def test_hit_rate_ceilings_by_hand(tokenizer, tmp_path: Path) -> None:
     from loadgen.bounds import hit_rate_ceilings
     from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest, write_trace
-    from prism_proxy.request_model import SegmentedPrompt
-    from prism_proxy.serializer import Serializer
+    from prism_proxy.api.segments import SegmentedPrompt
+    from prism_proxy.prompts.serializer import Serializer
 
     a, b, c, d = (Segment(n, f"passage {n} " * 20) for n in "abcd")
 

@@ -1,4 +1,4 @@
-"""The twin (`prism-loadgen simulate`, issue 10): deterministic, the proxy's own ids and
+"""The twin (`prism-loadgen simulate`): deterministic, the proxy's own ids and
 anchors, pacing as the core defines it, and in agreement with the real-time stack."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from loadgen.cli import main
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
 from loadgen.trace_format import Trace, read_trace
 from loadgen.twin import Twin, TwinSetup, simulate
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 

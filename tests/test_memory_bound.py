@@ -1,5 +1,5 @@
 """Distinct segments uploaded through the proxy (a real subprocess in front of prism-sim)
-grow its RSS by no more than its caches' configured bytes plus a constant (issue 23):
+grow its RSS by no more than its caches' configured bytes plus a constant:
 before the caches were bounded in bytes, each MB of distinct segments kept ~11 MB."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The time-model fit of `bench.fit_cpu_profile` (issue 16) on synthetic timings with
+"""The time-model fit of `bench.fit_cpu_profile` on synthetic timings with
 known constants: it recovers them, and keeps the quadratic term only when it is there."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The QAS admission loop with the real policies (issue 4; SPEC §2 waves)."""
+"""The QAS admission loop with the real policies (SPEC §2 waves)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import asyncio
 import pytest
 from proxy_support import eventually
 
-from prism_proxy.admission import AdmissionController, QueueFullError, ShuttingDownError
+from prism_proxy.admission.core import PrefillPacing
+from prism_proxy.admission.driver import AdmissionController, QueueFullError, ShuttingDownError
 from prism_proxy.metrics import ProxyMetrics
-from prism_proxy.pacing import PrefillPacing
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.types import QueuedRequest
 
 
 def _controller(
-    policy: str = "fifo", prefill_batch: int = 2, max_inflight: int = 0, **kwargs
+    policy: str = "fifo", prefill_batch: int = 2, max_inflight: int | None = None, **kwargs
 ) -> AdmissionController:
     settings = {"window_s": 0.001, "max_queue": 100, **kwargs}
     return AdmissionController(
@@ -46,7 +46,7 @@ async def test_waves_are_paced_by_prefill_and_release_in_fifo_order() -> None:
     assert controller.inflight == 3 and controller.pending_prefill == 2
     assert controller.queue_depth == 2
     assert _gauge(controller, "prism:pending_prefill_requests") == 2
-    assert _gauge(controller, "prism:prefill_batch_limit") == 2
+    assert _gauge(controller, "prism:prefill_batch") == 2
     assert (
         controller.metrics.registry.get_sample_value("prism:releases_total", {"lane": "cold"}) == 3
     )
@@ -74,9 +74,18 @@ async def test_run_loop_cancel_and_gauges_return_to_zero() -> None:
     done = asyncio.Event()  # holders keep their slot until the test says so
 
     async def client(rid: str, arrival: float) -> None:
-        async with controller.slot(QueuedRequest(rid=rid, arrival=arrival)):
+        """What the edge's `Admitted` block does with the controller."""
+        future = controller.admit(QueuedRequest(rid=rid, arrival=arrival))
+        try:
+            await future
+        except asyncio.CancelledError:
+            controller.withdraw(rid)
+            raise
+        try:
             order.append(rid)
             await done.wait()
+        finally:
+            controller.finish(rid)
 
     first = asyncio.create_task(client("a", 0.0))
     await eventually(lambda: order == ["a"])

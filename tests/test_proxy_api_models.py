@@ -1,11 +1,11 @@
-"""Which requests the token path serves and which go through unchanged (issue 4)."""
+"""Which requests the token path serves and which go through unchanged."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from prism_proxy.api_models import (
+from prism_proxy.api.models import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,

@@ -1,4 +1,4 @@
-"""A burst of 2,000 concurrent requests through the proxy (issue 4, "must show"):
+"""A burst of 2,000 concurrent requests through the proxy ("must show"):
 every request is answered exactly once with its own answer; nothing is lost or
 duplicated on the way to the engine; the queue and in-flight gauges return to 0."""
 
@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_metric, sim_server
 
-from prism_proxy import state
+from prism_proxy.edge import state
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)

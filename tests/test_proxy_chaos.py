@@ -1,4 +1,4 @@
-"""Chaos (issue 12): many clients, some leaving at random, while the backend is killed
+"""Chaos: many clients, some leaving at random, while the backend is killed
 and restarted under them. Every request ends exactly once (a complete answer, an error
 status, a stream closed with an error event, or the client's own departure), nothing
 hangs, and the proxy's queue, in-flight and pending-prefill counts return to 0."""
@@ -15,7 +15,7 @@ import pytest
 from proxy_support import eventually, running_proxy
 
 from loadgen.processes import free_port, spawn_server, wait_healthy
-from prism_proxy import state
+from prism_proxy.edge import state
 
 REQUESTS = 240
 SIM_ARGS = ["--speed", "10", "--log-level", "warning"]

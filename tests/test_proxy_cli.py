@@ -1,6 +1,6 @@
 """`prism-proxy serve` as a real subprocess (`python -m prism_proxy serve`): settings
 from PRISM_* variables and a config file, and a graceful shutdown that lets an
-in-flight stream finish (issue 4)."""
+in-flight stream finish."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def _wait_refused(url: str, timeout_s: float = 20.0) -> None:
 
 
 def test_sigterm_drains_an_in_flight_stream(sim, tmp_path) -> None:
-    args = ["serve", "--backend", sim.url, "--health-interval-s", "0"]
+    args = ["serve", "--backend", sim.url, "--set", "health_interval_s=0"]
     with run_server("prism_proxy", args, log_dir=tmp_path) as proxy:
         body = {
             "model": "m",
@@ -107,8 +107,8 @@ def test_tokenizer_auto_needs_a_local_model_path(sim) -> None:
 
 
 def test_tokenizer_auto_uses_the_backends_model_directory(tmp_path) -> None:
-    from prism_proxy.builtin_tokenizer import ensure_builtin
-    from prism_proxy.tokenizer import default_cache_dir
+    from prism_tokens.builtin import ensure_builtin
+    from prism_tokens.tokenizer import default_cache_dir
 
     model_dir = str(ensure_builtin(default_cache_dir()))
     with (

@@ -1,4 +1,4 @@
-"""ProxyConfig: flag > PRISM_* env > config file > default (issue 4, configuration)."""
+"""ProxyConfig: flag > PRISM_* env > config file > default (configuration)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prism_proxy.config import ConfigError, options, parse_serve_args
+from prism_proxy.config import AUTOMATIC, FLAGS, ConfigError, options, parse_serve_args
 
 
 def test_defaults_without_any_source() -> None:
@@ -36,7 +36,7 @@ def test_precedence_flag_over_env_over_file(tmp_path) -> None:
 def test_json_config_file_and_flag_path(tmp_path) -> None:
     path = tmp_path / "proxy.json"
     path.write_text(json.dumps({"max-queue": 5, "control_url": "http://127.0.0.1:1"}))
-    config = parse_serve_args(["--config", str(path), "--beta-util", "0.25"], environ={})
+    config = parse_serve_args(["--config", str(path), "--set", "beta_util=0.25"], environ={})
     assert config.max_queue == 5
     assert config.control_url == "http://127.0.0.1:1"
     assert config.qas.beta_util == 0.25
@@ -47,7 +47,7 @@ def test_json_config_file_and_flag_path(tmp_path) -> None:
     [
         ([], {"PRISM_MAX_INFLIGHT": "many"}, "max_inflight"),
         (["--policy", "lru"], {}, "policy"),
-        (["--max-inflight", "-1"], {}, "max_inflight"),
+        (["--set", "max_inflight=-1"], {}, "max_inflight"),
         ([], {"PRISM_K": "0"}, "k"),
     ],
 )
@@ -76,10 +76,18 @@ def test_docs_list_every_setting_with_its_default() -> None:
     from pathlib import Path
 
     doc = (Path(__file__).parent.parent / "docs" / "proxy.md").read_text()
-    rows = {line.split("|")[1].strip(" `"): line for line in doc.splitlines() if "| `--" in line}
+    rows = {
+        line.split("|")[1].split("`")[1]: line
+        for line in doc.splitlines()
+        if line.startswith("| `") and "`PRISM_" in line
+    }
     for option in options():
-        row = rows.get(option.flag)
-        assert row is not None, f"docs/proxy.md lacks {option.flag}"
-        assert f"`{option.env}`" in row and f"`{option.key}`" in row
-        shown = "unset" if option.default is None else f"`{option.default}`"
-        assert shown in row, f"{option.flag}: default {shown} not in docs"
+        row = rows.get(option.key)
+        assert row is not None, f"docs/proxy.md lacks {option.key}"
+        assert f"`{option.env}`" in row
+        assert (f"(`{option.flag}`)" in row) == (option.name in FLAGS), option.key
+        if option.default is None:
+            shown = "`auto`" if option.name in AUTOMATIC else "unset"
+        else:
+            shown = f"`{option.default}`"
+        assert shown in row, f"{option.key}: default {shown} not in docs"

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from proxy_support import ProxyFactory, eventually, loopback_app, proxy_factory_fixture, sim_server
 
-from backend_plugin.dart import SYSTEM_OWNER_PREFIX
 from loadgen.processes import free_port
-from prism_proxy import state
+from prism_proxy.edge import state
+from prism_wire import SYSTEM_OWNER_PREFIX
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -61,7 +61,7 @@ async def test_waves_push_dispatch_priorities(proxy_factory: ProxyFactory) -> No
                 ) as response:
                     assert response.status == 200
         await eventually(lambda: len(received) >= 2)
-        # the segments, and the chat template's head under its own owner (issue 23)
+        # the segments, and the chat template's head under its own owner
         heads = {key for body in received[:2] for key in body["table"] if key.startswith("\x00")}
         assert len(heads) == 1 and next(iter(heads)).startswith(SYSTEM_OWNER_PREFIX)
         assert [set(body["table"]) - heads for body in received[:2]] == [
@@ -106,7 +106,7 @@ def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
     with run_server("prism_sim", sim_args, log_dir=tmp_path) as backend:
         control_url = f"http://127.0.0.1:{control_port}"
         proxy_args = ["serve", "--backend", backend.url, "--control-url", control_url,
-                      "--control-token", TOKEN, "--protect", "3"]  # fmt: skip
+                      "--control-token", TOKEN, "--set", "protect=3"]  # fmt: skip
         with run_server("prism_proxy", proxy_args, log_dir=tmp_path) as proxy:
             for segments in (["alpha", "beta"], ["beta", "gamma"]):
                 response = httpx.post(
@@ -132,7 +132,7 @@ def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
 async def test_server_info_reports_the_settings_in_effect(proxy_factory: ProxyFactory) -> None:
     """GET /server_info's `prism.settings`: the QAS variant and its resolved parameters,
     pacing (fixed or automatic, with the current value), the window, the residency
-    source and the control RPC, as the proxy runs them (issue 25; a sweep stores them)."""
+    source and the control RPC, as the proxy runs them (a sweep stores them)."""
     from prism_proxy.qas.params import qas_params
 
     async with loopback_app(_control_app([])) as url:

@@ -1,4 +1,4 @@
-"""Failure behaviour of the proxy (issue 4): 400 naming the field, 413, 429 with
+"""Failure behaviour of the proxy: 400 naming the field, 413, 429 with
 Retry-After, 502 for a dead backend, client disconnects (queued → withdrawn; sent →
 `/abort_request`), and the queue/in-flight gauges returning to 0."""
 
@@ -22,7 +22,7 @@ from proxy_support import (
 )
 
 from loadgen.processes import free_port
-from prism_proxy import state
+from prism_proxy.edge import state
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -322,7 +322,7 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
         assert registry.get_sample_value("prism:backend_up") == 1  # the startup probe
         pacing = proxy.app[state.ADMISSION].pacing
         assert (pacing.prefill_batch, pacing.backstop) == (2, 5)  # 2048 / 1024 tokens
-        assert registry.get_sample_value("prism:prefill_batch_limit") == 2
+        assert registry.get_sample_value("prism:prefill_batch") == 2
         assert registry.get_sample_value("prism:inflight_limit") == 5
         healthy[0] = False
         await eventually(lambda: registry.get_sample_value("prism:backend_up") == 0)

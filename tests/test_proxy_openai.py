@@ -1,4 +1,4 @@
-"""The real `openai` client through the proxy to the simulated engine (issue 4).
+"""The real `openai` client through the proxy to the simulated engine.
 
 Chat and completions, streaming and not, with and without `prism` hints; usage with
 cached tokens; the backend receives the token ids in the order QAS chose.
@@ -13,10 +13,10 @@ import openai
 import pytest
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_server
 
-from prism_proxy import state
-from prism_proxy.request_model import SegmentedPrompt
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.api.segments import SegmentedPrompt
+from prism_proxy.edge import state
+from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.tokenizer import load_tokenizer
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)

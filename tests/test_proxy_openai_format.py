@@ -1,10 +1,10 @@
-"""SGLang results/chunks → OpenAI objects and SSE (issue 4, data path)."""
+"""SGLang results/chunks → OpenAI objects and SSE (data path)."""
 
 from __future__ import annotations
 
 import json
 
-from prism_proxy.openai_format import (
+from prism_proxy.edge.openai_format import (
     SSE_DONE,
     ChatFormat,
     CompletionFormat,

@@ -15,11 +15,11 @@ import pytest
 from aiohttp import web
 from proxy_support import eventually, loopback_app, running_proxy
 
-from prism_proxy import state
 from prism_proxy.app import RunningProxy
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.edge import state
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
+from prism_tokens.tokenizer import load_tokenizer
 
 PROMPT = "Summarise the report on the northern river crossings."
 

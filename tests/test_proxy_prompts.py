@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from prism_proxy.api_models import PrismHint
-from prism_proxy.prompts import PromptError, hinted_job, private_job
-from prism_proxy.request_model import SegmentedPrompt
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.api.models import PrismHint
+from prism_proxy.api.segments import SegmentedPrompt
+from prism_proxy.prompts.jobs import PromptError, hinted_job, private_job
+from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.tokenizer import load_tokenizer
 
 HINT = {
     "system": "Answer from the documents.",

@@ -1,4 +1,4 @@
-"""The same documents in a new order, one request after the other, at low load (issue 13).
+"""The same documents in a new order, one request after the other, at low load.
 
 Through the real `openai` client, the proxy and prism-sim: with the default QAS the
 second request reuses the system prompt and every document (the canonical order lines
@@ -22,8 +22,10 @@ from proxy_support import (
 )
 
 from loadgen.processes import free_port, run_server
-from prism_proxy import state
+from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.app import start_proxy
+from prism_proxy.edge import state
+from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.alignment import canonical_key
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QasParams, qas_params
 from prism_proxy.qas.residency import (
@@ -32,9 +34,7 @@ from prism_proxy.qas.residency import (
     UnionResidency,
     ViewResidency,
 )
-from prism_proxy.request_model import SegmentedPrompt
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)

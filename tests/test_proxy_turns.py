@@ -1,4 +1,4 @@
-"""Message structure through the proxy (issue 24): an agent loop with tools, sent by the
+"""Message structure through the proxy: an agent loop with tools, sent by the
 real `openai` client with no PRISM field, to prism-sim running DART.
 
 Each call is queued with its turns (the tools' system turn as the head, each earlier
@@ -17,9 +17,10 @@ import pytest
 from proxy_support import running_proxy
 
 from loadgen.processes import ServerProcess, free_port, run_server
-from prism_proxy import state
-from prism_proxy.conversation import content_format, find_turns, template_messages, template_tools
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.edge import state
+from prism_proxy.prompts.conversation import find_turns
+from prism_tokens.chat import content_format, template_messages, template_tools
+from prism_tokens.tokenizer import load_tokenizer
 
 TOKEN = secrets.token_hex(8)
 TOOLS = [

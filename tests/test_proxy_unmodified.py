@@ -1,4 +1,4 @@
-"""Unmodified clients get PRISM (issue 24): the real `openai` client, no `prism` field,
+"""Unmodified clients get PRISM: the real `openai` client, no `prism` field,
 documents in the layouts RAG code writes, through the proxy to the simulated engine.
 
 The same documents sent again in another order come back from the engine's prefix
@@ -23,7 +23,7 @@ from proxy_support import (
 )
 
 from loadgen.apis import LAYOUTS
-from prism_proxy import state
+from prism_proxy.edge import state
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)

@@ -6,9 +6,9 @@ import tracemalloc
 
 import pytest
 
-from prism_proxy.qas.cache_view import CacheView
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
+from prism_proxy.qas.residency import CacheView
 from prism_proxy.qas.types import Lane, QueuedRequest
 
 

@@ -1,5 +1,5 @@
-"""QAS beyond the paper (issue 13): canonical ties, residency, the deadline lane; and
-the system heads' entries in DART's table (issue 23).
+"""QAS beyond the paper: canonical ties, residency, the deadline lane; and
+the system heads' entries in DART's table.
 
 Pure policy and admission-core tests; the proxy end of it is in
 `test_proxy_reorder_reuse.py`, DART's residency RPC in `test_dart_residency.py`.
@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_proxy.admission_core import AdmissionCore
-from prism_proxy.pacing import PrefillPacing
+from prism_proxy.admission.core import AdmissionCore, PrefillPacing
 from prism_proxy.qas.alignment import canonical_key
 from prism_proxy.qas.counters import head_key
 from prism_proxy.qas.params import QAS_VARIANTS, RESIDENCY_WEIGHT, QasParams, qas_params
@@ -22,11 +21,11 @@ from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import (
     PendingResidency,
-    ResidencySummary,
     ResidentSegments,
     ViewResidency,
 )
 from prism_proxy.qas.types import ActiveRequest, Lane, QueuedRequest
+from prism_wire import ResidencySummary
 
 SEGMENTS = [f"doc-{i}" for i in range(10)]
 
@@ -204,9 +203,10 @@ def test_with_one_target_an_old_request_is_never_passed_over() -> None:
     """Uniform `cold_deadline_ms`: the lane is oldest first, whatever the buckets want."""
     core = AdmissionCore(
         PrismPolicy(qas_params("deadline", {"cold_deadline_ms": 1000, "q_cold": 1})),
-        PrefillPacing(4, 0),
+        PrefillPacing(4),
         window_s=0.0,
         max_queue=100,
+        cold_deadline_s=1.0,
     )
     for i in range(12):  # hot requests keep arriving; one rare old one waits
         core.arrive(QueuedRequest(f"hot{i}", 0.1 * i, ("hot",)), 0.1 * i)
@@ -222,9 +222,10 @@ def test_with_one_target_an_old_request_is_never_passed_over() -> None:
 def test_admission_core_stamps_deadlines_from_slo_or_target() -> None:
     core = AdmissionCore(
         PrismPolicy(qas_params("deadline", {"cold_deadline_ms": 500})),
-        PrefillPacing(1, 0),
+        PrefillPacing(1),
         window_s=0.0,
         max_queue=10,
+        cold_deadline_s=qas_params("deadline", {"cold_deadline_ms": 500}).cold_deadline_s,
     )
     assert core.deadline_for(QueuedRequest("a", 10.0), 10.0) == pytest.approx(10.5)
     assert core.deadline_for(QueuedRequest("b", 10.0, ttft_slo_s=2.0), 10.0) == 12.0
@@ -235,7 +236,11 @@ def test_admission_core_stamps_deadlines_from_slo_or_target() -> None:
     assert core.prefill_s == pytest.approx(0.3)
     assert core.deadline_for(QueuedRequest("d", 1.0, ttft_slo_s=2.0), 1.0) == pytest.approx(2.7)
     paper = AdmissionCore(
-        PrismPolicy(qas_params("paper")), PrefillPacing(1, 0), window_s=0.0, max_queue=10
+        PrismPolicy(qas_params("paper")),
+        PrefillPacing(1),
+        window_s=0.0,
+        max_queue=10,
+        cold_deadline_s=qas_params("paper").cold_deadline_s,
     )
     assert paper.deadline_for(QueuedRequest("e", 0.0), 0.0) == math.inf
 
@@ -247,7 +252,7 @@ def test_every_variant_builds() -> None:
         qas_params("nope")
 
 
-# --- system heads in DART's table (issue 23) ---------------------------------------------
+# --- system heads in DART's table ---------------------------------------------
 def test_system_heads_earn_their_table_entry_by_demand() -> None:
     """A head's P̂_t counts the requests carrying it exactly as a segment's does.
 

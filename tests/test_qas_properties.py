@@ -162,7 +162,7 @@ def reference_klpm(view, queue: list[QueuedRequest], wave_size: int, k: int) -> 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(rounds(), min_size=1, max_size=4), st.integers(1, 4), st.integers(20, 2000))
 def test_klpm_incremental_matches_equal_a_full_rescan(rounds_, k, capacity) -> None:
-    from prism_proxy.qas.cache_view import CacheView
+    from prism_proxy.qas.residency import CacheView
 
     policy = make_policy("klpm", QasParams(k=k, cache_view_tokens=capacity))
     reference_view = CacheView(capacity)
@@ -178,7 +178,7 @@ def _without_heads(request: QueuedRequest) -> QueuedRequest:
 @settings(max_examples=100, deadline=None)
 @given(rounds(), st.lists(st.sampled_from(["sys-a", "sys-b", None]), max_size=4), st.booleans())
 def test_system_heads_only_add_their_own_table_entries(round_, active_heads, canonical) -> None:
-    """Issue 23: heads are counted like segments for DART's table and nowhere else. A
+    """Heads are counted like segments for DART's table and nowhere else. A
     prism round (residency off, so `prefix_key` is not otherwise read) plans exactly the
     same with or without them; every policy's table gains one entry per head,
     w_a·a_t(h) + w_n·n_t(h; B) + w_g·g_t(h) under `head_key(h)`."""

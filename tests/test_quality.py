@@ -1,4 +1,4 @@
-"""The answer-quality workload and `prism-loadgen quality` (issue 16): SQuAD scoring,
+"""The answer-quality workload and `prism-loadgen quality`: SQuAD scoring,
 the trace's shape and exact evidence, the client orders, and the harness end to end
 through a real proxy (prism-sim answers noise; the model's run is in
 docs/results/quality/)."""

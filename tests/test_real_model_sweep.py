@@ -1,4 +1,4 @@
-"""The sweep harness with a real model on the CPU server (issue 16): the server's
+"""The sweep harness with a real model on the CPU server: the server's
 arguments, the tokenizer that follows the model, and the twin-vs-real table's numbers.
 No server is started."""
 

@@ -1,4 +1,4 @@
-"""Segmented request model (SPEC §1; issue 2, item 3): validation names the field in one
+"""Segmented request model (SPEC §1): validation names the field in one
 line; limits are configurable; sampling parameters map onto SGLang's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from prism_proxy.request_model import (
+from prism_proxy.api.segments import (
     RequestError,
     RequestLimits,
     SamplingParams,
@@ -32,7 +32,7 @@ def _seg(seg_id: Any, text: Any = "t") -> dict[str, Any]:
             {"segments": [_seg("a"), _seg("b"), _seg("a")]},
             "segments: duplicate segment id 'a' at segments[2] (first at segments[0])",
         ),
-        # NUL starts DART's owners of system heads (issue 23): no segment may take one
+        # NUL starts DART's owners of system heads: no segment may take one
         ({"segments": [_seg("\x00sys:h")]}, "segments[0].id: must not start with a NUL"),
         ({"segments": [_seg(7)]}, "segments[0].id: Input should be a valid string"),
         ({"segments": [_seg("a", None)]}, "segments[0].text: Input should be a valid string"),

@@ -1,4 +1,4 @@
-"""The routing key a gateway routes replicas by, and the loads a proxy reports (issue 15)."""
+"""The routing key a gateway routes replicas by, and the loads a proxy reports."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import aiohttp
 from aiohttp import web
 from proxy_support import loopback_app
 
+from loadgen.hot_keys import spread_keys
 from loadgen.replay import ReplayConfig, replay, send_one
+from loadgen.routing import ROUTING_KEY_HEADER, anchor_segment, routing_headers
+from loadgen.smg_ring import SmgRing
 from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest
-from prism_proxy.hot_keys import spread_keys
-from prism_proxy.probes import with_proxy_queue
+from prism_proxy.edge.probes import with_proxy_queue
 from prism_proxy.qas.alignment import canonical_key
-from prism_proxy.routing import ROUTING_KEY_HEADER, anchor_segment, routing_headers
-from prism_proxy.smg_ring import SmgRing
 
 
 def test_anchor_is_the_most_popular_segment_else_the_canonical_first() -> None:

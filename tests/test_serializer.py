@@ -1,4 +1,4 @@
-"""Serializer (SPEC §1; issue 2, item 4): per-piece tokenization, exact anchors, shared
+"""Serializer (SPEC §1): per-piece tokenization, exact anchors, shared
 prefixes, reordering and the segment cache, for three kinds of tokenizer: the builtin
 byte-level BPE (ChatML), a model directory with a Llama-like template, and a WordPiece
 with whitespace pre-tokenization (which drops the separator entirely)."""
@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizer_dirs import write_bpe_dir, write_wordpiece_dir
 
-from prism_proxy.request_model import Segment, SegmentedPrompt
-from prism_proxy.serializer import (
+from prism_proxy.api.segments import Segment, SegmentedPrompt
+from prism_proxy.prompts.serializer import (
     SEGMENT_SEPARATOR,
     SerializationError,
     SerializedPrompt,
     Serializer,
     prefix_key_of,
 )
-from prism_proxy.tokenizer import ChatTemplateError, Tokenizer, load_model_dir, load_tokenizer
+from prism_tokens.tokenizer import ChatTemplateError, Tokenizer, load_model_dir, load_tokenizer
 
 TEST_SENTINEL = "\x00test-sentinel\x00"
 
@@ -93,7 +93,7 @@ def test_anchors_are_exact(
         pieces = [tok.encode(p) for p in _pieces(tok, prompt, order, chat)]
         assert out.input_ids == [t for piece in pieces for t in piece]
         kinds = ["system", *(["segment"] * len(order)), "private"]
-        # the system anchor names its head by prefix_key (DART's per-head owner, issue 23)
+        # the system anchor names its head by prefix_key (DART's per-head owner)
         owners = [prefix_key_of(pieces[0]), *order, None]
         expected, offset = [], 0
         for piece, kind, owner in zip(pieces, kinds, owners, strict=True):

@@ -20,9 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.processes import run_server
-from prism_proxy.tokenizer import Tokenizer, load_tokenizer
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
+from prism_tokens.tokenizer import Tokenizer, load_tokenizer
 
 SPEED = 200.0
 
@@ -403,7 +403,7 @@ async def test_incremental_streaming_output(tokenizer: Tokenizer) -> None:
 
 
 async def test_model_info_reports_the_tokenizer_directory(tmp_path) -> None:
-    from prism_proxy.builtin_tokenizer import ensure_builtin
+    from prism_tokens.builtin import ensure_builtin
 
     model_dir = str(ensure_builtin(tmp_path))
     config = SimConfig(speed=SPEED, tokenizer=model_dir, served_model_name="my-model")

@@ -12,11 +12,11 @@ import aiohttp
 import openai
 import pytest
 
-from prism_proxy.tokenizer import load_tokenizer
 from prism_sim.api_models import FunctionIn, ToolChoiceFunction, ToolChoiceIn, ToolIn
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
 from prism_sim.tool_calls import forced_call, placeholder
+from prism_tokens.tokenizer import load_tokenizer
 
 LOOKUP = {
     "type": "function",

@@ -1,4 +1,4 @@
-"""Tokenizer loading (issue 2, item 4): the builtin tokenizer's determinism, caching and
+"""Tokenizer loading: the builtin tokenizer's determinism, caching and
 granularity; model directories with chat templates rendered the Hugging Face way."""
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizer_dirs import write_bpe_dir, write_wordpiece_dir
 
-from prism_proxy import builtin_tokenizer
-from prism_proxy.builtin_corpus import CORPUS_SEED, corpus
-from prism_proxy.tokenizer import ChatTemplateError, Tokenizer, load_model_dir, load_tokenizer
+from prism_tokens import builtin as builtin_tokenizer
+from prism_tokens.builtin_corpus import CORPUS_SEED, corpus
+from prism_tokens.tokenizer import ChatTemplateError, Tokenizer, load_model_dir, load_tokenizer
 
 FIXED_TEXT = "PRISM keeps the hot documents resident; QAS releases 1,024 requests in waves."
 
 _BUILD = """
 import json, sys
 from pathlib import Path
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
 tok = load_tokenizer("builtin", cache_dir=Path(sys.argv[1]))
 print(json.dumps(tok.encode(sys.argv[2])))
 """

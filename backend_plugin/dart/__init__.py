@@ -1,17 +1,6 @@
 """DART, the Demand-Aware Radix Tree (SPEC §3): pure Python, never imports sglang, so
 the SGLang plugin and the simulated engine run the very same code."""
 
-from backend_plugin.dart.anchors import (
-    SYSTEM_OWNER_PREFIX,
-    Anchor,
-    AnchorError,
-    AnchorHints,
-    AnchorKind,
-    display_owner,
-    make_kv_hints,
-    parse_kv_hints,
-    system_owner,
-)
 from backend_plugin.dart.core import DartCore, DartStats
 from backend_plugin.dart.keys import (
     EvictionClass,
@@ -24,11 +13,6 @@ from backend_plugin.dart.tree import META_ATTR, DartStrategy, TreeAdapter, place
 
 __all__ = [
     "META_ATTR",
-    "SYSTEM_OWNER_PREFIX",
-    "Anchor",
-    "AnchorError",
-    "AnchorHints",
-    "AnchorKind",
     "DartCore",
     "DartStats",
     "DartStrategy",
@@ -39,10 +23,6 @@ __all__ = [
     "StaleEpochError",
     "TreeAdapter",
     "UpdateInbox",
-    "display_owner",
     "eviction_key",
-    "make_kv_hints",
-    "parse_kv_hints",
     "place_anchors",
-    "system_owner",
 ]

@@ -7,7 +7,7 @@ Threading: only the thread that owns the tree calls the methods below, except
 inbox take effect at `apply_pending()`, which the owner calls between tree operations
 (the start of each insert and eviction).
 
-Protection set F_t (SPEC §3, bounded on purpose, issue 23): rank the resident owners
+Protection set F_t (SPEC §3, bounded on purpose): rank the resident owners
 (segments and system heads alike) with P̂_t > 0 by (P̂_t, owner), highest first; F_t is
 the longest prefix of that ranking that has at most `protect` owners and whose resident
 tokens total at most `protect_fraction` x the pool's capacity (`protect_cap_tokens`;
@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from backend_plugin.dart.anchors import AnchorHints, display_owner, is_system_owner
 from backend_plugin.dart.keys import (
     EvictionClass,
     EvictionPolicy,
@@ -59,7 +58,8 @@ from backend_plugin.dart.priority import (
     Reset,
     UpdateInbox,
 )
-from backend_plugin.dart.residency import ResidencyLog, ResidencyReport
+from backend_plugin.dart.residency import ResidencyLog
+from prism_wire import AnchorHints, ResidencySummary, display_owner, is_system_owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +290,7 @@ class DartCore:
         self._protected, self._floor, self._dirty = frozenset(), None, False
         self.residency.clear()
 
-    def residency_summary(self, generation: str | None, since: int | None) -> ResidencyReport:
+    def residency_summary(self, generation: str | None, since: int | None) -> ResidencySummary:
         """Resident segments for the proxy: a delta since `since` when `generation`
         names this core and `since` is still answerable, else the full set (any thread)."""
         return self.residency.summary(generation, since)

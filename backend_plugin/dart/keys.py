@@ -15,7 +15,7 @@ Every owner is ranked the same way: a segment by its id, a system head by its ow
 owner `system_owner(head id)` (anchors.py), each with its table entry P̂_t; an owner
 missing from the table has P̂_t = 0.
 
-Deviation from SPEC §3 on purpose (issue 23): SPEC says the system prompt counts as a
+Deviation from SPEC §3 on purpose: SPEC says the system prompt counts as a
 segment "whose priority is always the highest". With that rule every system head was
 protected whatever its demand, so a client sending ~1.75 req/s of unique 16k-character
 system prompts pinned 414k of a 432k-token pool and a steady client's hit ratio fell
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from backend_plugin.dart.anchors import AnchorKind, system_owner
+from prism_wire import AnchorKind, system_owner
 
 
 class EvictionPolicy(StrEnum):

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-DEFAULT_PROTECT = 8
-# F_t's resident tokens stay within this share of the KV pool (issue 23). A quarter
+from prism_wire import DEFAULT_PROTECT, MAX_EPOCH
+
+# F_t's resident tokens stay within this share of the KV pool. A quarter
 # leaves three quarters for the running batch (whose paths are locked anyway) and for
 # reuse ordered by (class, P̂, last); and it seldom binds in normal use: f = 8 owners
 # fill a quarter of a 432k-token pool only at 13.5k resident tokens each on average,
@@ -25,9 +26,6 @@ DEFAULT_PROTECT = 8
 # head of tens of thousands of tokens, a segment resident on many paths), which is
 # exactly when unbounded protection would starve everything else.
 DEFAULT_PROTECT_FRACTION = 0.25
-# Epochs are integers in [0, MAX_EPOCH] (2**53 - 1: exact in every JSON parser). The
-# proxy starts from the wall clock in milliseconds (~1.8e12), far below.
-MAX_EPOCH = 2**53 - 1
 
 
 class StaleEpochError(ValueError):

@@ -25,32 +25,10 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+
+from prism_wire import ResidencySummary
 
 DEFAULT_MAX_ENTRIES = 1 << 17
-
-
-@dataclass(frozen=True, slots=True)
-class ResidencyReport:
-    """One answer of `GET /prism/residency` (the proxy decodes it as its own
-    `prism_proxy.qas.residency.ResidencySummary`). `full`: `resident` is the whole set
-    and `gone` is empty; otherwise both list the segments changed after `since`."""
-
-    generation: str
-    version: int
-    full: bool
-    resident: list[str]
-    gone: list[str]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "generation": self.generation,
-            "version": self.version,
-            "full": self.full,
-            "resident": self.resident,
-            "gone": self.gone,
-        }
 
 
 class ResidencyLog:
@@ -103,7 +81,7 @@ class ResidencyLog:
         """Number of resident segments."""
         return len(self._resident)
 
-    def summary(self, generation: str | None, since: int | None) -> ResidencyReport:
+    def summary(self, generation: str | None, since: int | None) -> ResidencySummary:
         """A delta since `since` if `generation` is this log's and `since` is
         answerable, else the full set."""
         with self._lock:
@@ -113,7 +91,7 @@ class ResidencyLog:
                 or since is None
                 or not (self._horizon <= since <= version)
             ):
-                return ResidencyReport(self.generation, version, True, list(self._resident), [])
+                return ResidencySummary(self.generation, version, True, tuple(self._resident))
             resident: list[str] = []
             gone: list[str] = []
             now = self._resident
@@ -121,4 +99,4 @@ class ResidencyLog:
                 if changed <= since:
                     break
                 (resident if segment in now else gone).append(segment)
-            return ResidencyReport(self.generation, version, False, resident, gone)
+            return ResidencySummary(self.generation, version, False, tuple(resident), tuple(gone))

@@ -25,9 +25,9 @@ import bisect
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from backend_plugin.dart.anchors import AnchorHints
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import EvictionPolicy, NodeMeta
+from prism_wire import AnchorHints
 
 NodeT = TypeVar("NodeT")
 

@@ -174,7 +174,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "short",
                 (
                     ("pending prefill", "sum(prism:pending_prefill_requests)"),
-                    ("B (limit)", "max(prism:prefill_batch_limit)"),
+                    ("B (limit)", "max(prism:prefill_batch)"),
                     ("backstop", "max(prism:inflight_limit)"),
                 ),
                 "Released requests still waiting for their first token against B (SPEC §2"

@@ -67,7 +67,7 @@ twin() {
   done
   prism-loadgen simulate --qas paper --out runs/q-cold --policies prism --q-cold 0,4,8 --qps $LOADS
   prism-loadgen simulate --qas paper --out runs/b-sens --policies fifo,contextpilot-style,prism \
-    --prefill-batches 4,6,8,12,16,24 --qps $LOADS
+    --prefill-batch 4,6,8,12,16,24 --qps $LOADS
   for h in 1 2 3 5 -1; do
     prism-loadgen simulate --qas paper --out runs/hot-count$h --hot-count=$h --qps $LOADS
   done

@@ -1,4 +1,4 @@
-"""The document orders the answer-quality run compares (issue 16): pure functions.
+"""The document orders the answer-quality run compares: pure functions.
 
 * `fifo`: the client's order (the trace's, a shuffle), kept by the proxy's `fifo` policy;
 * `fifo-rerun`: `fifo` again on a fresh engine: the run-to-run noise (batches form

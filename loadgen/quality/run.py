@@ -16,7 +16,7 @@ client's own text. Each answer is scored against its references (SQuAD F1 and EM
 paired difference against `fifo` over the same questions, how many answers changed,
 and the exact-prefix hit rate (cached / prompt tokens from the responses' usage).
 
-`--engine sglang-cpu` is an unmodified SGLang on this CPU (`backend_plugin.cpu_server.
+`--engine sglang-cpu` is an unmodified SGLang on this CPU (`sglang_cpu.
 serve`, in `.venv-sglang`) serving SmolLM2-135M-Instruct (`--model smollm2`; the tiny
 test model answers noise). `--engine sim` is prism-sim, whose answers are noise too:
 it checks the harness.
@@ -98,7 +98,7 @@ def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerP
         )
     else:
         args = ["--model", config.model, "--max-total-tokens", str(KV_TOKENS), *control]
-        engine = ("backend_plugin.cpu_server.serve", args, config.sglang_python, 300.0)
+        engine = ("sglang_cpu.serve", args, config.sglang_python, 300.0)
     module, args, python, timeout_s = engine
     with run_server(
         module,

@@ -1,4 +1,4 @@
-"""answer_quality: a RAG trace with reference answers, of zipf_hotspot's shape (issue 16).
+"""answer_quality: a RAG trace with reference answers, of zipf_hotspot's shape.
 
 Each request asks one question about the invented world of `world.py` and carries `k`
 retrieved passages: the passage that answers it, sometimes a second one that states the

@@ -1,4 +1,4 @@
-"""A small invented world whose facts the answer-quality workload asks about (issue 16).
+"""A small invented world whose facts the answer-quality workload asks about.
 
 Four kinds of entity, all with made-up names (so a model cannot answer from what it
 learnt in training, only from the passages): rivers, towns, people and mountains. Each

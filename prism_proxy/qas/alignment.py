@@ -4,7 +4,7 @@ Both are per request: O(m log f_front) and O(m log κ) for a skeleton of m segme
 
 Ties. The paper breaks equal priorities by position, so a lone request (every segment
 tied) keeps the client's order, and the same documents in another order share nothing.
-With `canonical` ties (issue 13) they break by `canonical_key`, a stable global order of
+With `canonical` ties they break by `canonical_key`, a stable global order of
 segment ids, and the segments after the front follow that order too: any order of the
 same set aligns to the same skeleton. The key is a hash, not the id's spelling, so the
 order carries no meaning a trace could line up with.

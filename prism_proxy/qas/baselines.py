@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prism_proxy.qas.cache_view import CacheView
 from prism_proxy.qas.counters import SegmentCounters
 from prism_proxy.qas.params import QasParams
-from prism_proxy.qas.round import fifo_order
+from prism_proxy.qas.residency import CacheView
 from prism_proxy.qas.types import (
     ActiveRequest,
     BucketView,
@@ -27,6 +26,7 @@ from prism_proxy.qas.types import (
     QueuedRequest,
     RoundPlan,
     WaveEntry,
+    fifo_order,
 )
 
 

@@ -1,4 +1,4 @@
-"""Signature buckets and their scores (SPEC §2, bucket score).
+"""Signature buckets, their scores (SPEC §2, bucket score), and the wave drawn from them.
 
 With R_b the distinct segments of bucket b, T[b] its queued requests (FIFO) and
 B_hot_b the first min(|T[b]|, M − q_cold) of them:
@@ -9,15 +9,32 @@ B_hot_b the first min(|T[b]|, M − q_cold) of them:
 Every segment of a request in B_hot_b lies in R_b, so
 Σ_{r ∈ R_b} n_t(r; B_hot_b) = Σ_{q ∈ B_hot_b} |R(q)|: one pass over the bucket's
 segment occurrences scores it, O(S) for the whole round.
+
+The dispatch wave's hot and cold lanes (SPEC §2, dispatch wave), filled from the buckets:
+
+    wave of M slots
+    ┌──────────── hot: M − q_cold ────────────┬── cold: q_cold ──┐
+    │ bucket 1 (FIFO) │ bucket 2 │ …          │ oldest unchosen  │
+    └─────────────────────────────────────────┴──────────────────┘
+
+Unused hot slots go to the cold lane (which takes the oldest requests not chosen); the
+cold lane can only run short when the queue is exhausted, so the wave always holds
+min(M, |queue|) requests.
+
+Deadline lane: requests past their admission deadline (`urgent`, earliest
+deadline first) head the cold lane, ahead of the FIFO order; the caller grows q_cold
+while they wait (`QasParams.cold_quota`). With one deadline target for all, earliest
+deadline first is oldest first, so the deadline lane never passes over an older request.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prism_proxy.qas.counters import SegmentCounters
+from prism_proxy.qas.types import Lane, WaveEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +95,33 @@ def scan_order(buckets: list[Bucket], counters: SegmentCounters, hot_capacity: i
     for bucket in buckets:
         bucket.score, _ = bucket_score(bucket, counters, hot_capacity)
     return sorted(buckets, key=lambda b: (-b.score, b.oldest_rank))
+
+
+def fill_wave(
+    fifo: Sequence[Member],
+    scan: Sequence[Bucket],
+    wave_size: int,
+    q_cold: int,
+    urgent: Sequence[Member] = (),
+) -> list[WaveEntry]:
+    """Release order: hot lane bucket by bucket, then the cold lane: `urgent` first (in
+    the order given), then the oldest."""
+    wave_size = max(0, wave_size)
+    hot_capacity = max(0, wave_size - q_cold)
+    chosen: set[str] = set()
+    wave: list[WaveEntry] = []
+    for bucket in scan:
+        for member in bucket.members:
+            if len(wave) >= hot_capacity:
+                break
+            wave.append(WaveEntry(member.rid, Lane.HOT))
+            chosen.add(member.rid)
+        if len(wave) >= hot_capacity:
+            break
+    for member in (*urgent, *fifo):
+        if len(wave) >= wave_size:
+            break
+        if member.rid not in chosen:
+            wave.append(WaveEntry(member.rid, Lane.COLD))
+            chosen.add(member.rid)
+    return wave

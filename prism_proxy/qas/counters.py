@@ -3,7 +3,7 @@
     g_t(r)    = |{q ∈ Q_queue  : r ∈ R(q)}|
     a_t(r)    = |{q ∈ Q_active : r ∈ R(q)}|
     n_t(r; B) = |{q ∈ B        : r ∈ R(q)}|
-    c_t(r)    = 1 if r is resident in the backend's cache, else 0   (issue 13)
+    c_t(r)    = 1 if r is resident in the backend's cache, else 0
     P_t(r; B) = w_a·a_t(r) + w_n·n_t(r; B) + w_c·c_t(r) + w_g·g_t(r)
 
 Raw counts rank within one round only; they are never compared across rounds. The
@@ -11,7 +11,7 @@ paper's P_t is the case w_c = 0. DART's table P̂_t leaves c_t out: DART knows r
 better than the proxy, and a bonus shared by every resident segment would not change
 its order.
 
-System heads (issue 23, a deviation from SPEC §3, whose system prompt ranks "always the
+System heads (a deviation from SPEC §3, whose system prompt ranks "always the
 highest"): each head h (a request's `QueuedRequest.head`) is counted exactly like a
 segment, a_t(h), n_t(h; B), g_t(h) over the requests that carry it, and
 w_a·a_t(h) + w_n·n_t(h; B) + w_g·g_t(h) joins DART's table under the head's DART owner
@@ -25,9 +25,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from backend_plugin.dart.anchors import system_owner
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.types import ActiveRequest, QueuedRequest
+from prism_wire import system_owner
 
 
 def count_segments(skeletons: Iterable[Sequence[str]]) -> Counter[str]:

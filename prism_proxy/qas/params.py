@@ -21,7 +21,7 @@ class QasParams:
     * `cache_view_bytes`: the memory that view may take in the proxy, whatever the
       tokens (many one-token segments with long ids would otherwise cost far more).
 
-    Beyond the paper (issue 13; `paper` in `QAS_VARIANTS` turns all three off):
+    Beyond the paper (`paper` in `QAS_VARIANTS` turns all three off):
 
     * `canonical_ties`: equal priorities break by a stable global order of segment ids
       (`canonical_key`), not by position.
@@ -67,6 +67,11 @@ class QasParams:
         deadline: q_cold, grown to cover them up to ⌊cold_max_fraction · M⌋."""
         ceiling = max(self.q_cold, int(self.cold_max_fraction * wave_size))
         return min(max(self.q_cold, overdue), ceiling)
+
+    @property
+    def cold_deadline_s(self) -> float | None:
+        """The admission wait after which a request is late, in seconds (None: off)."""
+        return self.cold_deadline_ms / 1000.0 if self.cold_deadline_ms > 0 else None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

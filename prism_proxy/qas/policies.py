@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from prism_proxy.qas.baselines import ContextPilotStylePolicy, FifoPolicy, KlpmPolicy
-from prism_proxy.qas.cache_view import CacheView
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.prism import PrismPolicy
+from prism_proxy.qas.residency import CacheView
 from prism_proxy.qas.types import ActiveRequest, QueuedRequest, RoundPlan
 
 

@@ -1,7 +1,7 @@
 """The PRISM policy: one QAS round (SPEC §2) and the DART table P̂_t (SPEC §3), system
-heads included (issue 23, `counters.head_priorities`).
+heads included (`counters.head_priorities`).
 
-Beyond the paper (issue 13, each switchable in `QasParams`): canonical tie-breaking,
+Beyond the paper (each switchable in `QasParams`): canonical tie-breaking,
 residency c_t in P_t, and a deadline lane at the head of the cold lane.
 
 With residency on, a request's skeleton starts with its **cached path**: the longest
@@ -18,15 +18,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from prism_proxy.qas.alignment import front_align, signature
-from prism_proxy.qas.buckets import Member, group_by_signature, scan_order
-from prism_proxy.qas.cache_view import CacheView
-from prism_proxy.qas.cache_view import ViewNode as CacheViewNode
+from prism_proxy.qas.buckets import Member, fill_wave, group_by_signature, scan_order
 from prism_proxy.qas.counters import SegmentCounters
 from prism_proxy.qas.params import QasParams
-from prism_proxy.qas.residency import NoResidency, PendingResidency, Residency, ViewResidency
-from prism_proxy.qas.round import fifo_order
-from prism_proxy.qas.types import ActiveRequest, BucketView, QueuedRequest, RoundPlan
-from prism_proxy.qas.wave import fill_wave
+from prism_proxy.qas.residency import (
+    CacheView,
+    NoResidency,
+    PendingResidency,
+    Residency,
+    ViewResidency,
+)
+from prism_proxy.qas.residency import ViewNode as CacheViewNode
+from prism_proxy.qas.types import ActiveRequest, BucketView, QueuedRequest, RoundPlan, fifo_order
 
 # The signature of requests grouped only by the client's hint (`QueuedRequest.group`): a
 # namespace no segment id enters (NUL first).

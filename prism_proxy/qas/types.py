@@ -7,6 +7,7 @@ and return a `RoundPlan`. Time enters only through each request's `arrival`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -36,7 +37,7 @@ class QueuedRequest:
     could not justify) keep their relative order, and a leading run of `pinned` ones
     their place in front (`split_fixed`).
 
-    `head` names the request's system head for DART's table (issue 23; its entry is
+    `head` names the request's system head for DART's table (its entry is
     keyed `counters.head_key(head)`): the `prefix_key` when the head has tokens, None
     when there is no head (an unhinted, private request, or an empty head).
 
@@ -126,3 +127,8 @@ class RoundPlan:
     buckets: list[BucketView] = field(default_factory=list)
     wave: list[WaveEntry] = field(default_factory=list)
     dispatch_priorities: dict[str, float] = field(default_factory=dict)
+
+
+def fifo_order(queue: Sequence[QueuedRequest]) -> list[QueuedRequest]:
+    """Queue in arrival order; equal arrivals keep their input order (stable)."""
+    return sorted(queue, key=lambda q: q.arrival)

@@ -24,7 +24,7 @@ collect_ignore_glob: list[str] = []
 if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("torch") is None:
     collect_ignore_glob = ["test_*.py"]
 else:
-    from backend_plugin.cpu_server import torchvision_shim
+    from sglang_cpu import torchvision_shim
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,6 +1,6 @@
-"""Real, unmodified SGLang 0.5.23 servers on this CPU for the end-to-end tests (issue 11).
+"""Real, unmodified SGLang 0.5.23 servers on this CPU for the end-to-end tests.
 
-Each server is `python -m backend_plugin.cpu_server.serve` (the tiny model, the DART
+Each server is `python -m sglang_cpu.serve` (the tiny model, the DART
 plugin, the control RPC), started once per test session, all at once so their ~25 s
 start-ups overlap, and stopped at the end:
 
@@ -30,10 +30,10 @@ from typing import Any
 
 import httpx
 
-from backend_plugin.cpu_server.model import ensure_tiny_model
 from loadgen.processes import ServerProcess, free_port, spawn_server, wait_healthy
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.config import ProxyConfig
+from sglang_cpu.model import ensure_tiny_model
 
 STARTUP_TIMEOUT_S = 240.0
 TIGHT_TOKENS = 2048
@@ -114,9 +114,7 @@ def live_servers(log_dir: Path) -> Iterator[dict[str, LiveServer]]:
             if eviction != "stock":
                 args += ["--control-port", str(control_port), "--control-token", token]
             args += EXTRA_ARGS.get(name, [])
-            process = spawn_server(
-                "backend_plugin.cpu_server.serve", args, log_dir=log_dir, name=f"sglang-{name}"
-            )
+            process = spawn_server("sglang_cpu.serve", args, log_dir=log_dir, name=f"sglang-{name}")
             servers[name] = LiveServer(
                 name, process, f"http://127.0.0.1:{control_port}", token, tokens, eviction
             )

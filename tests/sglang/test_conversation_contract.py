@@ -1,5 +1,5 @@
 """The proxy gives a chat template what SGLang 0.5.23's OpenAI endpoint gives it
-(`prism_proxy.conversation`): checked against SGLang's own request model and the
+(`prism_proxy.prompts.conversation`): checked against SGLang's own request model and the
 functions its `OpenAIServingChat._process_messages` / `_apply_jinja_template` apply, in
 their order, for chats with tools, tool calls, tool results and content parts."""
 
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from prism_proxy.builtin_tokenizer import CHATML_TEMPLATE
-from prism_proxy.conversation import content_format, template_messages, template_tools
+from prism_tokens.builtin import CHATML_TEMPLATE
+from prism_tokens.chat import content_format, template_messages, template_tools
 
 pytestmark = pytest.mark.sglang
 

@@ -1,6 +1,6 @@
 """The SGLang command lines of the deployment (docker-compose.yml, deploy/sglang.Dockerfile)
 parse with SGLang 0.5.23's own argument parser once SGLang's plugin loader has loaded
-PRISM's plugin (issue 7; docs/deploy.md)."""
+PRISM's plugin (docs/deploy.md)."""
 
 from __future__ import annotations
 

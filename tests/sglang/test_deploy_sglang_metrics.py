@@ -1,6 +1,6 @@
 """Every `sglang:*` metric the Grafana dashboard queries is one that SGLang 0.5.23 itself
 declares in its scheduler, tokenizer and radix-cache metrics collectors, built on CPU
-through their dependency-injection hooks (issue 7). The simulated engine's names are checked against
+through their dependency-injection hooks. The simulated engine's names are checked against
 the dashboard over real HTTP in tests/test_deploy_stack.py."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The proxy's field lists against SGLang 0.5.23's own request classes (issue 23): every
+"""The proxy's field lists against SGLang 0.5.23's own request classes: every
 field SGLang reads from a client body is served (declared and checked in
-`prism_proxy.api_models`), owned by the proxy, or refused with a reason
-(`prism_proxy.sglang_fields`); and every field the proxy forwards is one SGLang knows.
+`prism_proxy.api.models`), owned by the proxy, or refused with a reason
+(`prism_proxy.api.sglang_fields`); and every field the proxy forwards is one SGLang knows.
 A new SGLang release that adds a field fails here until the field is classified."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from sglang.srt.entrypoints.openai import protocol
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from prism_proxy import api_models
-from prism_proxy.sglang_fields import MESSAGE_FIELDS, PROXY_OWNED, REFUSED
+from prism_proxy.api import models as api_models
+from prism_proxy.api.sglang_fields import MESSAGE_FIELDS, PROXY_OWNED, REFUSED
 
 pytestmark = pytest.mark.sglang
 

@@ -1,4 +1,4 @@
-"""prism-sim against a real SGLang, request by request (issue 11).
+"""prism-sim against a real SGLang, request by request.
 
 A small zipf_hotspot trace, serialized by the proxy's serializer in the client's order
 (what `--api native` sends), is replayed one request at a time into prism-sim and into
@@ -17,12 +17,12 @@ from collections.abc import Callable
 import pytest
 from live_support import LiveServer
 
-from backend_plugin.cpu_server.model import ensure_tiny_model
 from loadgen.apis import client_order_ids
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.prompts.serializer import Serializer
 from prism_sim.engine import SimConfig, SimEngine
+from prism_tokens.tokenizer import load_tokenizer
+from sglang_cpu.model import ensure_tiny_model
 
 pytestmark = pytest.mark.sglang
 

@@ -1,4 +1,4 @@
-"""DART's eviction order in a real SGLang server under memory pressure (issue 11, SPEC §3).
+"""DART's eviction order in a real SGLang server under memory pressure (SPEC §3).
 
 Two live servers with 2,048 KV tokens, one under DART and one under the plugin's `lru`
 order, get the same requests: S+R+p1, then S+U+p2 (system head S = 20 tokens, documents
@@ -25,8 +25,8 @@ import aiohttp
 import pytest
 from live_support import LiveServer, eventually
 
-from backend_plugin.dart.anchors import make_kv_hints
-from prism_proxy import state
+from prism_proxy.edge import state
+from prism_wire import make_kv_hints
 
 pytestmark = pytest.mark.sglang
 
@@ -66,7 +66,7 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
         ("tight_dart", "R", "U", {"private": 20, "segment": 100, "protected": 0}),
         # LRU: the oldest path: p1, then R (a leaf once p1 is gone), which DART's
         # counters class as protected: F_t = {R} for the table {R: 100}, f = 2 (S has
-        # no entry: a head earns protection by demand only, issue 23).
+        # no entry: a head earns protection by demand only).
         ("tight_lru", "U", "R", {"private": 10, "segment": 0, "protected": 100}),
     ],
 )

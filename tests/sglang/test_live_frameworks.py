@@ -1,5 +1,5 @@
 """A real framework client, unmodified, through the proxy to a real, unmodified SGLang
-0.5.23 on this CPU (issue 24): LangChain's `ChatOpenAI` in a stuff-documents chain, with
+0.5.23 on this CPU: LangChain's `ChatOpenAI` in a stuff-documents chain, with
 its documents in the user message and with its retrieval-QA chat prompt (documents in
 the system message). The second call sends the same documents in reverse order; the
 proxy finds them, serves them in the order the engine cached, and SGLang reports the

@@ -1,5 +1,5 @@
-"""Hostile input through the proxy to a real, unmodified SGLang 0.5.23 on this CPU
-(issue 23). Sent to SGLang directly, each body of `hostile_bodies.ENGINE_KILLERS`
+"""Hostile input through the proxy to a real, unmodified SGLang 0.5.23 on this CPU.
+Sent to SGLang directly, each body of `hostile_bodies.ENGINE_KILLERS`
 killed the server (or wedged or 500'd it); through the proxy each is a 400 naming the
 field, and the engine serves the next request. Then a bounded fuzz campaign: valid
 requests of every endpoint with fields (SGLang's own field names, the proxy's, unknown
@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_support import LiveServer
 
-from backend_plugin.cpu_server.model import ensure_tiny_model
 from loadgen.processes import ServerProcess, run_server
-from prism_proxy.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import load_tokenizer
+from sglang_cpu.model import ensure_tiny_model
 
 pytestmark = pytest.mark.sglang
 
@@ -40,7 +40,7 @@ def stack(live, tmp_path_factory) -> Iterator[tuple[LiveServer, ServerProcess]]:
     args = [
         "serve", "--backend", server.url, "--tokenizer", str(ensure_tiny_model()),
         "--control-url", server.control_url, "--control-token", server.token,
-        "--health-interval-s", "0", "--log-level", "warning",
+        "--set", "health_interval_s=0", "--log-level", "warning",
     ]  # fmt: skip
     logs = tmp_path_factory.mktemp("hostile-proxy")
     with run_server("prism_proxy", args, log_dir=logs, name="proxy") as proxy:

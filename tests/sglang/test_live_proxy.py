@@ -1,5 +1,5 @@
 """The real `openai` client → the proxy → a real, unmodified SGLang 0.5.23 with the DART
-plugin (issue 11): API shapes, exact prefix reuse, anchors and pushes reaching the
+plugin: API shapes, exact prefix reuse, anchors and pushes reaching the
 plugin, aborts, and prefill pacing reading the server's limits."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import orjson
 import pytest
 from live_support import LiveServer, eventually
 
-from backend_plugin.cpu_server.model import ensure_tiny_model
-from prism_proxy import state
-from prism_proxy.pacing import BackendLimits
-from prism_proxy.request_model import SegmentedPrompt
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.admission.core import BackendLimits
+from prism_proxy.api.segments import SegmentedPrompt
+from prism_proxy.edge import state
+from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.tokenizer import load_tokenizer
+from sglang_cpu.model import ensure_tiny_model
 
 pytestmark = pytest.mark.sglang
 

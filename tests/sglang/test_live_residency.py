@@ -1,4 +1,4 @@
-"""DART's residency summary on a real SGLang 0.5.23 server (issue 13, SPEC §4).
+"""DART's residency summary on a real SGLang 0.5.23 server (SPEC §4).
 
 A chat request through the proxy (documents `osse` and `bridges`) and then one sent to
 `/generate` directly with its anchors in `kv_hints` (document `weir`): the proxy's
@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from live_support import LiveServer
 
-from backend_plugin.dart.anchors import make_kv_hints
-from prism_proxy.control_client import ControlClient
+from prism_proxy.backend.control import ControlClient
+from prism_proxy.backend.residency_poller import ResidencyPoller
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.qas.residency import ResidentSegments
-from prism_proxy.residency_poller import ResidencyPoller
+from prism_wire import make_kv_hints
 
 pytestmark = pytest.mark.sglang
 

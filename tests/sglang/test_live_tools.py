@@ -1,4 +1,4 @@
-"""Tool-calling chats through the proxy get exactly SGLang's own answers (issue 24), on a
+"""Tool-calling chats through the proxy get exactly SGLang's own answers, on a
 real, unmodified SGLang 0.5.23 on this CPU (the tiny model: Qwen2.5's tool format, the
 `qwen25` parser).
 
@@ -24,10 +24,11 @@ import httpx
 import pytest
 from live_support import LiveServer
 
-from backend_plugin.cpu_server.model import ensure_tiny_model
-from prism_proxy import state
-from prism_proxy.conversation import content_format, find_turns, template_messages, template_tools
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.edge import state
+from prism_proxy.prompts.conversation import find_turns
+from prism_tokens.chat import content_format, template_messages, template_tools
+from prism_tokens.tokenizer import load_tokenizer
+from sglang_cpu.model import ensure_tiny_model
 
 pytestmark = pytest.mark.sglang
 

@@ -1,5 +1,5 @@
-"""Differential test of the simulator's radix cache against SGLang's own `RadixCache`
-(issue 3): the same seeded sequence of inserts, prefix matches, lock/unlock and
+"""Differential test of the simulator's radix cache against SGLang's own `RadixCache`:
+the same seeded sequence of inserts, prefix matches, lock/unlock and
 evictions under LRU must give the same matched lengths, the same evictable/protected
 sizes and the same evicted tokens.
 

@@ -131,7 +131,7 @@ def test_sglang_accepts_our_kv_hints_envelope_and_rejects_a_bare_dict():
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.managers.kv_hints import KvHintsEnvelope
 
-    from backend_plugin.dart import make_kv_hints, parse_kv_hints
+    from prism_wire import make_kv_hints, parse_kv_hints
 
     anchors = [
         {"kind": "system", "segment_id": None, "offset": 2},

@@ -3,7 +3,7 @@
 System head S (8 tokens, its own owner `system_owner("h")`), segments A-D (6 each),
 one private suffix per request (4 each); requests S+A+pA, S+B+pB, S+C+pC, S+D+pD
 inserted in that order. Table P̂ = {A: 40, B: 10, C: 30, D: 20}, protect f = 2, so
-F_t = {A, C} (S has no entry: no demand, no protection; issue 23). Expected order:
+F_t = {A, C} (S has no entry: no demand, no protection). Expected order:
 private suffixes oldest first (pA..pD), unprotected segments by ascending priority
 (B, D), the protected ones (C, A), then S, the parent of every other node. Values are
 per-position ids (`token_ids`), so the allocator's freed slots name exactly which tokens
@@ -37,9 +37,9 @@ from sglang_support import (
     use_clock,
 )
 
-from backend_plugin.dart import DartCore, PriorityUpdate, make_kv_hints, system_owner
-from backend_plugin.dart.anchors import parse_kv_hints
+from backend_plugin.dart import DartCore, PriorityUpdate
 from backend_plugin.sglang_cache import DartRadixCache, SGLangTreeAdapter
+from prism_wire import make_kv_hints, parse_kv_hints, system_owner
 
 pytestmark = pytest.mark.sglang
 

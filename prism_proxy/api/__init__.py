@@ -1,0 +1,1 @@
+"""What clients send: the OpenAI, SGLang-native and prism-hint bodies as pydantic models."""

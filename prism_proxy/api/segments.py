@@ -1,0 +1,320 @@
+"""Segmented request model (SPEC §1): pydantic at the HTTP edge.
+
+A PRISM request is a system prompt, an ordered list of reusable segments ``{id, text}``
+and a private suffix, plus a ``reorder`` flag (may QAS move the segments? default yes,
+for retrieved documents) and sampling parameters.
+
+Validation limits (``RequestLimits``) are passed in the validation context, so a server
+can configure them::
+
+    prompt = SegmentedPrompt.model_validate(body, context={"limits": limits})
+
+``parse_prompt`` does that and turns a ``ValidationError`` into ``RequestError`` with a
+one-line message naming the field, e.g. ``segments[1].id: duplicate segment id 'd7'
+(first at segments[0])``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Self
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from prism_wire import RESERVED_ID_START
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on one request; every text piece is the system prompt, a segment's text or
+    the suffix."""
+
+    max_segments: int = 256
+    max_id_chars: int = 256
+    max_piece_chars: int = 256_000
+    max_total_chars: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_segments", "max_id_chars", "max_piece_chars", "max_total_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RequestLimits.{name} must be >= 1")
+
+
+DEFAULT_LIMITS = RequestLimits()
+# What follows every segment's text unless the prompt says otherwise: position
+# independent, so a segment's tokens never depend on where it lands (SPEC §1).
+SEGMENT_SEPARATOR = "\n\n"
+
+
+class RequestError(ValueError):
+    """A request failed validation; ``str(err)`` is one line naming the field."""
+
+
+def _limits(info: ValidationInfo) -> RequestLimits:
+    context = info.context or {}
+    limits = context.get("limits", DEFAULT_LIMITS) if isinstance(context, dict) else None
+    return limits if isinstance(limits, RequestLimits) else DEFAULT_LIMITS
+
+
+def _check_piece(value: str | None, info: ValidationInfo) -> str | None:
+    limit = _limits(info).max_piece_chars
+    if value is not None and len(value) > limit:
+        raise ValueError(f"too long: {len(value)} characters > limit {limit}")
+    return value
+
+
+class Segment(BaseModel):
+    """A reusable piece of prompt: its ``id`` is a stable control-plane hint (KV reuse
+    still needs token-exact equality, so one id must always carry the same text)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    id: str
+    text: str
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        if value.startswith(RESERVED_ID_START):
+            # DART's owners of system heads start with NUL: a segment never shares one
+            raise ValueError("must not start with a NUL character (reserved)")
+        limit = _limits(info).max_id_chars
+        if len(value) > limit:
+            raise ValueError(f"too long: {len(value)} characters > limit {limit}")
+        return value
+
+    _check_text = field_validator("text")(_check_piece)
+
+
+class SegmentedPrompt(BaseModel):
+    """System prompt, ordered segments, private suffix (SPEC §1).
+
+    Segments found in an unmodified client's text (`prism_proxy.prompts.extraction`) say more
+    about where they sit: `preamble` is text before the first segment (in the user
+    message in chat mode, after the system text otherwise); `separator` follows every
+    segment's text (an extracted document carries its own: ""); `label_format` prefixes
+    each segment with its position's label (`"[{n}] "` gives "[1] ", "[2] " ...: a
+    numbered layout renumbered in the order served); `joiner`, when set, goes between
+    consecutive segments instead (after the first, before the label), tokenized on its
+    own, so that documents a client joined with "\n\n" keep their own tokens at any
+    position; `fixed` lists segments whose boundaries are not certain: they keep their
+    relative order, after the others, but for the `pinned` ones (a leading run of fixed
+    segments known to stay in front, such as an instruction), which stay in front.
+    `user`, when set (chat mode, no `system`), says the segments are in the system
+    message (`preamble` and `suffix` its text before and after them), and is the user
+    message that follows.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    system: str | None = None
+    segments: list[Segment] = Field(default_factory=list)
+    suffix: str = ""
+    reorder: bool = True
+    preamble: str = ""
+    separator: str = SEGMENT_SEPARATOR
+    label_format: str | None = None
+    joiner: str | None = None
+    fixed: frozenset[str] = frozenset()
+    pinned: frozenset[str] = frozenset()
+    user: str | None = None
+
+    _check_system = field_validator("system", "suffix", "preamble", "user")(_check_piece)
+
+    @field_validator("label_format")
+    @classmethod
+    def _check_label(cls, value: str | None) -> str | None:
+        if value is not None and (value.count("{n}") != 1 or len(value) > 64):
+            raise ValueError("must hold '{n}' exactly once, in at most 64 characters")
+        return value
+
+    @field_validator("segments")
+    @classmethod
+    def _check_segments(cls, value: list[Segment], info: ValidationInfo) -> list[Segment]:
+        limit = _limits(info).max_segments
+        if len(value) > limit:
+            raise ValueError(f"too many segments: {len(value)} > limit {limit}")
+        first: dict[str, int] = {}
+        for index, segment in enumerate(value):
+            if segment.id in first:
+                raise ValueError(
+                    f"duplicate segment id {segment.id!r} at segments[{index}] "
+                    f"(first at segments[{first[segment.id]}])"
+                )
+            first[segment.id] = index
+        return value
+
+    @model_validator(mode="after")
+    def _check_total(self, info: ValidationInfo) -> Self:
+        limit = _limits(info).max_total_chars
+        if self.user is not None and self.system is not None:
+            raise ValueError("user: the documents are in the system message, so no system")
+        total = len(self.system or "") + len(self.suffix) + len(self.preamble)
+        total += len(self.user or "")
+        total += sum(len(s.text) for s in self.segments)
+        if total > limit:
+            raise ValueError(f"prompt too long: {total} characters in total > limit {limit}")
+        return self
+
+    @property
+    def segment_ids(self) -> list[str]:
+        return [s.id for s in self.segments]
+
+    def label(self, position: int) -> str:
+        """The label of the segment served at `position` (1-based): "" without labels."""
+        return "" if self.label_format is None else self.label_format.replace("{n}", str(position))
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def field_parts(loc: tuple[int | str, ...]) -> list[int | str]:
+    """A validation error's location without the union member tags (``str``,
+    ``list[str]``) that pydantic inserts into it: only field names and indices."""
+    return [
+        p
+        for p in loc
+        if isinstance(p, int)
+        or (p not in _TYPE_TAGS and "[" not in p and not p.startswith("constrained-"))
+    ]
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """``("segments", 2, "id")`` -> ``segments[2].id`` (see ``field_parts``)."""
+    path = ""
+    for part in field_parts(loc):
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line: ``<field path>: <message>`` for the most specific error (plus a count
+    of the others), e.g. ``segments[2].id: must not be empty``."""
+    errors = err.errors(include_url=False)
+    if not errors:
+        return "invalid request"
+    paths = [_field_path(tuple(e["loc"])) for e in errors]
+    best = max(range(len(errors)), key=lambda i: (paths[i].count(".") + paths[i].count("["), -i))
+    message = str(errors[best]["msg"]).removeprefix("Value error, ")
+    line = f"{paths[best] or 'request'}: {message}"
+    others = len({p for p in paths if not paths[best].startswith(p)})
+    if others:
+        line += f" (and {others} more error{'s' if others > 1 else ''})"
+    return " ".join(line.split())
+
+
+def parse_prompt(data: Any, limits: RequestLimits = DEFAULT_LIMITS) -> SegmentedPrompt:
+    """Validate a decoded JSON object; raise ``RequestError`` (one line) if invalid."""
+    try:
+        return SegmentedPrompt.model_validate(data, context={"limits": limits})
+    except ValidationError as err:
+        raise RequestError(format_validation_error(err)) from None
+
+
+def _top_k(value: int) -> int:
+    if value == 0:
+        raise ValueError("must be -1 (disabled) or >= 1")
+    return value
+
+
+# SGLang's own bounds (`srt/sampling/sampling_params.py: verify`), shared by every body
+# that carries sampling fields; all finite (the models set allow_inf_nan=False).
+Temperature = Annotated[float, Field(ge=0.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=-1), AfterValidator(_top_k)]
+MinP = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0, le=2.0)]
+TokenCount = Annotated[int, Field(ge=0)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def check_token_range(min_new_tokens: int | None, max_new_tokens: int | None) -> None:
+    """SGLang refuses a minimum above the maximum."""
+    if (
+        min_new_tokens is not None
+        and max_new_tokens is not None
+        and (min_new_tokens > max_new_tokens)
+    ):
+        raise ValueError(
+            f"min_new_tokens ({min_new_tokens}) must not exceed max_new_tokens ({max_new_tokens})"
+        )
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters, as SGLang's ``/generate`` ``sampling_params`` accepts them
+    (``srt/sampling/sampling_params.py``); ``None`` leaves the backend's default.
+    Unknown fields are rejected: a typo must not silently change generation."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
+
+    max_new_tokens: TokenCount | None = None
+    min_new_tokens: TokenCount | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    n: int | None = Field(default=None, ge=1, le=1)
+    sampling_seed: Seed | None = Field(default=None, alias="seed")
+    json_schema: str | None = None
+    regex: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> Self:
+        check_token_range(self.min_new_tokens, self.max_new_tokens)
+        return self
+
+    def to_sglang(self) -> dict[str, Any]:
+        """The ``sampling_params`` object for SGLang's ``/generate`` (unset fields left
+        out, ``seed`` spelled ``sampling_seed``)."""
+        return self.model_dump(exclude_none=True, by_alias=False)
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
+        """Pick the sampling fields of an OpenAI completions/chat body (other keys such
+        as ``model`` or ``messages`` are the caller's business). ``max_tokens`` and
+        ``max_completion_tokens`` map to ``max_new_tokens``, ``min_tokens`` to
+        ``min_new_tokens``; SGLang's extra fields (``top_k``, ``min_p``, …) pass as is."""
+        fields: dict[str, Any] = {}
+        for key in ("max_tokens", "max_completion_tokens"):  # the newer name wins
+            if body.get(key) is not None:
+                fields["max_new_tokens"] = body[key]
+        if body.get("min_tokens") is not None:
+            fields["min_new_tokens"] = body["min_tokens"]
+        for name, field in cls.model_fields.items():
+            key = field.alias or name
+            if name not in fields and body.get(key) is not None:
+                fields[key] = body[key]
+        return cls.model_validate(fields)
+
+
+def parse_sampling(data: Any) -> SamplingParams:
+    """Validate sampling parameters; raise ``RequestError`` (one line) if invalid."""
+    try:
+        return SamplingParams.model_validate(data if data is not None else {})
+    except ValidationError as err:
+        raise RequestError(format_validation_error(err)) from None

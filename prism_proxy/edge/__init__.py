@@ -1,0 +1,1 @@
+"""The HTTP edge: the server, bodies, errors, endpoints and the relays of answers."""

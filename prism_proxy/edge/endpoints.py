@@ -1,0 +1,328 @@
+"""The endpoints: `/v1/chat/completions`, `/v1/completions`, `/generate`, `/v1/models`,
+`/health`, `/metrics`. Each parses its body (`intake`), builds the request's token job
+(hints, documents found in its text, or the turns of a chat), and sends it on the token
+path or, for what only the engine serves, through (`relay`).
+
+Every accepted request ends in exactly one response: errors raised anywhere become
+`ApiError` and one JSON error body (`errors.error_middleware`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from prism_proxy.api.models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    PromptSize,
+)
+from prism_proxy.backend.client import BackendError
+from prism_proxy.edge import state
+from prism_proxy.edge.admit import make_job, new_rid, off_loop
+from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, backend_failure, json_answer
+from prism_proxy.edge.intake import check_prompt_size, read_body
+from prism_proxy.edge.openai_format import (
+    ChatFormat,
+    CompletionFormat,
+    GenerateFormat,
+    ResponseFormat,
+)
+from prism_proxy.edge.relay import passthrough, token_path
+from prism_proxy.prompts.conversation import chat_job, find_turns, turns_job
+from prism_proxy.prompts.jobs import (
+    Finding,
+    PromptError,
+    TokenJob,
+    chat_defaults,
+    find_documents,
+    hinted_job,
+    message_text,
+    private_job,
+    segmented_job,
+)
+from prism_tokens.chat import NotRenderable, content_format, template_messages, template_tools
+from prism_tokens.tokenizer import ChatTemplateError, Tokenizer
+
+
+def _format(cls: type[ResponseFormat], rid: str, prefix: str, model: str, usage: bool):
+    return cls(
+        completion_id=f"{prefix}-{rid}" if prefix else rid, model=model, created=int(time.time()),
+        include_usage=usage,
+    )  # fmt: skip
+
+
+EXTRACT_HEADER = "x-prism-extract"
+
+
+def count_origin(request: web.Request, outcome: str, layout: str = "") -> None:
+    """Count a request by where its segments came from (`prism:extraction_total`)."""
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.extraction, request[ENDPOINT], outcome, layout).inc()
+
+
+class DocumentFinder:
+    """Documents in a request without hints (`prompts.find_documents`), as the
+    deployment's settings and the request's `x-prism-extract` header allow; remembers
+    what it found for the metrics. `find` may run in a worker thread."""
+
+    __slots__ = ("evidence", "hinted", "layout", "layouts", "outcome", "reorder")
+
+    def __init__(self, request: web.Request, hinted: bool) -> None:
+        config = request.app[state.CONFIG]
+        self.evidence = request.app[state.EVIDENCE]
+        self.reorder = config.extraction_reorder
+        self.layouts = config.extraction_layouts
+        opt = request.headers.get(EXTRACT_HEADER)
+        if opt is not None:
+            opt = opt.strip().lower()
+            if opt not in ("on", "off"):
+                raise ApiError(
+                    400, f"{EXTRACT_HEADER}: expected 'on' or 'off'", param=EXTRACT_HEADER
+                )
+            if opt == "off":
+                self.layouts = ()
+        self.hinted = hinted
+        self.outcome = "hinted" if hinted else ("none" if self.layouts else "off")
+        self.layout = ""
+
+    @property
+    def searching(self) -> bool:
+        """Whether this request may be segmented (no hints, extraction on for it)."""
+        return not self.hinted and bool(self.layouts)
+
+    def find(self, text: str, system: str | None) -> Finding | None:
+        finding = find_documents(
+            text, system=system, layouts=self.layouts, reorder=self.reorder, evidence=self.evidence
+        )
+        if finding is not None:
+            self.outcome, self.layout = finding.outcome, finding.layout
+        return finding
+
+    def count(self, request: web.Request) -> None:
+        count_origin(request, self.outcome, self.layout)
+
+
+def _chat_turns(tokenizer: Tokenizer, forwarded: dict[str, Any]) -> TokenJob | None:
+    """The turns of a chat the engine's own endpoint serves, rendered (tools included)
+    as that endpoint renders it (`conversation`), or None when the proxy cannot render
+    it as the engine would."""
+    if forwarded.get("chat_template_kwargs") or forwarded.get("reasoning_effort") is not None:
+        return None  # template variables the proxy does not pass
+    try:
+        messages = template_messages(forwarded["messages"], content_format(tokenizer.chat_template))
+        tools = template_tools(forwarded.get("tools"), forwarded.get("tool_choice"))
+        return turns_job(find_turns(tokenizer, messages, tools))
+    except NotRenderable:
+        return None
+
+
+async def chat_relay(
+    request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any], size: PromptSize
+) -> web.StreamResponse:
+    """A chat only the engine's own endpoint serves (tools and tool calls, `n`,
+    logprobs, response formats...): it renders the prompt and parses the answer, so the
+    client gets exactly the engine's answer. The proxy renders the same prompt to find
+    its turns: QAS schedules it and DART gets its anchors like any other request."""
+    forwarded = body.forwarded(raw)
+    tokenizer = request.app[state.TOKENIZER]
+    job = None
+    if DocumentFinder(request, hinted=False).searching:
+        try:
+            job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded))
+        except ChatTemplateError:
+            job = None
+    if job is None or job.head_tokens == 0:
+        count_origin(request, "forwarded")
+        job = None
+    else:
+        count_origin(request, "turns", "messages")
+    path = "/v1/chat/completions"
+    set_rid = (body.n or 1) == 1
+    group = body.prompt_cache_key or ""
+    return await passthrough(request, path, forwarded, set_rid=set_rid, job=job, group=group)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "chat"
+    body, raw = await read_body(request, ChatCompletionRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
+    if body.passthrough_reason() is not None:
+        return await chat_relay(request, body, raw, size)
+    tokenizer = request.app[state.TOKENIZER]
+    serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
+
+    def build() -> TokenJob:
+        if body.prism is not None:
+            system, suffix = chat_defaults(body.messages)
+            return hinted_job(serializer, body.prism, system=system, suffix=suffix, chat=True)
+        try:
+            found = chat_job(
+                serializer,
+                body.forwarded(raw)["messages"],
+                layouts=finder.layouts,
+                reorder=finder.reorder,
+                evidence=finder.evidence,
+            )
+        except NotRenderable:  # a continuation of the assistant's last message
+            messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
+            ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
+            return private_job({"input_ids": ids}, len(ids))
+        finder.outcome, finder.layout = found.outcome, found.layout
+        return found.job
+
+    try:
+        job = await make_job(size, build)
+        finder.count(request)
+    except ChatTemplateError:
+        # No usable chat template here: let the backend render the chat itself.
+        count_origin(request, "forwarded")
+        return await passthrough(request, "/v1/chat/completions", body.forwarded(raw), set_rid=True)
+    rid = new_rid()
+    return await token_path(
+        request,
+        job,
+        size=size,
+        rid=rid,
+        sampling_params=body.sampling_params(body.max_new_tokens),
+        stream=body.stream,
+        fmt=_format(ChatFormat, body.rid or rid, "chatcmpl", body.model, body.include_usage),
+        extra_fields=body.generate_fields(),
+        group=body.prompt_cache_key or "",
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "completions"
+    body, raw = await read_body(request, CompletionRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
+    if body.passthrough_reason() is not None:
+        forwarded = body.forwarded(raw)
+        count_origin(request, "forwarded")
+        group = body.prompt_cache_key or ""
+        return await passthrough(
+            request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1, group=group
+        )
+    prompt = body.single_prompt()
+    serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
+
+    def build() -> TokenJob:
+        if body.prism is not None:
+            text = prompt if isinstance(prompt, str) else None
+            return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
+        if isinstance(prompt, str):
+            if (finding := finder.find(prompt, None)) is not None:
+                return segmented_job(serializer, finding.prompt, chat=False)
+            return private_job({"text": prompt}, None)
+        return private_job({"input_ids": prompt}, len(prompt))  # checked in read_body
+
+    job = await make_job(size, build)
+    finder.count(request)
+    rid = new_rid()
+    return await token_path(
+        request,
+        job,
+        size=size,
+        rid=rid,
+        sampling_params=body.sampling_params(body.max_tokens),
+        stream=body.stream,
+        fmt=_format(CompletionFormat, body.rid or rid, "cmpl", body.model, body.include_usage),
+        extra_fields=body.generate_fields(),
+        group=body.prompt_cache_key or "",
+    )
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "generate"
+    body, raw = await read_body(request, GenerateRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
+    if body.passthrough_reason() is not None:
+        count_origin(request, "forwarded")
+        return await passthrough(request, "/generate", body.forwarded(raw), set_rid=False)
+    serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
+
+    def build() -> TokenJob:
+        if body.prism is not None:
+            text = body.text if isinstance(body.text, str) else None
+            return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
+        if body.input_ids is not None:  # checked in read_body
+            return private_job({"input_ids": body.input_ids}, len(body.input_ids))
+        if isinstance(body.text, str):
+            if (finding := finder.find(body.text, None)) is not None:
+                return segmented_job(serializer, finding.prompt, chat=False)
+            return private_job({"text": body.text}, None)
+        raise PromptError("text", "either text or input_ids is required")
+
+    job = await make_job(size, build)
+    finder.count(request)
+    rid = new_rid()
+    return await token_path(
+        request,
+        job,
+        size=size,
+        rid=rid,
+        sampling_params=body.backend_sampling_params(),
+        stream=body.stream,
+        fmt=_format(GenerateFormat, body.rid or rid, "", "", False),
+        extra_fields=body.generate_fields(),
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    try:
+        return json_answer(await request.app[state.BACKEND].get_json("/v1/models"))
+    except BackendError as exc:
+        raise backend_failure(exc) from None
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness of the proxy itself (200 while it serves); the body reports the rest."""
+    app = request.app
+    admission = app[state.ADMISSION]
+    return json_answer(
+        {
+            "status": "ok",
+            "backend_up": bool(app[state.BACKEND].up),
+            "queue_depth": admission.queue_depth,
+            "inflight": admission.inflight,
+            "policy": app[state.CONFIG].policy,
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[state.METRICS].render()
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type
+    return response
+
+
+LANE_HEADER = "x-prism-lane"
+
+
+async def lane_header(request: web.Request, response: web.StreamResponse) -> None:
+    """Tell the client which lane released its request (`hot`, `cold`, `passthrough`),
+    so load generators can report per-lane numbers; nothing when it never got one."""
+    lane = request.get(LANE)
+    if lane is not None and lane != "none":
+        response.headers[LANE_HEADER] = lane
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    if app[state.CONFIG].metrics_listen is None:  # else on the admin listener only
+        app.router.add_get("/metrics", metrics)
+    app.on_response_prepare.append(lane_header)

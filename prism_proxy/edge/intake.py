@@ -1,0 +1,128 @@
+"""A request's body in: read within the byte limit, parsed off the event loop when costly,
+validated by its model, and checked for what types cannot say (fields PRISM does not
+serve, token ids outside the vocabulary, the prompt's size): 413 or 400 naming the field.
+JSON parsing itself is `bodies.JsonParser`'s (off the event loop when costly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar, cast
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from prism_proxy.api.models import (
+    CheckedBody,
+    PromptSize,
+    describe_validation_error,
+)
+from prism_proxy.api.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, REFUSED
+from prism_proxy.config import ProxyConfig
+from prism_proxy.edge import state
+from prism_proxy.edge.bodies import BodyError, Caps, check_counts
+from prism_proxy.edge.errors import ApiError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body exceeds {limit} bytes", param="body")
+
+
+def body_caps(config: ProxyConfig) -> Caps:
+    return Caps(config.max_messages, config.max_segments, config.max_prompt_chars)
+
+
+async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, Any]]:
+    """Parse and validate the JSON body: 413 over the limits, 400 naming the bad field.
+    Costly bodies are judged off the event loop first (`prism_proxy.edge.bodies`)."""
+    config = request.app[state.CONFIG]
+    limit = config.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)
+    try:
+        data = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(limit) from None
+    try:
+        raw = await request.app[state.PARSER].parse(data)
+        if not isinstance(raw, dict):
+            raise BodyError(400, "body: expected a JSON object")
+        check_counts(raw, body_caps(config))
+    except BodyError as exc:
+        raise ApiError(exc.status, exc.message, param=exc.param) from None
+    check_refused(raw)
+    try:
+        body = model.model_validate(raw)
+    except ValidationError as exc:
+        param, message = describe_validation_error(exc)
+        raise ApiError(400, message, param=param) from None
+    check_served(request, cast(CheckedBody, body))
+    return body, raw
+
+
+def check_refused(raw: dict[str, Any]) -> None:
+    """400 naming the first field PRISM does not serve (`sglang_fields.REFUSED`), in the
+    body or its `sampling_params`."""
+    places: list[tuple[str, Any]] = [("", raw)]
+    params = raw.get("sampling_params")
+    if isinstance(params, dict):
+        places.append(("sampling_params.", params))
+    elif isinstance(params, list):
+        places.extend((f"sampling_params.{i}.", p) for i, p in enumerate(params))
+    for prefix, fields in places:
+        if not isinstance(fields, dict):
+            continue
+        for name, value in fields.items():  # set: present, not null, not false
+            if name in REFUSED and value is not None and value is not False:
+                message = f"{prefix}{name}: not accepted: {REFUSED[name]}"
+                raise ApiError(400, message, param=prefix + name)
+
+
+def check_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
+    """Token ids the served model can embed: 0 <= id < vocab size, else 400 naming the
+    first one outside (an id outside kills the engine). min/max run at C speed: a
+    million ids cost ~20 ms; the index is looked for only when one is outside."""
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        index, token = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+        raise ApiError(
+            400,
+            f"{param}.{index}: token id {token} is outside the vocabulary [0, {vocab_size})",
+            param=f"{param}.{index}",
+        )
+
+
+def check_served(request: web.Request, body: CheckedBody) -> None:
+    """What types cannot say: every token id within the served vocabulary, `top_k`
+    within it, and prompt logprobs within `MAX_PROMPT_LOGPROB_ENTRIES`."""
+    vocab_size = request.app[state.TOKENIZER].vocab_size
+    try:
+        for param, ids in body.token_ids():
+            check_ids(ids, vocab_size, param)
+    except ValueError as exc:  # a logit_bias key that is no token id
+        raise ApiError(400, str(exc), param="logit_bias") from None
+    for param, top_k in body.top_ks():
+        if top_k > vocab_size:
+            message = f"{param}: must be -1 or at most the vocabulary size {vocab_size}"
+            raise ApiError(400, message, param=param)
+    entries = body.prompt_logprob_entries()
+    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
+        raise ApiError(
+            400,
+            f"logprobs: {entries} prompt positions x logprobs exceed the limit of "
+            f"{MAX_PROMPT_LOGPROB_ENTRIES}",
+            param="logprobs",
+        )
+
+
+def check_prompt_size(request: web.Request, size: PromptSize) -> None:
+    """413 above `max_prompt_chars` (every path, the forwarded one included)."""
+    limit = request.app[state.CONFIG].max_prompt_chars
+    if size.chars > limit:
+        raise ApiError(
+            413,
+            f"prompt: {size.chars} characters (token ids count one each) exceed the "
+            f"limit of {limit}",
+            param="prompt",
+        )

@@ -1,0 +1,165 @@
+"""What a gateway or an SGLang client probes on a worker, answered by the proxy.
+
+A gateway in front of several proxies (sgl-model-gateway `smg`, sglang-router) asks
+each worker for its server and model info and its load. The proxy answers from its
+backend, so the gateway sees the engine it fronts, and adds its own queue, so the
+gateway sees the real load: requests waiting in QAS are waiting requests of that
+replica, which the engine cannot report.
+
+    GET /server_info, /get_server_info    the backend's, plus "prism": the proxy's state
+                                          and the settings it runs with ("settings")
+    GET /model_info, /get_model_info      the backend's
+    GET /v1/loads, /loads                 the backend's /v1/loads (SGLang 0.5.23) with the
+                                          proxy's queue added to rank 0's waiting
+                                          requests, plus "prism"; when the backend has
+                                          no /v1/loads, one rank from the proxy's counts
+    GET /health_generate                  the backend's (a real one-token generation)
+
+Admin paths (`/flush_cache`, `/abort_request`, weights, LoRA) are not served: no client
+of the proxy may change another client's requests or the cache.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from prism_proxy.backend.client import BackendError
+from prism_proxy.edge import state
+from prism_proxy.edge.errors import ApiError, backend_failure, json_answer
+from prism_proxy.qas.residency import residency_source
+
+
+def proxy_state(app: web.Application) -> dict[str, Any]:
+    """The proxy's own load and settings, as `prism` in the probe answers."""
+    admission, config = app[state.ADMISSION], app[state.CONFIG]
+    return {
+        "policy": config.policy,
+        "qas": config.qas_variant,
+        "queue_depth": admission.queue_depth,
+        "inflight": admission.inflight,
+        "pending_prefill": admission.pending_prefill,
+        "prefill_batch": admission.pacing.prefill_batch,
+        "inflight_limit": admission.pacing.backstop,
+        "backend_replicas": admission.pacing.replicas,
+        "settings": proxy_settings(app),
+    }
+
+
+def proxy_settings(app: web.Application) -> dict[str, Any]:
+    """The settings the proxy runs with, as in effect now: the QAS variant
+    and its resolved parameters, pacing (B and the backstop, each fixed or automatic,
+    with its current value), the round window, the residency source and the control
+    RPC. A sweep stores them beside each run's results."""
+    admission, config = app[state.ADMISSION], app[state.CONFIG]
+    pacing = admission.pacing
+    return {
+        "policy": config.policy,
+        "qas_variant": config.qas_variant,
+        "qas": asdict(config.qas),
+        "prefill_batch": {
+            "mode": "auto" if pacing.setting is None else "fixed",
+            "value": pacing.prefill_batch,
+        },
+        "backstop": {
+            "mode": "auto" if pacing.backstop_setting is None else "fixed",
+            "value": pacing.backstop,
+        },
+        "window_ms": config.window_ms,
+        "residency": residency_source(admission.core.policy),
+        "residency_setting": config.residency,
+        "control_rpc": bool(config.control_urls),
+        "control_rpcs": len(config.control_urls),
+        "protect": config.protect,
+        "backend_replicas": pacing.replicas,
+        "extraction": list(config.extraction_layouts),
+        "max_queue": config.max_queue,
+    }
+
+
+def with_proxy_queue(loads: dict[str, Any], proxy: dict[str, Any]) -> dict[str, Any]:
+    """`/v1/loads` with the proxy's queued requests counted as rank 0's waiting ones."""
+    ranks = [dict(rank) for rank in loads.get("loads") or [] if isinstance(rank, dict)]
+    if not ranks:
+        ranks = [{"dp_rank": 0, "num_running_reqs": proxy["inflight"], "num_waiting_reqs": 0}]
+    first, queued = ranks[0], proxy["queue_depth"]
+    first["num_waiting_reqs"] = int(first.get("num_waiting_reqs") or 0) + queued
+    queues = first.get("queues")
+    if isinstance(queues, dict):
+        first["queues"] = {**queues, "waiting": int(queues.get("waiting") or 0) + queued}
+    return {**loads, "loads": ranks, "prism": proxy}
+
+
+async def _backend_json(request: web.Request, path: str) -> Any:
+    try:
+        return await request.app[state.BACKEND].get_json(path)
+    except BackendError as exc:
+        raise backend_failure(exc) from None
+
+
+# SGLang's /server_info lists every launch argument, its API keys among them, in the
+# clear (and its launch command quotes them): any client of the proxy would read them.
+_SECRET_NAME = re.compile(r"(api_key|token|secret|password)", re.IGNORECASE)
+_SECRET_FLAG = re.compile(r"(--[\w-]*(?:api-key|token|secret|password)[\w-]*)(=|\s+)(\S+)")
+REDACTED = "<redacted>"
+
+
+def redacted(info: dict[str, Any]) -> dict[str, Any]:
+    """`info` with the values of secret-looking settings, and of such flags in its
+    `launch_command`, replaced by `<redacted>`."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if isinstance(value, str) and value and _SECRET_NAME.search(key):
+            value = REDACTED
+        elif key == "launch_command" and isinstance(value, str):
+            value = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", value)
+        out[key] = value
+    return out
+
+
+async def server_info(request: web.Request) -> web.Response:
+    info = await _backend_json(request, request.path)
+    if isinstance(info, dict):
+        info = {**redacted(info), "prism": proxy_state(request.app)}
+    return json_answer(info)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    return json_answer(await _backend_json(request, request.path))
+
+
+async def loads(request: web.Request) -> web.Response:
+    query = request.query_string
+    path = "/v1/loads" + (f"?{query}" if query else "")
+    proxy = proxy_state(request.app)
+    try:
+        backend = await request.app[state.BACKEND].get_json(path)
+    except BackendError as exc:
+        if exc.status != 404:
+            raise backend_failure(exc) from None
+        backend = {"timestamp": datetime.now(UTC).isoformat(), "loads": []}
+    if not isinstance(backend, dict):
+        raise ApiError(502, "backend sent a /v1/loads answer that is not an object")
+    return json_answer(with_proxy_queue(backend, proxy))
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    try:
+        await request.app[state.BACKEND].get_ok("/health_generate")
+    except BackendError as exc:
+        raise backend_failure(exc) from None
+    return web.Response(text="")
+
+
+def add_probe_routes(app: web.Application) -> None:
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, server_info)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, model_info)
+    for path in ("/v1/loads", "/loads"):
+        app.router.add_get(path, loads)
+    app.router.add_get("/health_generate", health_generate)

@@ -1,0 +1,273 @@
+"""To the engine and back (SPEC §1, §2, §4).
+
+Token path: `TokenJob` → queued in QAS → released in a wave → serialized in the released
+order → backend `/generate` with `input_ids`, `rid`, `sampling_params` and the anchors in
+`kv_hints` (`prism_wire.make_kv_hints`) → OpenAI (or native) response, streamed or
+assembled. Passthrough (what the token path cannot serve): admitted the same way, then
+sent unchanged (minus `prism`) to the backend's own endpoint and relayed line by line.
+
+A client that leaves while queued is withdrawn; one that leaves after its request was
+sent triggers `/abort_request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from prism_proxy.api.models import (
+    PromptSize,
+)
+from prism_proxy.backend.client import BackendError
+from prism_proxy.edge import state
+from prism_proxy.edge.admit import Admitted, new_rid, off_loop
+from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, json_answer
+from prism_proxy.edge.openai_format import (
+    SSE_DONE,
+    ResponseFormat,
+    TokenUsage,
+    sse,
+    stream_error,
+)
+from prism_proxy.prompts.conversation import (
+    dispatch_check,
+)
+from prism_proxy.prompts.jobs import (
+    TokenJob,
+)
+from prism_proxy.qas.types import QueuedRequest
+from prism_wire import CUSTOM_PARAMS_KEY, make_kv_hints
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
+    if usage is None:
+        return
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.prompt_tokens, lane).inc(usage.prompt_tokens)
+    metrics.child(metrics.cached_tokens, lane).inc(usage.cached_tokens)
+
+
+async def token_path(
+    request: web.Request,
+    job: TokenJob,
+    *,
+    size: PromptSize,
+    rid: str,
+    sampling_params: dict[str, Any],
+    stream: bool,
+    fmt: ResponseFormat,
+    extra_fields: dict[str, Any] | None = None,
+    group: str = "",
+) -> web.StreamResponse:
+    """Admit, serialize in the released order, stream from the backend's `/generate`.
+    `group`: the client's grouping hint (`prompt_cache_key`) for QAS.
+
+    The proxy always streams from the backend, also for clients that did not ask to:
+    the first chunk is the moment the request stops pending prefill (SPEC §2 pacing).
+    Non-streaming clients get the chunks assembled into one response.
+    """
+    app = request.app
+    backend = app[state.BACKEND]
+    async with Admitted(request, job.queued(rid, time.monotonic(), group)) as release:
+        lane = release.lane.value
+        payload = await off_loop(
+            size,
+            lambda: job.payload(
+                release.skeleton,
+                rid=rid,
+                priorities=release.priorities,
+                sampling_params=sampling_params,
+                extra_fields=extra_fields,
+            ),
+        )
+        batches = backend.generate_batches(payload)
+        async with contextlib.aclosing(batches):
+            try:
+                first = await anext(batches, None)
+                if first is None:
+                    raise BackendError(502, "backend stream ended without a chunk")
+                _first_token(request, rid, lane, first[0])
+                if stream:
+                    return await _relay_stream(request, first, batches, fmt, lane, rid)
+                feed = fmt.assembled.feed
+                for chunk in first:
+                    feed(chunk)
+                async for batch in batches:
+                    for chunk in batch:
+                        feed(chunk)
+            except asyncio.CancelledError:
+                backend.abort(rid)  # the client left while the backend was working
+                raise
+        _record_tokens(request, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
+        return json_answer(fmt.whole())
+
+
+def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any]) -> None:
+    """The backend's first chunk: the request leaves pending prefill; TTFT is observed."""
+    meta_info = chunk.get("meta_info") or {}
+    uncached: int | None = None
+    prompt, cached = meta_info.get("prompt_tokens"), meta_info.get("cached_tokens")
+    if isinstance(prompt, int) and isinstance(cached, int):
+        uncached = prompt - cached
+    request.app[state.ADMISSION].first_token(rid, uncached)
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
+
+
+async def _relay_stream(
+    request: web.Request,
+    first: list[dict[str, Any]],
+    batches: AsyncIterator[list[dict[str, Any]]],
+    fmt: ResponseFormat,
+    lane: str,
+    rid: str,
+) -> web.StreamResponse:
+    """Relay `/generate` chunks as they come, one write per batch the backend's socket
+    delivered (a chunk is never held back for a later one). Headers go out with the
+    first chunk, so a backend that fails before answering still gets a proper 502/503
+    status; a failure after that ends the stream with an error event."""
+    backend = request.app[state.BACKEND]
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    meta_info: dict[str, Any] = {}
+    try:
+        await response.prepare(request)
+        pending = fmt.start()
+        render = fmt.chunk
+        batch: list[dict[str, Any]] | None = first
+        while batch is not None:
+            for chunk in batch:
+                meta_info = chunk.get("meta_info") or meta_info
+                pending += render(chunk)
+            if pending:
+                await response.write(b"".join(pending))
+                pending = []
+            batch = await anext(batches, None)
+        await response.write(b"".join(pending + fmt.end(meta_info)))
+    except BackendError as exc:
+        request[STATUS] = exc.status
+        await response.write(sse(stream_error(exc.message, exc.status)) + SSE_DONE)
+    except ConnectionResetError:  # the client went away mid-stream
+        backend.abort(rid)
+        request[STATUS] = CLIENT_CLOSED
+        return response
+    _record_tokens(request, lane, TokenUsage.from_meta(meta_info) if meta_info else None)
+    await response.write_eof()
+    return response
+
+
+class _ClientGone(Exception):
+    """The client's connection broke while we relayed; not a backend failure.
+
+    (aiohttp's ClientConnectionResetError is also a ClientConnectionError, which the
+    backend client would otherwise take for a backend failure.)"""
+
+
+async def passthrough(
+    request: web.Request,
+    path: str,
+    body: dict[str, Any],
+    *,
+    set_rid: bool,
+    job: TokenJob | None = None,
+    group: str = "",
+) -> web.StreamResponse:
+    """Admit, then send `body` (the request's checked, served fields: its `forwarded`)
+    to the backend's `path`, with a rid of the proxy's own when `set_rid`. The request
+    counts as pending prefill until the backend's first body byte (SPEC §2).
+
+    With a `job` (the turns the proxy found in a chat that the engine renders itself),
+    QAS schedules its skeleton and the anchors ride in `custom_params`, with the
+    `anchor_check` of the proxy's rendering: the engine places them only on a prompt
+    that matches."""
+    backend = request.app[state.BACKEND]
+    rid = new_rid() if set_rid else None
+    if rid is not None:
+        body["rid"] = rid
+    arrival = time.monotonic()
+    queued = (
+        QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
+        if job is None
+        else job.queued(rid or new_rid(), arrival, group)
+    )
+    async with Admitted(request, queued, lane=None if job else "passthrough") as release:
+        lane = release.lane.value if job else "passthrough"
+        if job is not None:
+            dispatch = job.build(release.skeleton)
+            hints = make_kv_hints(
+                dispatch.anchors,
+                release.priorities,
+                message_id=queued.rid,
+                check=dispatch_check(dispatch),
+            )
+            body["custom_params"] = {CUSTOM_PARAMS_KEY: orjson.dumps(hints).decode()}
+        try:
+            async with backend.forward(path, body) as upstream:
+                if not upstream.content_type.startswith("text/event-stream"):
+                    data = await upstream.read()
+                    request.app[state.ADMISSION].first_token(queued.rid)
+                    _record_tokens(request, lane, _usage_of(data))
+                    return web.Response(
+                        body=data, status=upstream.status, content_type=upstream.content_type
+                    )
+                return await _relay_lines(request, upstream, queued.rid, lane)
+        except (asyncio.CancelledError, _ClientGone) as exc:
+            if rid is not None:
+                backend.abort(rid)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            request[STATUS] = CLIENT_CLOSED
+            return web.StreamResponse()
+
+
+async def _relay_lines(
+    request: web.Request, upstream: Any, rid: str, lane: str
+) -> web.StreamResponse:
+    """Copy an upstream SSE stream line by line as it comes."""
+    metrics = request.app[state.METRICS]
+    response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
+    usage: TokenUsage | None = None
+    first = True
+    lines = aiter(upstream.content)
+    try:
+        await response.prepare(request)
+        while True:
+            try:
+                line = await anext(lines)
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Headers are out: end the stream with an error event.
+                request[STATUS] = 502
+                message = f"backend stream broke: {exc!r}"
+                await response.write(sse(stream_error(message, 502)) + SSE_DONE)
+                return response
+            if first:
+                request.app[state.ADMISSION].first_token(rid)
+                elapsed = time.monotonic() - request[STARTED]
+                metrics.child(metrics.ttft, lane).observe(elapsed)
+                first = False
+            if b'"usage"' in line:
+                usage = _usage_of(line.strip()[5:]) or usage
+            await response.write(line)
+        await response.write_eof()
+    except ConnectionResetError as exc:
+        raise _ClientGone() from exc
+    _record_tokens(request, lane, usage)
+    return response
+
+
+def _usage_of(data: bytes) -> TokenUsage | None:
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return TokenUsage.from_openai(body.get("usage")) if isinstance(body, dict) else None

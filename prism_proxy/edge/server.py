@@ -1,0 +1,466 @@
+"""The proxy's HTTP/1.x server: aiohttp's server with the proxy's connection
+policy. One job: what a client connection may do, before and around the handlers.
+
+* time limits (`clock`): headers, body, keep-alive idle, responses left unread;
+* a cap on client connections: 503 and close above it, the open-file limit raised to fit;
+* HTTP/1.0 and 1.1 only; `Expect: 100-continue` with a declared body over the limit gets
+  413 at once (no "100 Continue"), other `Expect` values 417;
+* every error at this level is OpenAI-style JSON (`errors`).
+
+How it attaches to aiohttp 3.14: `ProxyRunner` is an `AppRunner` whose server (its
+`_make_server`) is a `ProxyServer` (a `web.Server`). That builds one `ProxyProtocol` (a
+`RequestHandler`) per connection and passes every request through `ProxyServer.gate`
+before the application. The protocol overrides asyncio's `connection_made/lost`,
+`data_received` and `pause/resume_writing`, and RequestHandler's `finish_response` and
+`handle_error`. It reads RequestHandler's queue of parsed requests (`_messages`) to see
+a head complete, and uses the loop it holds (`_loop`); aiohttp's own keep-alive timer
+is disarmed (a timeout that never fires) and the clock replaces it. pyproject.toml pins
+aiohttp to 3.14.x for these internals; tests/test_http_server.py fails if they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import resource
+from dataclasses import dataclass
+from typing import Any, cast
+
+from aiohttp import hdrs, web, web_protocol
+from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
+from aiohttp.streams import StreamReader
+
+from prism_proxy.config import ProxyConfig
+from prism_proxy.edge.clock import ConnectionClock, ConnectionLimits, Expiry
+from prism_proxy.edge.errors import (
+    RequestTimeout,
+    error_response,
+    parser_error,
+    raw_error,
+)
+
+log = logging.getLogger(__name__)
+
+NEVER_S = 10 * 365 * 86400.0  # aiohttp's keep-alive timer, disarmed (the clock keeps time)
+BODY_GRACE_S = 1.0  # a handler's time to answer 408 once its body read failed
+REJECT_LINGER_S = 1.0  # a refused connection reads (and drops) input this long, then closes
+MAX_LINGERING = 256  # refused connections lingering at once (beyond: closed at once)
+FD_SLACK = 128 + MAX_LINGERING  # files besides client and backend connections
+HEAD_SNIFF_BYTES = 8192  # bytes of a pending head kept to tell an HTTP/0.9 line
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionPolicy:
+    """What a client connection may do (from `ProxyConfig`; `max_connections` is the
+    effective cap, which `fd_budget` may have lowered)."""
+
+    limits: ConnectionLimits
+    max_connections: int
+    max_body_bytes: int
+    retry_after_s: int
+
+    @classmethod
+    def from_config(cls, config: ProxyConfig, max_connections: int) -> ConnectionPolicy:
+        limits = ConnectionLimits(
+            header_s=config.header_timeout_s,
+            body_s=config.body_timeout_s,
+            keepalive_s=config.keepalive_timeout_s,
+            send_s=config.send_timeout_s,
+        )
+        return cls(limits, max_connections, config.max_body_bytes, config.retry_after_s)
+
+
+def fd_budget(max_connections: int) -> int:
+    """Raise the soft open-file limit towards the hard one so that `max_connections`
+    clients fit (each may hold a backend connection too: 2x, plus `FD_SLACK`); return
+    the cap that fits, lower than asked (with a warning) when the hard limit is short."""
+    need = 2 * max_connections + FD_SLACK
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit to %d: %s", target, exc)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return max_connections
+    fits = max(1, (soft - FD_SLACK) // 2)
+    log.warning(
+        "max_connections %d needs %d open files; the limit is %d (hard %s): serving at most"
+        " %d client connections (raise the hard limit, e.g. LimitNOFILE= or ulimit -Hn)",
+        max_connections, need, soft, hard, fits,
+    )  # fmt: skip
+    return fits
+
+
+def answerable(head: bytes) -> bool:
+    """Whether a client whose head is `head` so far can read an HTTP/1.x answer: not
+    when its request line is complete and names no HTTP/1.x version (HTTP/0.9)."""
+    line, newline, _ = head.lstrip(b"\r\n").partition(b"\n")
+    return not newline or line.rstrip(b"\r").endswith((b" HTTP/1.1", b" HTTP/1.0"))
+
+
+class ProxyProtocol(web_protocol.RequestHandler):
+    """One client connection: aiohttp's HTTP/1.x protocol plus the connection clock."""
+
+    __slots__ = (
+        "_active",
+        "_body",
+        "_clock",
+        "_close_after",
+        "_conn",
+        "_head",
+        "_proxy_server",
+        "_rejected",
+        "_timer",
+    )
+
+    def __init__(self, server: ProxyServer, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._proxy_server = server
+        self._clock: ConnectionClock | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # The socket's transport until it is lost (aiohttp forgets its own on close).
+        self._conn: asyncio.Transport | None = None
+        self._body: StreamReader | None = None  # the body being received
+        self._active: web.BaseRequest | None = None  # the request a handler runs for
+        self._head = b""  # the start of a pending head (HTTP/0.9 detection)
+        self._close_after = False  # close once the current response is written
+        self._rejected = False
+
+    # --- asyncio's protocol interface -------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self._proxy_server
+        conn = cast(asyncio.Transport, transport)
+        if server.open_connections >= server.policy.max_connections:
+            self._reject(conn)
+            return
+        server.open_connections += 1
+        self._conn = conn
+        super().connection_made(transport)
+        self._clock = ConnectionClock(server.policy.limits, self._loop.time())
+        self._rearm()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._rejected:
+            if self._conn is not None:
+                self._proxy_server.lingering -= 1
+                self._conn = None
+            return
+        if self._conn is not None:
+            self._proxy_server.open_connections -= 1
+            self._conn = None
+        self._clock = None
+        self._body = self._active = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        clock = self._clock
+        if clock is None:
+            if not self._rejected:
+                super().data_received(data)
+            return  # a refused connection's input is dropped
+        now = self._loop.time()
+        if data and self._body is None:
+            clock.head_bytes(now)
+            head = self._head
+            if not head:
+                self._head = data  # usually the whole head: kept without a copy
+            elif b"\n" not in head and len(head) < HEAD_SNIFF_BYTES:
+                self._head = head + data[:HEAD_SNIFF_BYTES]  # a request line in pieces
+        queue = self._messages
+        before = len(queue)
+        super().data_received(data)
+        if len(queue) > before:
+            for message, payload in itertools.islice(queue, before, None):
+                self._head_received(message, payload, now)
+        self._rearm()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._clock is not None:
+            self._clock.writing_paused(self._loop.time())
+            self._rearm()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._clock is not None:
+            self._clock.writing_resumed()
+
+    # --- RequestHandler's hooks ---------------------------------------------------------
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            if self._close_after:
+                self._close_now()
+            elif self._clock is not None and not self._messages:
+                self._clock.response_ended(self._loop.time())
+                self._rearm()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """JSON instead of aiohttp's text (which quotes the input); parser errors are
+        logged at debug level only (any client can send them)."""
+        if status >= 500:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+        else:
+            self.logger.debug("refused a malformed request from %s: %r", request.remote, exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already sent; cannot send the error")
+        text = None
+        if status == 400 and exc is not None:
+            status, text = parser_error(exc, self.max_line_size)
+        return error_response(status, text, close=True)
+
+    # --- the gate's calls ---------------------------------------------------------------
+    def begin(self, request: web.BaseRequest) -> None:
+        self._active = request
+
+    def end(self) -> None:
+        self._active = None
+
+    def close_after_response(self) -> None:
+        self._close_after = True
+
+    # --- internals ----------------------------------------------------------------------
+    def _reject(self, conn: asyncio.Transport) -> None:
+        """Over the cap: 503 without reading a request, and close. The answer is
+        followed by a FIN; what the client sent meanwhile is read and dropped for
+        `REJECT_LINGER_S`, so that the close does not reset the connection before the
+        client has read the 503."""
+        self._rejected = True
+        server = self._proxy_server
+        server.note_refusal()
+        conn.write(server.over_cap_answer)
+        if server.lingering >= MAX_LINGERING or not conn.can_write_eof():
+            conn.close()
+            return
+        conn.write_eof()
+        server.lingering += 1
+        self._conn = conn
+        self._timer = self._loop.call_later(REJECT_LINGER_S, conn.close)
+
+    def _head_received(self, message: Any, payload: StreamReader, now: float) -> None:
+        assert self._clock is not None
+        self._head = b""
+        if isinstance(message, RawRequestMessage):
+            if message.version < HttpVersion10:
+                self.force_close()  # HTTP/0.9: its client could not read an HTTP/1.x answer
+                return
+            if message.upgrade:
+                # Upgrade or CONNECT: the proxy switches to no other protocol. Close after
+                # the answer: aiohttp would parse what follows inside `finish_response`,
+                # out of this clock's sight.
+                self._close_after = True
+        has_body = not payload.is_eof()
+        self._clock.head_received(now, has_body=has_body)
+        if has_body:
+            self._body = payload
+            payload.on_eof(self._body_received)
+
+    def _body_received(self) -> None:
+        self._body = None
+        if self._clock is not None:
+            self._clock.body_received()
+
+    def _rearm(self) -> None:
+        """Keep one timer at the clock's next deadline. A timer armed earlier stays:
+        when it fires it finds nothing due and re-arms (one handle per request, not
+        one per event)."""
+        at = self._clock.next_deadline() if self._clock is not None else None
+        if at is None:
+            return
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= at:
+                return
+            timer.cancel()
+        self._timer = self._loop.call_at(at, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        clock, conn = self._clock, self._conn
+        if clock is None or conn is None:
+            return
+        expiry = clock.due(self._loop.time())
+        if expiry is None:
+            self._rearm()
+            return
+        log.debug("closing a client connection: %s time limit", expiry)
+        if expiry is Expiry.SEND:
+            conn.abort()  # a close would wait for the reader that does not read
+            return
+        if expiry is Expiry.BODY and self._fail_body_read():
+            self._rearm()
+            return
+        if (
+            expiry is Expiry.HEADERS
+            and self.transport is not None
+            and not self.writing_paused
+            and answerable(self._head)
+        ):
+            conn.write(self._proxy_server.header_timeout_answer)
+        self._close_now()
+
+    def _fail_body_read(self) -> bool:
+        """The body limit ran out while a handler waits for the body: its read fails
+        with 408 (answered as JSON by the error middleware; the connection closes after
+        it). False when no handler can still answer: then the connection just closes."""
+        body, request, clock = self._body, self._active, self._clock
+        if (
+            body is None
+            or request is None
+            or clock is None
+            or request.content is not body
+            or request.writer.output_size > 0
+            or self._close_after
+        ):
+            return False
+        self._close_after = True
+        limit_s = clock.limits.body_s
+        body.set_exception(RequestTimeout(f"request body not received within {limit_s:g} s"))
+        clock.body_grace(self._loop.time(), BODY_GRACE_S)
+        return True
+
+    def _close_now(self) -> None:
+        if self.writing_paused and self._conn is not None:
+            self._conn.abort()
+        self.force_close()
+
+
+class ProxyServer(web.Server):
+    """aiohttp's low-level server with the proxy's protocol and request gate."""
+
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        policy: ConnectionPolicy,
+        request_factory: Any,
+        loop: asyncio.AbstractEventLoop,
+        **protocol_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            self.gate,
+            request_factory=request_factory,
+            handler_cancellation=True,
+            loop=loop,
+            **protocol_kwargs,
+        )
+        self.policy = policy
+        self._app_handler = handler
+        self._protocol_loop = loop
+        self._protocol_kwargs = protocol_kwargs
+        self.open_connections = 0
+        self.lingering = 0
+        self._refusal_logged_at = -math.inf
+        retry_after = {"Retry-After": str(policy.retry_after_s)}
+        self.over_cap_answer = raw_error(503, "too many connections; retry later", retry_after)
+        self.version_answer = raw_error(505)
+        self.header_timeout_answer = raw_error(
+            408, f"request headers not received within {policy.limits.header_s:g} s"
+        )
+
+    def __call__(self) -> ProxyProtocol:
+        return ProxyProtocol(self, loop=self._protocol_loop, **self._protocol_kwargs)
+
+    def note_refusal(self) -> None:
+        now = self._protocol_loop.time()
+        if now - self._refusal_logged_at >= 10.0:
+            self._refusal_logged_at = now
+            log.warning(
+                "%d client connections open (the cap): refusing new ones with 503",
+                self.policy.max_connections,
+            )
+
+    async def gate(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every request passes here before the application: refusals at the HTTP
+        level, and the protocol learns which request a handler runs for."""
+        protocol = cast(ProxyProtocol, request.protocol)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            protocol.close_after_response()
+            return refusal
+        protocol.begin(request)
+        try:
+            return await self._app_handler(request)
+        finally:
+            protocol.end()
+
+    def _refusal(self, request: web.BaseRequest) -> web.StreamResponse | None:
+        version = request.version
+        if version == HttpVersion11:
+            expect = request.headers.get(hdrs.EXPECT)
+            if not expect:
+                return None
+            if expect.lower() != "100-continue":
+                return error_response(417, close=True)
+            length = request.content_length
+            limit = self.policy.max_body_bytes
+            if length is not None and length > limit:
+                # Before routing, so before aiohttp's "100 Continue": the client never
+                # sends the body.
+                message = f"request body exceeds {limit} bytes"
+                return error_response(413, message, param="body", close=True)
+            return None
+        if version == HttpVersion10:
+            return None
+        # Another version: 505 in HTTP/1.1 (aiohttp would answer in the request's
+        # version); HTTP/0.9 gets nothing, its client could not read an HTTP/1.x answer.
+        protocol = request.protocol
+        if version > HttpVersion11 and protocol.transport is not None:
+            protocol.transport.write(self.version_answer)
+        protocol.force_close()
+        return web.Response()  # never written: the connection is closed
+
+
+class ProxyRunner(web.AppRunner):
+    """An `AppRunner` serving its application through `ProxyServer`."""
+
+    __slots__ = ("_access_log", "_policy")
+
+    def __init__(
+        self,
+        app: web.Application,
+        policy: ConnectionPolicy,
+        *,
+        shutdown_timeout: float,
+        access_log: logging.Logger | None = None,
+    ) -> None:
+        super().__init__(app, shutdown_timeout=shutdown_timeout)
+        self._policy = policy
+        self._access_log = access_log
+
+    async def _make_server(self) -> web.Server:
+        app_server = await super()._make_server()  # starts the application
+        return ProxyServer(
+            app_server.request_handler,
+            policy=self._policy,
+            request_factory=app_server.request_factory,
+            loop=asyncio.get_running_loop(),
+            access_log=self._access_log,
+            keepalive_timeout=NEVER_S,
+        )
+
+
+async def listen(runner: web.AppRunner, host: str, port: int) -> str:
+    """Listen on `host:port` (port 0: any free port); returns the base URL."""
+    await web.TCPSite(runner, host, port).start()
+    bound_host, bound_port = runner.addresses[-1][:2]
+    if ":" in bound_host:
+        bound_host = f"[{bound_host}]"
+    return f"http://{bound_host}:{bound_port}"

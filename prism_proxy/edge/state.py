@@ -1,0 +1,25 @@
+"""Typed application keys: the long-lived resources the handlers use (aiohttp `AppKey`)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from prism_proxy.admission.driver import AdmissionController
+from prism_proxy.backend.client import BackendClient
+from prism_proxy.backend.control import ControlClient
+from prism_proxy.config import ProxyConfig
+from prism_proxy.edge.bodies import JsonParser
+from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.tokenizer import Tokenizer
+
+CONFIG = web.AppKey("config", ProxyConfig)
+METRICS = web.AppKey("metrics", ProxyMetrics)
+BACKEND = web.AppKey("backend", BackendClient)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+SERIALIZER = web.AppKey("serializer", Serializer)
+CONTROLS = web.AppKey("controls", list[ControlClient])  # one per DART control RPC
+ADMISSION = web.AppKey("admission", AdmissionController)
+PARSER = web.AppKey("parser", JsonParser)
+EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents

@@ -1,0 +1,1 @@
+"""From a request to what QAS queues and what the engine receives: segments, turns, token ids."""

@@ -1,0 +1,191 @@
+"""Message structure as segments (SPEC §1): a chat without hints is a chain of turns.
+
+A multi-turn chat, or an agent loop that re-sends its history with every call, is cut
+where each message ends in the rendered prompt. The first piece (the system turn, with
+the `tools` a template writes there) is the request's head; each later message but the
+last is a segment; the rest (the last message and the generation prompt) is private.
+Segment ids chain: a turn's id hashes its tokens and the id of the piece before, so
+equal ids mean equal prefixes, and the next call of an agent loop repeats every id of
+the call before. Nothing is reordered.
+
+Cuts are found without knowing the template: the chat rendered up to message k (no
+generation prompt) must be a prefix of the whole rendering, and the position must be
+one where the tokenizer cuts the text too (an edge of an added token,
+`ChatPieces.encode_cut`), so the pieces' ids are exactly the ids of the whole text.
+At most `MAX_CUTS` are looked for (`_candidates`): the first message ends, every
+stride-th, and the last two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.jobs import Dispatch, TokenJob, find_documents, private_job, segmented_job
+from prism_proxy.prompts.serializer import Serializer, prefix_key_of
+from prism_tokens.chat import (
+    content_format,
+    template_messages,
+)
+from prism_tokens.tokenizer import ChatTemplateError, Tokenizer
+from prism_wire import anchor_check
+
+MAX_CUTS = 16
+TURN_ID_PREFIX = "\x00turn:"
+
+
+# --- cuts and the job -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """A rendered chat's ids and the token offsets where its messages end (strictly
+    increasing, each inside the prompt)."""
+
+    ids: list[int]
+    cuts: tuple[int, ...]
+
+
+def _candidates(count: int) -> list[int]:
+    """Message counts whose rendering may end a piece: 0 (what a template writes before
+    the first message: tools), 1 and 2, every multiple of a stride, and the last two.
+    The stride is the smallest power of two that keeps them within `MAX_CUTS`: the cuts
+    of a growing history stay where they were (until the stride doubles), so the next
+    call of an agent loop repeats the ids of the call before up to its last stride cut."""
+    if count <= MAX_CUTS:
+        return list(range(count))
+    stride = 1
+    while (count - 1) // stride > MAX_CUTS - 5:
+        stride *= 2
+    middle = range(stride * (3 // stride + 1), count - 2, stride)
+    return sorted({0, 1, 2, *middle, count - 2, count - 1})
+
+
+def find_turns(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> Turns:
+    """Render `messages` (with `tools`) and cut at message ends; raises
+    `ChatTemplateError` when the template cannot render the chat."""
+    full = tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools)
+    pieces = tokenizer.chat_pieces
+    if pieces is None:
+        return Turns(tokenizer.encode(full), ())
+    ends: list[int] = []
+    for k in _candidates(len(messages)):
+        try:
+            text = tokenizer.render_chat(messages[:k], add_generation_prompt=False, tools=tools)
+        except ChatTemplateError:
+            continue  # e.g. a template that needs a user message first
+        if (not ends or len(text) > ends[-1]) and len(text) < len(full) and full.startswith(text):
+            ends.append(len(text))
+    ids, offsets = pieces.encode_cut(full, ends)
+    cuts: list[int] = []
+    for offset in offsets:
+        if offset is not None and (cuts[-1] if cuts else 0) < offset < len(ids):
+            cuts.append(offset)
+    return Turns(ids, tuple(cuts))
+
+
+def _turn_id(previous: bytes, ids: Sequence[int]) -> bytes:
+    return hashlib.blake2b(previous + array("I", ids).tobytes(), digest_size=12).digest()
+
+
+def turns_job(turns: Turns) -> TokenJob:
+    """The token job of a cut chat: head = the first piece, chained segment ids for the
+    later pieces, the rest private (a chat without cuts is one private piece)."""
+    ids, cuts = turns.ids, turns.cuts
+    anchors: list[dict[str, Any]] = []
+    segments: list[str] = []
+    lengths: list[int] = []
+    head_key = ""
+    if cuts:
+        head_key = prefix_key_of(ids[: cuts[0]])
+        anchors.append({"kind": "system", "segment_id": head_key, "offset": cuts[0]})
+        chain = bytes.fromhex(head_key)
+        for start, end in itertools.pairwise(cuts):
+            chain = _turn_id(chain, ids[start:end])
+            segments.append(TURN_ID_PREFIX + chain.hex())
+            lengths.append(end - start)
+            anchors.append({"kind": "segment", "segment_id": segments[-1], "offset": end})
+    anchors.append({"kind": "private", "segment_id": None, "offset": len(ids)})
+    dispatch = Dispatch({"input_ids": ids}, anchors)
+    return TokenJob(
+        segments=tuple(segments),
+        reorder=False,
+        prefix_key=head_key,
+        head_tokens=cuts[0] if cuts else 0,
+        segment_tokens=tuple(lengths) if cuts else None,
+        build=lambda _order: dispatch,
+    )
+
+
+def dispatch_check(dispatch: Dispatch) -> str:
+    """The `anchor_check` of a dispatch's prompt and anchors (for an engine that renders
+    and tokenizes the prompt itself)."""
+    return anchor_check(
+        dispatch.prompt_fields["input_ids"], [a["offset"] for a in dispatch.anchors]
+    )
+
+
+# --- a chat without hints -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ChatJob:
+    """The token job of a chat without hints, and what was found in it for the metrics
+    (`outcome`: found, found-ordered, turns, none, off; `layout`)."""
+
+    job: TokenJob
+    outcome: str
+    layout: str = ""
+
+
+def _single_turn(given: Sequence[Mapping[str, Any]]) -> tuple[str | None, str] | None:
+    """(system, user text) of a chat of one user message after at most one system (or
+    developer) message, with string content and nothing else; None otherwise."""
+    if not given or given[-1]["role"] != "user" or len(given) > 2:
+        return None
+    if len(given) == 2 and given[0]["role"] not in ("system", "developer"):
+        return None
+    if any(set(m) - {"role", "content"} or not isinstance(m["content"], str) for m in given):
+        return None
+    return (given[0]["content"] if len(given) == 2 else None), given[-1]["content"]
+
+
+def chat_job(
+    serializer: Serializer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    layouts: Sequence[str],
+    reorder: bool,
+    evidence: BlockEvidence,
+) -> ChatJob:
+    """How the proxy serves a text chat without hints (`messages` as forwarded):
+    documents found in a single turn's user message, or else in its system message
+    (`prompts.find_documents`); else the chat cut at its message ends; with no
+    `layouts` (segmentation off), one private piece. Raises `NotRenderable` (a
+    continuation of the assistant's last message) and `ChatTemplateError`."""
+    tokenizer = serializer.tokenizer
+    given = template_messages(messages, content_format(tokenizer.chat_template))
+    if not layouts:
+        ids = tokenizer.encode_chat(tokenizer.render_chat(given))
+        return ChatJob(private_job({"input_ids": ids}, len(ids)), "off")
+    turn = _single_turn(given)
+    if turn is not None:
+        system, text = turn
+        finding = find_documents(
+            text, system=system, layouts=layouts, reorder=reorder, evidence=evidence
+        )
+        if finding is None and system is not None and given[0]["role"] == "system":
+            # the documents in the system message (LangChain's retrieval-QA chat prompt)
+            finding = find_documents(
+                system, system=None, layouts=layouts, reorder=reorder, evidence=evidence, user=text
+            )
+        if finding is not None:
+            job = segmented_job(serializer, finding.prompt, chat=True)
+            return ChatJob(job, finding.outcome, finding.layout)
+    job = turns_job(find_turns(tokenizer, given, None))
+    return ChatJob(job, "turns", "messages") if job.head_tokens else ChatJob(job, "none")

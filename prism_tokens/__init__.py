@@ -1,0 +1,1 @@
+"""Tokenization shared by the proxy, the simulated engine, loadgen and the CPU SGLang server."""

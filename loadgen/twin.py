@@ -50,11 +50,7 @@ from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import (
-    PendingResidency,
-    ResidentSegments,
-    residency_source,
-)
+from prism_proxy.qas.residency import PendingResidency, ResidentSegments, residency_source
 from prism_sim.engine import EngineCore, SimConfig
 from prism_sim.native_api import batch_limits
 from prism_sim.request import SimRequest

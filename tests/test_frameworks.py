@@ -40,13 +40,7 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from haystack_offline import (
-    ChatMessage,
-    ChatPromptBuilder,
-    OpenAIChatGenerator,
-    Pipeline,
-    Secret,
-)
+from haystack_offline import ChatMessage, ChatPromptBuilder, OpenAIChatGenerator, Pipeline, Secret
 from haystack_offline import Document as HaystackDocument
 from langchain_classic.chains.combine_documents import create_stuff_documents_chain
 from langchain_core.callbacks import UsageMetadataCallbackHandler

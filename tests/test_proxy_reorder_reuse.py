@@ -13,13 +13,7 @@ import contextlib
 import httpx
 import openai
 import pytest
-from proxy_support import (
-    ProxyFactory,
-    eventually,
-    proxy_config,
-    proxy_factory_fixture,
-    sim_server,
-)
+from proxy_support import ProxyFactory, eventually, proxy_config, proxy_factory_fixture, sim_server
 
 from loadgen.processes import free_port, run_server
 from prism_proxy.api.segments import SegmentedPrompt

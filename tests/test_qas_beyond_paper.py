@@ -19,11 +19,7 @@ from prism_proxy.qas.counters import head_key
 from prism_proxy.qas.params import QAS_VARIANTS, RESIDENCY_WEIGHT, QasParams, qas_params
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import (
-    PendingResidency,
-    ResidentSegments,
-    ViewResidency,
-)
+from prism_proxy.qas.residency import PendingResidency, ResidentSegments, ViewResidency
 from prism_proxy.qas.types import ActiveRequest, Lane, QueuedRequest
 from prism_wire import ResidencySummary
 

@@ -2,12 +2,7 @@
 the SGLang plugin and the simulated engine run the very same code."""
 
 from backend_plugin.dart.core import DartCore, DartStats
-from backend_plugin.dart.keys import (
-    EvictionClass,
-    EvictionPolicy,
-    NodeMeta,
-    eviction_key,
-)
+from backend_plugin.dart.keys import EvictionClass, EvictionPolicy, NodeMeta, eviction_key
 from backend_plugin.dart.priority import PriorityUpdate, StaleEpochError, UpdateInbox
 from backend_plugin.dart.tree import META_ATTR, DartStrategy, TreeAdapter, place_anchors
 

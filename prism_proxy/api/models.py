@@ -17,14 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Protocol, Self
 
 import orjson
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from prism_proxy.api.segments import (
     MinP,

@@ -20,17 +20,12 @@ from prism_proxy.admission.driver import (
     Released,
     ShuttingDownError,
 )
-from prism_proxy.api.models import (
-    PromptSize,
-)
+from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.errors import LANE, ApiError, backend_failure
 from prism_proxy.memory import release_free_memory
-from prism_proxy.prompts.jobs import (
-    PromptError,
-    TokenJob,
-)
+from prism_proxy.prompts.jobs import PromptError, TokenJob
 from prism_proxy.qas.types import QueuedRequest
 
 T = TypeVar("T")

@@ -22,26 +22,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from prism_proxy.api.models import (
-    PromptSize,
-)
+from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.admit import Admitted, new_rid, off_loop
 from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, json_answer
-from prism_proxy.edge.openai_format import (
-    SSE_DONE,
-    ResponseFormat,
-    TokenUsage,
-    sse,
-    stream_error,
-)
-from prism_proxy.prompts.conversation import (
-    dispatch_check,
-)
-from prism_proxy.prompts.jobs import (
-    TokenJob,
-)
+from prism_proxy.edge.openai_format import SSE_DONE, ResponseFormat, TokenUsage, sse, stream_error
+from prism_proxy.prompts.conversation import dispatch_check
+from prism_proxy.prompts.jobs import TokenJob
 from prism_proxy.qas.types import QueuedRequest
 from prism_wire import CUSTOM_PARAMS_KEY, make_kv_hints
 

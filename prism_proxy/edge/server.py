@@ -34,12 +34,7 @@ from aiohttp.streams import StreamReader
 
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.clock import ConnectionClock, ConnectionLimits, Expiry
-from prism_proxy.edge.errors import (
-    RequestTimeout,
-    error_response,
-    parser_error,
-    raw_error,
-)
+from prism_proxy.edge.errors import RequestTimeout, error_response, parser_error, raw_error
 
 log = logging.getLogger(__name__)
 

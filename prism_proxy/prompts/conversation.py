@@ -28,10 +28,7 @@ from typing import Any
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.jobs import Dispatch, TokenJob, find_documents, private_job, segmented_job
 from prism_proxy.prompts.serializer import Serializer, prefix_key_of
-from prism_tokens.chat import (
-    content_format,
-    template_messages,
-)
+from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import ChatTemplateError, Tokenizer
 from prism_wire import anchor_check
 

@@ -20,22 +20,37 @@ from pathlib import Path
 
 import httpx
 
-SERVER_PORTS = range(20000, 32768)  # below Linux's ephemeral range (32768-60999)
+# Ports our servers listen on: below Linux's ephemeral range (32768-60999), which the OS
+# hands to outgoing connections, and outside 22000-29999, where SGLang 0.5.23 draws the
+# NCCL port that each of its servers binds on 0.0.0.0 while it starts
+# (`get_free_port_below_ephemeral`): a server of ours on such a port lost it to another
+# SGLang's TCPStore now and then.
+SERVER_PORTS = (*range(20000, 22000), *range(30000, 32768))
+# A port handed out is not handed out again by this process for this long: a server
+# may take seconds to bind the port it was given.
+REUSE_AFTER_S = 300.0
+_handed_out: dict[int, float] = {}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago, drawn from `SERVER_PORTS` so that servers
-    never take a port the OS may hand to an outgoing connection."""
+    """A TCP port that was free a moment ago, drawn from `SERVER_PORTS` and not handed
+    out by this process in the last `REUSE_AFTER_S`."""
     rng = random.SystemRandom()
+    now = time.monotonic()
+    for port in [p for p, at in _handed_out.items() if now - at > REUSE_AFTER_S]:
+        del _handed_out[port]
     for _ in range(200):
         port = rng.choice(SERVER_PORTS)
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            return port
-    raise OSError(f"no free port in {SERVER_PORTS.start}-{SERVER_PORTS.stop - 1}")
+        _handed_out[port] = now
+        return port
+    raise OSError("no free port among SERVER_PORTS (20000-21999, 30000-32767)")
 
 
 @dataclass

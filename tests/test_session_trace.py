@@ -20,7 +20,7 @@ from loadgen.session_trace import (
 )
 from prism_tokens.tokenizer import load_tokenizer
 
-PARAMS = SessionParams(num_sessions=30, session_rate=2.0, source="synthetic")
+PARAMS = SessionParams(num_sessions=16, session_rate=2.0, source="synthetic")
 # Short tool outputs where only the draws matter (random text costs time).
 SHORT = {"output_median_tokens": 8, "output_min_tokens": 4, "output_max_tokens": 16}
 

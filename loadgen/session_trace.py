@@ -108,9 +108,9 @@ class SessionTrace:
     sessions: tuple[Session, ...]
 
 
-def _zipf_index(rng: np.random.Generator, n: int, alpha: float) -> int:
+def _zipf_weights(n: int, alpha: float) -> np.ndarray:
     weights = 1.0 / np.arange(1, n + 1) ** alpha
-    return int(rng.choice(n, p=weights / weights.sum()))
+    return weights / weights.sum()
 
 
 def tool_names(domain: DomainMaterial) -> list[str]:
@@ -136,10 +136,11 @@ def build_session_trace(
     pick, durations = stream(seed, "session-pick"), stream(seed, "tool-durations")
     sizes, content = stream(seed, "tool-outputs"), stream(seed, "tool-content")
     mu_out = math.log(params.output_median_tokens)
+    task_weights = {n: _zipf_weights(len(d.tasks), params.task_alpha) for n, d in domains.items()}
     sessions = []
     for number, arrival in enumerate(arrivals):
         domain = domains[names[int(pick.integers(len(names)))]]
-        task = domain.tasks[_zipf_index(pick, len(domain.tasks), params.task_alpha)]
+        task = domain.tasks[int(pick.choice(len(domain.tasks), p=task_weights[domain.name]))]
         calls = int(pick.integers(params.min_calls, params.max_calls + 1))
         tools = tool_names(domain)
         steps = []
@@ -222,7 +223,7 @@ def unlimited_kv_bound(trace: SessionTrace, tokenizer: TokenCounter) -> Bound:
 
 
 def summary(trace: SessionTrace) -> dict[str, Any]:
-    """The trace's shape in numbers (for a report header and the tests)."""
+    """The trace's shape in numbers: sessions, calls, tool durations, span."""
     durations = [s.duration_s for x in trace.sessions for s in x.steps]
     return {
         "sessions": len(trace.sessions),

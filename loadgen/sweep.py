@@ -622,15 +622,9 @@ def _compact_metavars(parser: argparse.ArgumentParser) -> None:
             action.help = f"{action.help}: {choices}" if action.help else choices
             action.metavar = "NAME"
         elif action.metavar is None:
-            action.metavar = (
-                "LIST"
-                if action.default == ""
-                or (
-                    action.default is not None
-                    and (isinstance(action.default, str) and "," in action.default)
-                )
-                else "X"
-            )
+            default = action.default
+            is_list = isinstance(default, str) and (default == "" or "," in default)
+            action.metavar = "LIST" if is_list else "X"
 
 
 def model_tokenizer(model: str, tokenizer: str, sglang_python: str) -> str:

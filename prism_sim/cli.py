@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import sys
@@ -32,7 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--chunked-prefill-size", type=int, default=None, help="-1 disables")
     p.add_argument("--schedule-policy", choices=POLICIES, default="fcfs")
-    p.add_argument("--eviction", default="lru", help="radix eviction order (lru, lfu, ...)")
+    p.add_argument(
+        "--eviction",
+        "--radix-eviction-policy",
+        dest="eviction",
+        default="lru",
+        help="radix eviction order: SGLang's lru, lfu, fifo, mru, filo, priority, slru, "
+        "tlru, or an extension (dart, lru+active)",
+    )
+    p.add_argument(
+        "--radix-eviction-policy-config",
+        type=json.loads,
+        default=None,
+        help="keyword arguments of the eviction policy as a JSON object, as in SGLang: "
+        'slru {"protected_threshold": 2}; tlru {"threshold": T, "next_prompt_estimate": Q} '
+        "(tokens, T > Q)",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="time scale; 1.0 = real time")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None)
@@ -63,6 +79,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         chunked_prefill_size=args.chunked_prefill_size,
         schedule_policy=args.schedule_policy,
         eviction=args.eviction,
+        radix_eviction_policy_config=args.radix_eviction_policy_config,
         speed=args.speed,
         seed=args.seed,
         served_model_name=args.served_model_name,

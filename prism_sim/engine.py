@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from prism_sim.engine_loop import EngineLoop
+from prism_sim.eviction import EvictionStrategy, make_eviction_strategy
 from prism_sim.extensions import load_extension
 from prism_sim.metrics import EngineMetrics
 from prism_sim.radix_cache import RadixCache
@@ -42,6 +43,9 @@ class SimConfig:
     chunked_prefill_size: int | None = None
     schedule_policy: str = "fcfs"
     eviction: str = "lru"
+    # SGLang's --radix-eviction-policy-config: keyword arguments for the eviction
+    # strategy (slru: protected_threshold; tlru: threshold, next_prompt_estimate).
+    radix_eviction_policy_config: dict[str, Any] | None = None
     speed: float = 1.0
     seed: int = 0
     served_model_name: str | None = None
@@ -55,6 +59,40 @@ class SimConfig:
             raise ValueError("speed must be positive")
         if self.protect_fraction is not None and not 0.0 <= self.protect_fraction <= 1.0:
             raise ValueError("protect_fraction must be in [0, 1]")
+        policy_config = self.radix_eviction_policy_config
+        if policy_config is not None and not isinstance(policy_config, dict):
+            raise ValueError("radix_eviction_policy_config must be a JSON object")
+        if self.eviction.lower() == "tlru":
+            # SGLang 0.5.23's startup check (arg_groups/kv_cache_hook.py), its words.
+            tlru_config = self.radix_eviction_policy_config or {}
+            threshold = tlru_config.get("threshold", 0)
+            next_prompt_estimate = tlru_config.get("next_prompt_estimate", 0)
+            if threshold < 0 or next_prompt_estimate < 0:
+                raise ValueError(
+                    "--radix-eviction-policy tlru requires non-negative 'threshold' and "
+                    "'next_prompt_estimate' in --radix-eviction-policy-config, got "
+                    f"{threshold} and {next_prompt_estimate}."
+                )
+            if threshold <= next_prompt_estimate:
+                raise ValueError(
+                    "--radix-eviction-policy tlru needs 'threshold' greater than "
+                    "'next_prompt_estimate' in --radix-eviction-policy-config, got "
+                    f"{threshold} <= {next_prompt_estimate}; otherwise no tokens are "
+                    "ever TEL-safe and T-LRU is exactly LRU."
+                )
+
+    def eviction_strategy(self) -> EvictionStrategy:
+        """The built-in strategy `eviction` names, built with
+        `radix_eviction_policy_config` as keyword arguments (SGLang's
+        `get_eviction_strategy`); ValueError for an unknown name or keyword."""
+        kwargs = self.radix_eviction_policy_config or {}
+        try:
+            return make_eviction_strategy(self.eviction, **kwargs)
+        except TypeError as exc:  # an unknown keyword, named by Python
+            raise ValueError(
+                f"--radix-eviction-policy-config {kwargs!r} does not fit "
+                f"--radix-eviction-policy {self.eviction!r}: {exc}"
+            ) from None
 
     def resolved_profile(self) -> Profile:
         profile = load_profile(self.profile).with_overrides(
@@ -136,8 +174,14 @@ class EngineCore:
         filler = [t for t in tokenizer.encode(FILLER_TEXT) if t not in specials]
         shift = config.seed % len(filler)
         extension = load_extension(config.eviction, config)
+        if extension is not None and config.radix_eviction_policy_config:
+            raise ValueError(
+                f"--radix-eviction-policy-config is for SGLang's own policies, "
+                f"not {config.eviction!r}"
+            )
         hooks = [h for h in (insert_hook, extension and extension.on_insert) if h]
-        cache = RadixCache(extension.strategy if extension else config.eviction, clock=clock)
+        strategy = extension.strategy if extension else config.eviction_strategy()
+        cache = RadixCache(strategy, clock=clock)
         if extension is not None:
             extension.attach(cache)
 

@@ -7,7 +7,7 @@ cached, splitting a node where the key diverges and adding one new leaf for the 
 refreshing access times and max-propagating `priority` along the path, and counts a
 hit on every node of the path beyond the `inserted_len` tokens the same request had
 already inserted (so LFU counts requests, not checkpoints); a split copies the lower
-node's lock count, priority and hit count to the new upper node;
+node's lock count, priority, hit count and creation time to the new upper node;
 `inc_lock_ref` / `dec_lock_ref` walk from a node to the root and move tokens between the
 *evictable* and *protected* tallies when a node's lock count leaves or reaches zero;
 `evict(num_tokens)` heapifies the evictable leaves by the strategy's `get_priority`,
@@ -20,6 +20,15 @@ Where we differ, on purpose:
 * time comes from an injectable `clock` (monotonic by default), read once per call
   (a node created by a split gets that same time; SGLang reads the clock again);
 * heap ties are broken by node creation order (SGLang's fall back to set order);
+* a split's upper node keeps the lower node's `creation_time` and `creation_seq` (read
+  only by `fifo` and `filo`), as in `UnifiedRadixCache`, the tree a live 0.5.23 server
+  builds (Python and Rust cores); the plain `RadixCache` stamps the split time instead;
+* under `tlru` the cache keeps `_tlru_cached_prefix_len` (tokens from the root to the
+  node's end) and `_tlru_history_len` (the branch's high-water depth, never lowered by
+  eviction) as `UnifiedRadixCache` does (`unified_tree_core.py`:
+  `_set_tlru_lens_and_raise_history` on a new leaf, and on a split the upper node gets
+  its own depth and the lower node's high-water mark); plain `RadixCache` has no such
+  fields, and SGLang refuses `tlru` with any other tree;
 * nodes carry a free `meta` slot, and `split_at(key, offset)` forces a node boundary,
   for DART's anchors (SPEC §3). A split keeps `meta` on the lower node, which still
   ends at the same offset; the new upper node starts with `meta = None`.
@@ -42,6 +51,7 @@ from prism_sim.eviction import (
     EvictionStrategy,
     LFUStrategy,
     LRUStrategy,
+    TLRUStrategy,
     eviction_strategy_names,
     make_eviction_strategy,
     register_eviction_strategy,
@@ -70,7 +80,10 @@ class TreeNode:
     # `__dict__` keeps nodes open to extra attributes (plugins may tag nodes).
     __slots__ = (
         "__dict__",
+        "_tlru_cached_prefix_len",
+        "_tlru_history_len",
         "children",
+        "creation_seq",
         "creation_time",
         "evicted",
         "hit_count",
@@ -94,7 +107,12 @@ class TreeNode:
         self.priority = 0
         self.meta: dict[str, Any] | None = None
         self.evicted = False
+        # T-LRU only (kept by the cache under `TLRUStrategy`, else 0).
+        self._tlru_cached_prefix_len = 0
+        self._tlru_history_len = 0
         self.id = next(_node_ids)
+        # Creation order (kept by a split, like creation_time): fifo/filo's tie-break.
+        self.creation_seq = self.id
 
     def __repr__(self) -> str:
         head = self.key[:6]
@@ -115,6 +133,18 @@ class EvictResult:
 
     num_tokens_evicted: int
     evicted_nodes: tuple[TreeNode, ...]
+
+
+def _set_tlru_lens_and_raise_history(node: TreeNode, parent: TreeNode) -> None:
+    """A new node's depth, and the high-water mark raised up its root path (SGLang's
+    `unified_tree_core._set_tlru_lens_and_raise_history`)."""
+    node._tlru_cached_prefix_len = parent._tlru_cached_prefix_len + len(node.key)
+    if node._tlru_history_len < node._tlru_cached_prefix_len:
+        node._tlru_history_len = node._tlru_cached_prefix_len
+    cur: TreeNode | None = parent
+    while cur is not None and cur._tlru_history_len < node._tlru_cached_prefix_len:
+        cur._tlru_history_len = node._tlru_cached_prefix_len
+        cur = cur.parent
 
 
 def _common_prefix_len(a: list[int], b: list[int], start: int = 0) -> int:
@@ -145,6 +175,8 @@ class RadixCache:
     ) -> None:
         self.strategy = make_eviction_strategy(strategy) if isinstance(strategy, str) else strategy
         self.clock = clock
+        # SGLang's `tlru_bookkeeping`: the T-LRU lengths cost a root-path walk per insert.
+        self.tlru_bookkeeping = isinstance(self.strategy, TLRUStrategy)
         self.evicted_tokens_total = 0
         self.evict_listeners: list[Callable[[TreeNode], None]] = []
         # DART (backend_plugin.sim_extension): called once at the start of each eviction
@@ -210,6 +242,8 @@ class RadixCache:
             if total_prefix + len(rest) > inserted_len:
                 leaf.hit_count += 1
             node.children[rest[0]] = leaf
+            if self.tlru_bookkeeping:
+                _set_tlru_lens_and_raise_history(leaf, node)
             self._evictable_size += len(rest)
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
@@ -372,7 +406,8 @@ class RadixCache:
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
         """Cut `child` after `split_len` tokens; return the new upper node.
 
-        parent ── child[0:n] ── child[n:]   (the upper node inherits locks and priority)
+        parent ── child[0:n] ── child[n:]   (the upper node inherits locks, priority,
+                                             hit count and creation time)
         """
         parent = child.parent
         assert parent is not None
@@ -380,6 +415,13 @@ class RadixCache:
         upper.lock_ref = child.lock_ref
         upper.priority = child.priority
         upper.hit_count = child.hit_count
+        upper.creation_time = child.creation_time
+        upper.creation_seq = child.creation_seq
+        if self.tlru_bookkeeping:
+            # The split adds no depth: the upper node ends split_len tokens below its
+            # parent and inherits the branch's high-water mark; `child` keeps both.
+            upper._tlru_cached_prefix_len = parent._tlru_cached_prefix_len + split_len
+            upper._tlru_history_len = child._tlru_history_len
         child.key = child.key[split_len:]
         child.parent = upper
         upper.children[child.key[0]] = child

@@ -2,7 +2,10 @@
 
     POST /prism/priorities  {epoch, table: {segment_id: score}, protect}
                             200 accepted | 409 stale epoch | 400 malformed | 401
-    POST /prism/reset       forget the table (DART orders like LRU until the next push)
+    POST /prism/retain      {retain: {segment_id: [score, ttl_s]}, release: [segment_id]}
+                            200 | 400 malformed | 401 (R_t: see dart/core.py)
+    POST /prism/reset       forget the table and R_t (DART orders like LRU until the
+                            next push)
     GET  /prism/stats       JSON stats
     GET  /prism/residency?generation=G&since=V   (both optional)
                             {generation, version, full, resident: [seg], gone: [seg]}:
@@ -42,8 +45,15 @@ from pydantic import ValidationError
 from backend_plugin.config import ControlConfig
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import EvictionClass
-from backend_plugin.dart.priority import PriorityUpdate, StaleEpochError
-from prism_wire import RPC_PRIORITIES, RPC_RESET, RPC_RESIDENCY, PriorityBody
+from backend_plugin.dart.priority import PriorityUpdate, RetainUpdate, StaleEpochError
+from prism_wire import (
+    RPC_PRIORITIES,
+    RPC_RESET,
+    RPC_RESIDENCY,
+    RPC_RETAIN,
+    PriorityBody,
+    RetainBody,
+)
 
 CORE_KEY = web.AppKey("prism_dart_core", DartCore)
 INLINE_KEY = web.AppKey("prism_apply_inline", bool)
@@ -84,6 +94,19 @@ async def _priorities(request: web.Request) -> web.Response:
     if request.app[INLINE_KEY]:
         core.apply_pending()
     return web.json_response({"accepted": True, "epoch": body.epoch})
+
+
+async def _retain(request: web.Request) -> web.Response:
+    try:
+        body = RetainBody.model_validate(orjson.loads(await request.read()))
+    except (ValueError, ValidationError) as exc:
+        return _error(400, "malformed retention update", detail=str(exc)[:2000])
+    core = request.app[CORE_KEY]
+    retain = {owner: (score, ttl) for owner, (score, ttl) in body.retain.items()}
+    core.inbox.submit_retain(RetainUpdate(retain, tuple(body.release)))
+    if request.app[INLINE_KEY]:
+        core.apply_pending()
+    return web.json_response({"accepted": True})
 
 
 async def _reset(request: web.Request) -> web.Response:
@@ -182,6 +205,7 @@ def create_control_app(
     registry.register(DartCollector(core))
     app[REGISTRY_KEY] = registry
     app.router.add_post(RPC_PRIORITIES, _priorities)
+    app.router.add_post(RPC_RETAIN, _retain)
     app.router.add_post(RPC_RESET, _reset)
     app.router.add_get("/prism/stats", _stats)
     app.router.add_get(RPC_RESIDENCY, _residency)

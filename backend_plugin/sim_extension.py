@@ -69,6 +69,7 @@ class DartSimExtension:
         if self._cache is not None:
             raise RuntimeError("a DART extension serves one radix cache")
         self._cache, self._root = cache, cache.root
+        self.core.clock = cache.clock  # retention expires on the engine's time
         cache.split_listeners.append(self.on_split)
         cache.evict_begin_listeners.append(self.begin_eviction)
         cache.evict_listeners.append(self.on_evict)

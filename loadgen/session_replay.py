@@ -44,6 +44,7 @@ class CallRecord:
     prompt_tokens: int | None
     cached_tokens: int | None
     error: str | None = None
+    shared_tokens: int | None = None  # the agent type's shared prefix (global region)
 
 
 @dataclass
@@ -180,13 +181,22 @@ async def replay_sessions(trace: SessionTrace, config: SessionReplayConfig) -> d
 
 
 def summarize(records: list[SessionRecord]) -> dict[str, Any]:
-    """Per-call TTFT percentiles, mean JCT of completed sessions, hit rate, throughput."""
+    """Per-call TTFT percentiles, mean JCT of completed sessions, hit rate overall and on
+    the non-global regions (each prompt less its agent type's shared prefix, counted
+    when every call knows it), throughput."""
     calls = [c for r in records for c in r.calls]
     ttfts = [c.ttft_s for c in calls if c.ttft_s is not None and c.error is None]
     done = [r for r in records if r.end is not None]
     prompt = sum(c.prompt_tokens or 0 for c in calls)
     cached = sum(c.cached_tokens or 0 for c in calls)
     span = max((c.end for c in calls), default=0.0)
+    measured = [c for c in calls if c.prompt_tokens is not None]
+    non_global = None
+    if measured and all(c.shared_tokens is not None for c in measured):
+        own = sum(max(0, (c.prompt_tokens or 0) - (c.shared_tokens or 0)) for c in measured)
+        hit = sum(max(0, (c.cached_tokens or 0) - (c.shared_tokens or 0)) for c in measured)
+        non_global = hit / own if own else None
+    jcts = [r.jct_s for r in done if r.jct_s is not None]
     return {
         "sessions": len(records),
         "completed_sessions": len(done),
@@ -194,7 +204,37 @@ def summarize(records: list[SessionRecord]) -> dict[str, Any]:
         "failed_calls": sum(1 for c in calls if c.error is not None),
         "p50_ttft_ms": 1e3 * float(np.percentile(ttfts, 50)) if ttfts else None,
         "p99_ttft_ms": 1e3 * float(np.percentile(ttfts, 99)) if ttfts else None,
-        "mean_jct_ms": 1e3 * float(np.mean([r.jct_s for r in done])) if done else None,
+        "mean_jct_ms": 1e3 * float(np.mean(jcts)) if jcts else None,
+        "p99_jct_ms": 1e3 * float(np.percentile(jcts, 99)) if jcts else None,
         "hit_rate": cached / prompt if prompt else None,
+        "non_global_hit_rate": non_global,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
         "call_throughput": len(calls) / span if span else None,
     }
+
+
+def live_history_tokens(records: list[SessionRecord]) -> dict[str, float]:
+    """The KV the live sessions' histories would take: at each moment the sum over the
+    sessions begun and not ended of their latest call's prompt, averaged over time
+    (`mean`) and at its `peak`. A pool of `mean` / 2 tokens holds half of them."""
+    events: list[tuple[float, int]] = []
+    for record in records:
+        calls = [c for c in record.calls if c.prompt_tokens is not None]
+        end = record.end if record.end is not None else max((c.end for c in calls), default=0)
+        held = 0
+        for call in calls:
+            events.append((call.sent, call.prompt_tokens - held))  # type: ignore[operator]
+            held = call.prompt_tokens or 0
+        if calls:
+            events.append((end, -held))
+    events.sort()
+    if not events:
+        return {"mean": 0.0, "peak": 0.0}
+    total = area = peak = 0.0
+    for (t, delta), (t_next, _) in zip(events, [*events[1:], events[-1]], strict=True):
+        total += delta
+        peak = max(peak, total)
+        area += total * (t_next - t)
+    span = events[-1][0] - events[0][0]
+    return {"mean": area / span if span > 0 else 0.0, "peak": peak}

@@ -232,3 +232,92 @@ def summary(trace: SessionTrace) -> dict[str, Any]:
         "tool_duration_p99_s": float(np.percentile(durations, 99)) if durations else 0.0,
         "span_s": trace.sessions[-1].arrival if trace.sessions else 0.0,
     }
+
+
+def belady_bound(
+    trace: SessionTrace,
+    calls: list[tuple[str, float, int]],
+    shared: dict[str, int],
+    capacity_tokens: int,
+) -> Bound:
+    """Hit rate of Belady's eviction with a pool of `capacity_tokens`, on one run's
+    sequence of calls `(sid, sent, prompt_tokens)`.
+
+    Every prompt is three nested pieces: the agent type's shared prefix (`shared`),
+    the task's part (the session's first prompt beyond it, shared by sessions of the
+    same task) and the session's own history; a call reuses the previous call's whole
+    prompt, as in `unlimited_kv_bound`. After each call its prompt is resident; then,
+    while the pool is over capacity, tokens are evicted from the tail of the piece whose
+    next use is furthest (a finished session's history: never), a shared piece's next
+    use being the soonest of the sessions under it (so it goes only after them). This
+    is an upper bound for a real engine: the running batch takes no room, and a piece
+    is never split across its reuse."""
+    sessions = {s.sid: s for s in trace.sessions}
+    order = sorted(range(len(calls)), key=lambda i: (calls[i][1], i))
+    next_use: list[float] = [math.inf] * len(calls)
+    last_seen: dict[str, int] = {}
+    for i in reversed(order):  # each call's session's next call
+        sid = calls[i][0]
+        nxt = last_seen.get(sid)
+        next_use[i] = calls[nxt][1] if nxt is not None else math.inf
+        last_seen[sid] = i
+    first_prompt: dict[str, int] = {}
+    for i in order:
+        first_prompt.setdefault(calls[i][0], calls[i][2])
+    resident: dict[tuple[str, ...], int] = {}  # piece -> resident tokens
+    size: dict[tuple[str, ...], int] = {}
+    session_next: dict[str, float] = {}
+    parent: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+    children: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    total = cached = total_ng = cached_ng = 0
+    used = 0
+    for i in order:
+        sid, _, prompt = calls[i]
+        session = sessions[sid]
+        head = ("head", session.domain)
+        task = ("task", session.domain, session.task_id)
+        own = ("own", sid)
+        s_tokens = shared[session.domain]
+        t_tokens = max(0, first_prompt[sid] - s_tokens)
+        o_tokens = max(0, prompt - s_tokens - t_tokens)
+        hit = 0
+        for piece, want in ((head, s_tokens), (task, t_tokens), (own, o_tokens)):
+            have = resident.get(piece, 0)
+            if piece == own:
+                have = min(have, size.get(own, 0))  # the previous prompt's own part
+            hit += min(have, want)
+            if have < want:
+                break
+        total, cached = total + prompt, cached + hit
+        total_ng += prompt - s_tokens
+        cached_ng += max(0, hit - s_tokens)
+        pieces = ((head, s_tokens, None), (task, t_tokens, head), (own, o_tokens, task))
+        for piece, want, up in pieces:
+            used += want - resident.get(piece, 0)
+            resident[piece], size[piece] = want, want
+            parent[piece] = up
+            if up is not None:
+                children.setdefault(up, set()).add(piece)
+        session_next[sid] = next_use[i]
+
+        def next_of(piece: tuple[str, ...]) -> float:
+            if piece[0] == "own":
+                return session_next[piece[1]]
+            below = [next_of(c) for c in children.get(piece, ()) if resident.get(c, 0) > 0]
+            return min(below, default=math.inf)
+
+        while used > capacity_tokens:
+            leaves = [
+                p for p, n in resident.items()
+                if n > 0 and not any(resident.get(c, 0) > 0 for c in children.get(p, ()))
+            ]  # fmt: skip
+            victim = max(leaves, key=lambda p: (next_of(p), p))
+            cut = min(resident[victim], used - capacity_tokens)
+            resident[victim] -= cut
+            used -= cut
+    return Bound(
+        hit_rate=cached / total if total else 0.0,
+        non_global_hit_rate=cached_ng / total_ng if total_ng else 0.0,
+        prompt_tokens=total,
+        non_global_tokens=total_ng,
+    )

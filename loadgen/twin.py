@@ -106,7 +106,9 @@ class _Tracked:
 class Twin:
     """State of one run; `run()` plays the whole trace."""
 
-    def __init__(self, trace: Trace, setup: TwinSetup, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self, trace: Trace, setup: TwinSetup, tokenizer: Tokenizer, max_queue: int | None = None
+    ) -> None:
         self.trace = trace
         self.setup = setup
         self.now = 0.0
@@ -120,7 +122,7 @@ class Twin:
                 make_policy(setup.policy, setup.qas),
                 PrefillPacing(setup.prefill_batch, setup.max_inflight),
                 window_s=setup.window_s,
-                max_queue=len(trace.requests) + 1,
+                max_queue=max_queue or len(trace.requests) + 1,
                 cold_deadline_s=setup.qas.cold_deadline_s,
             )
             self.core.learn_backend(BackendLimits.from_server_info(batch_limits(self.scheduler)))
@@ -138,6 +140,16 @@ class Twin:
         # Messages in flight: (delivery time, send order, action).
         self._deliveries: list[tuple[float, int, Callable[[], None]]] = []
         self._sent = itertools.count()
+        # Arrivals not yet due: (time, order, item), handed to `_arrive` when due.
+        self._arrivals: list[tuple[float, int, Any]] = [
+            (r.arrival, n, r) for n, r in enumerate(trace.requests)
+        ]
+        self._arrival_order = itertools.count(len(self._arrivals))
+
+    def schedule_arrival(self, when: float, item: Any) -> None:
+        """`item` reaches `_arrive` at `when` (closed-loop clients schedule their next
+        call as the previous one ends)."""
+        heapq.heappush(self._arrivals, (when, next(self._arrival_order), item))
 
     def _send(self, action: Callable[[], None]) -> None:
         """Deliver `action` one hop from now."""
@@ -226,13 +238,12 @@ class Twin:
 
     # --- the event loop --------------------------------------------------------------
     def run(self) -> list[RequestRecord]:
-        requests = self.trace.requests
         scheduler, core, deliveries = self.scheduler, self.core, self._deliveries
+        arrivals = self._arrivals
         batch = None
         batch_end = math.inf
-        i = 0
         while True:
-            next_arrival = requests[i].arrival if i < len(requests) else math.inf
+            next_arrival = arrivals[0][0] if arrivals else math.inf
             due = core.next_round_at(self.now) if core is not None else None
             next_round = math.inf if due is None else due
             next_delivery = deliveries[0][0] if deliveries else math.inf
@@ -245,9 +256,8 @@ class Twin:
                 batch, batch_end = None, math.inf
             while deliveries and deliveries[0][0] <= self.now:
                 heapq.heappop(deliveries)[2]()
-            while i < len(requests) and requests[i].arrival <= self.now:
-                self._arrive(requests[i])
-                i += 1
+            while arrivals and arrivals[0][0] <= self.now:
+                self._arrive(heapq.heappop(arrivals)[2])
             if core is not None:
                 due = core.next_round_at(self.now)
                 if due is not None and due <= self.now:

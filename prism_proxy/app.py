@@ -24,6 +24,7 @@ from aiohttp import web
 
 from prism_proxy.admission.core import BackendLimits, PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, PushFn
+from prism_proxy.admission.sessions import RetainPush, SessionKeeper
 from prism_proxy.backend.client import BackendClient, BackendError
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.residency_poller import ResidencyPoller
@@ -161,6 +162,17 @@ def push_to_all(clients: list[ControlClient]) -> PushFn | None:
     return push
 
 
+def retain_to_all(clients: list[ControlClient]) -> RetainPush | None:
+    if not clients:
+        return None
+
+    def push(retain: dict[str, tuple[float, float]], release: tuple[str, ...]) -> None:
+        for client in clients:
+            client.retain(retain, release)
+
+    return push
+
+
 def dart_residency(
     policy: SchedulingPolicy, config: ProxyConfig, clients: list[ControlClient]
 ) -> list[ResidencyPoller]:
@@ -192,6 +204,8 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
         on_wave=push_to_all(controls),
     )
     app[state.ADMISSION] = admission
+    if config.sessions:
+        app[state.SESSIONS] = SessionKeeper(config.session_params(), retain_to_all(controls))
     tasks = [asyncio.create_task(admission.run(), name="prism-qas-loop")]
     for i, poller in enumerate(pollers):
         tasks.append(asyncio.create_task(poller.run(), name=f"prism-residency-{i}"))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from prism_proxy.admission.sessions import SessionParams
 from prism_proxy.prompts.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 from prism_proxy.qas.policies import POLICIES
@@ -85,6 +86,9 @@ class ProxyConfig:
     control_token: str | None = None
     backend_replicas: int | None = None
     protect: int = 8
+    sessions: bool = False
+    session_ttl_quantile: float = 0.9
+    session_max_ttl_s: float = 60.0
     backend_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
     health_interval_s: float = 5.0
@@ -115,6 +119,10 @@ class ProxyConfig:
             )
         if self.residency == "dart" and self.control_url is None:
             raise ConfigError("residency: 'dart' needs --control-url (DART's control RPC)")
+        try:
+            self.session_params()
+        except ValueError as exc:
+            raise ConfigError(f"session settings: {exc}") from None
         positive = (
             "max_queue", "max_body_bytes", "max_prompt_chars", "max_messages", "max_segments",
             "segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "header_timeout_s",
@@ -148,6 +156,12 @@ class ProxyConfig:
     @property
     def backend_url(self) -> str:
         return self.backend.rstrip("/")
+
+    def session_params(self) -> SessionParams:
+        """The session table's parameters (`sessions`)."""
+        return SessionParams(
+            ttl_quantile=self.session_ttl_quantile, max_ttl_s=self.session_max_ttl_s
+        )
 
     @property
     def control_urls(self) -> list[str]:
@@ -251,6 +265,12 @@ _HELP = {
     "backend_replicas": "engines behind --backend (a gateway): prefill pacing's budget and "
     "backstop count each replica's (auto: one per --control-url, else 1)",
     "protect": "DART protection budget f sent with each priority table",
+    "sessions": "agent session features: recognise a chat with tools that continues an "
+    "earlier one, ask DART (--control-url) to keep a session's history while its tool "
+    "runs, and give continuations precedence in QAS (continuation_share)",
+    "session_ttl_quantile": "how long DART keeps a paused session: this quantile of the "
+    "return delays seen for its agent type",
+    "session_max_ttl_s": "longest a paused session is kept",
     "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",
     "health_interval_s": "seconds between backend health probes (0: only at start)",
@@ -275,6 +295,8 @@ _QAS_HELP = {
     "w_c": "P_t weight of residency (0: off)",
     "cold_deadline_ms": "admission wait after which a request heads the cold lane (0: off)",
     "cold_max_fraction": "largest share of a wave the cold lane grows to for late requests",
+    "continuation_share": "share of the hot lane that continuations of paused agent "
+    "sessions take first (with --set sessions=true)",
 }
 
 

@@ -49,6 +49,8 @@ class ProxyMetrics:
     control_up: Gauge
     backend_up: Gauge
     extraction: Counter
+    session_calls: Counter
+    sessions_paused: Gauge
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -146,6 +148,17 @@ class ProxyMetrics:
             ),
             backend_up=Gauge(
                 "prism:backend_up", "1 if the last backend exchange succeeded", registry=r
+            ),
+            session_calls=Counter(
+                "prism:session_calls",
+                "Chats with tools by whether they continue a paused agent session (sessions on)",
+                ["kind"],
+                registry=r,
+            ),
+            sessions_paused=Gauge(
+                "prism:sessions_paused",
+                "Agent sessions paused on a tool call that the proxy remembers",
+                registry=r,
             ),
             extraction=Counter(
                 "prism:extraction",

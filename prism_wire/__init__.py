@@ -36,6 +36,7 @@ scheduler (read by attribute, so sglang is not imported).
     POST RPC_PRIORITIES  `PriorityBody` {epoch, table: {segment_id: score}, protect}
     POST RPC_RESET       forget the table and the epoch
     GET  RPC_RESIDENCY?generation=G&since=V   -> `ResidencySummary`
+    POST RPC_RETAIN      `RetainBody` {retain: {segment_id: [score, ttl_s]}, release: [id]}
 
 Epochs are integers in [0, MAX_EPOCH] (2**53 - 1: exact in every JSON parser) and
 increase with every push; the proxy starts from the wall clock in milliseconds.
@@ -50,7 +51,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -295,6 +296,7 @@ def make_kv_hints(
 RPC_PRIORITIES = "/prism/priorities"
 RPC_RESET = "/prism/reset"
 RPC_RESIDENCY = "/prism/residency"
+RPC_RETAIN = "/prism/retain"
 MAX_EPOCH = 2**53 - 1
 # The owners DART protects from eviction per push when the proxy does not say (f).
 DEFAULT_PROTECT = 8
@@ -308,6 +310,41 @@ class PriorityBody(BaseModel):
     epoch: int = Field(ge=0, le=MAX_EPOCH)
     table: dict[str, float]
     protect: int = Field(default=DEFAULT_PROTECT, ge=0)
+
+
+# Retention entries one DART holds at most; a push beyond it drops the lowest scores.
+MAX_RETAINED = 16384
+MAX_OWNER_CHARS = 256
+# The longest time-to-live a retention may ask for.
+MAX_RETAIN_TTL_S = 3600.0
+
+
+class RetainBody(BaseModel):
+    """Body of `POST RPC_RETAIN`: keep the paths ending at these owners a while.
+
+    `retain` maps an owner (a segment id, normally the last piece of a paused agent
+    session's prompt) to `[score, ttl_s]`: DART evicts retained owners only after every
+    unretained one, lower scores first, and forgets each entry `ttl_s` seconds after
+    receiving it (its own clock: no clocks to agree on). `release` forgets entries at
+    once (the session came back or ended). A retained leaf holds its whole path, so one
+    entry keeps one session's history without keeping every path through a shared head.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    retain: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=dict, max_length=MAX_RETAINED
+    )
+    release: list[str] = Field(default_factory=list, max_length=MAX_RETAINED)
+
+    @model_validator(mode="after")
+    def _entries(self) -> Self:
+        for owner, (_, ttl) in self.retain.items():
+            if not 0.0 <= ttl <= MAX_RETAIN_TTL_S:
+                raise ValueError(f"ttl_s of {owner!r} must be in [0, {MAX_RETAIN_TTL_S}]")
+        if any(len(o) > MAX_OWNER_CHARS for o in (*self.retain, *self.release)):
+            raise ValueError(f"owner ids are at most {MAX_OWNER_CHARS} characters")
+        return self
 
 
 class _ResidencyBody(BaseModel):

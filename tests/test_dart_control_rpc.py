@@ -89,6 +89,36 @@ async def test_malformed_updates_get_400_and_change_nothing(rpc, body):
     assert core.inbox.accepted_epoch is None and core.inbox.drain() == []
 
 
+async def test_retain_orders_after_unretained_and_expires(rpc):
+    core, client = rpc
+    now = [100.0]
+    core.clock = lambda: now[0]
+    r = await client.post(
+        "/prism/retain", json={"retain": {"A": [-1.0, 5.0], "B": [-2.0, 50.0]}}, headers=AUTH
+    )
+    assert r.status_code == 200
+    core.apply_pending()
+    a, b, c = (NodeMeta(AnchorKind.SEGMENT, x, True) for x in "ABC")
+    assert core.key(c, 9.0) < core.key(b, 1.0) < core.key(a, 1.0)  # retained last, by score
+    now[0] = 106.0  # A's TTL has run out: an eviction pass forgets it
+    core.begin_eviction()
+    assert core.key(a, 1.0) == (0, 0.0, 1.0) and set(core.retained) == {"B"}
+    r = await client.post("/prism/retain", json={"release": ["B"]}, headers=AUTH)
+    core.apply_pending()
+    assert r.status_code == 200 and not core.retained
+    for bad in (
+        {"retain": {"A": [1.0]}},  # not [score, ttl]
+        {"retain": {"A": [1.0, -1.0]}},  # negative ttl
+        {"retain": {"A": [1.0, 1e9]}},  # past MAX_RETAIN_TTL_S
+        {"retain": {"x" * 300: [1.0, 1.0]}},  # an id too long
+        {"keep": {}},  # unknown field
+    ):
+        r = await client.post("/prism/retain", json=bad, headers=AUTH)
+        assert r.status_code == 400, bad
+    r = await client.post("/prism/retain", json={"retain": {}})
+    assert r.status_code == 401
+
+
 async def test_stats_and_metrics_report_evictions_by_class(rpc):
     core, client = rpc
     seg = NodeMeta(AnchorKind.SEGMENT, "A", True)
@@ -106,7 +136,7 @@ async def test_stats_and_metrics_report_evictions_by_class(rpc):
     core.on_evicted(None, 3)
     core.on_evicted(NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
     stats = (await client.get("/prism/stats", headers=AUTH)).json()
-    assert stats["evicted_tokens"] == {"private": 7, "segment": 5, "protected": 0}
+    assert stats["evicted_tokens"] == {"private": 7, "segment": 5, "protected": 0, "retained": 0}
     assert stats["protected_segments"] == ["A"] and stats["protected_tokens"] == 6
     assert stats["anchors_resident"] == 1
     r = await client.get("/prism/metrics", headers=AUTH)

@@ -152,11 +152,11 @@ LEGACY_SYS = NodeMeta(AnchorKind.SYSTEM, None, True)  # a system anchor without 
         (EvictionPolicy.DART, None, {"A": 7.0}, frozenset(), (0, 0.0, 5.0)),
         (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset(), (1, 7.0, 5.0)),
         (EvictionPolicy.DART, SEG_Z, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),  # not in table
-        (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset({"A"}), (2, 7.0, 5.0)),
+        (EvictionPolicy.DART, SEG_A, {"A": 7.0}, frozenset({"A"}), (3, 7.0, 5.0)),
         # a system head: its own table entry, no special case
         (EvictionPolicy.DART, SYS, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),
         (EvictionPolicy.DART, SYS, {"A": 7.0, HEAD: 3.0}, frozenset(), (1, 3.0, 5.0)),
-        (EvictionPolicy.DART, SYS, {HEAD: 3.0}, frozenset({HEAD}), (2, 3.0, 5.0)),
+        (EvictionPolicy.DART, SYS, {HEAD: 3.0}, frozenset({HEAD}), (3, 3.0, 5.0)),
         (EvictionPolicy.DART, LEGACY_SYS, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),
         # lru+active: (a_t(seg), last) with a_t(A) = 3
         (EvictionPolicy.LRU_ACTIVE, SEG_A, None, frozenset(), (3, 5.0)),
@@ -168,6 +168,27 @@ LEGACY_SYS = NodeMeta(AnchorKind.SYSTEM, None, True)  # a system anchor without 
 )
 def test_eviction_keys(policy, meta, table, protected, expected):
     key = eviction_key(policy, meta, 5.0, 2, table=table, protected=protected, active={"A": 3})
+    assert key == expected
+
+
+@pytest.mark.parametrize(
+    ("meta", "table", "protected", "expected"),
+    [
+        # R_t: after every unretained owner, before F_t, by its score; with or without a table
+        (SEG_A, None, frozenset(), (2, -4.0, 5.0)),
+        (SEG_A, {"A": 7.0}, frozenset(), (2, -4.0, 5.0)),
+        (SEG_A, {"A": 7.0}, frozenset({"A"}), (3, 7.0, 5.0)),
+        (SEG_Z, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),
+        (SEG_Z, None, frozenset(), (0, 0.0, 5.0)),
+        (PRIV, None, frozenset(), (0, 0.0, 5.0)),
+    ],
+)
+def test_retained_keys(meta, table, protected, expected):
+    retained = {"A": (-4.0, 100.0)}
+    key = eviction_key(
+        EvictionPolicy.DART, meta, 5.0, 0, table=table, protected=protected, active={},
+        retained=retained,
+    )  # fmt: skip
     assert key == expected
 
 
@@ -347,7 +368,9 @@ def test_scenario_evicts_private_then_segments_by_priority_then_protected():
     assert order == expected
     stats = ext.core.stats()
     # 4 suffixes x 4 tokens; B, D (6 each) and S (8) unprotected; C, A (6 each) protected
-    assert dict(stats.evicted_tokens) == {"private": 16, "segment": 20, "protected": 12}
+    assert dict(stats.evicted_tokens) == {
+        "private": 16, "segment": 20, "protected": 12, "retained": 0
+    }  # fmt: skip
     assert stats.anchors_resident == 0 and stats.annotated_tokens_resident == 0
 
 

@@ -31,6 +31,16 @@ leaves the frontier where it was; a change at or above it (a member leaving or g
 past the cap, the first misfit shrinking, a newcomer ranking above the frontier) marks
 F_t stale. Without a cap only arrivals and departures matter, as token counts do not.
 
+Retention R_t (`POST /prism/retain`): owners the proxy expects back soon (the last piece
+of a paused agent session's prompt), each with a score and an expiry on this core's
+clock. A live retained owner ranks after every unretained one and before F_t; among
+themselves lower scores go first. It is an order, never a lock: when nothing else is
+left, retained paths are evicted too, so retention cannot pin the pool. Entries expire
+by themselves (checked at each eviction pass) and are bounded to `MAX_RETAINED` (the
+lowest scores dropped first). A retained leaf holds its whole path in the tree (only
+leaves are evicted), which is why the proxy names the path's last piece: that keeps one
+session's history without keeping every path through its shared head.
+
 Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
 0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (system heads are left out: the
 proxy's QAS ranks segments only), which answers full or delta summaries.
@@ -39,7 +49,8 @@ proxy's QAS ranks segments only), which answers full or delta summaries.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -56,10 +67,17 @@ from backend_plugin.dart.priority import (
     DEFAULT_PROTECT_FRACTION,
     PriorityUpdate,
     Reset,
+    RetainUpdate,
     UpdateInbox,
 )
 from backend_plugin.dart.residency import ResidencyLog
-from prism_wire import AnchorHints, ResidencySummary, display_owner, is_system_owner
+from prism_wire import (
+    MAX_RETAINED,
+    AnchorHints,
+    ResidencySummary,
+    display_owner,
+    is_system_owner,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +99,8 @@ class DartStats:
     protect_fraction: float = DEFAULT_PROTECT_FRACTION
     capacity_tokens: int | None = None
     protect_cap_tokens: int | None = None  # None: capacity unknown, no cap
+    retained: int = 0  # live retention entries
+    retained_tokens: int = 0  # resident tokens of their owners
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +120,8 @@ class DartStats:
             "evicted_tokens": dict(self.evicted_tokens),
             "segments_resident": self.segments_resident,
             "residency_version": self.residency_version,
+            "retained": self.retained,
+            "retained_tokens": self.retained_tokens,
         }
 
 
@@ -118,6 +140,7 @@ class DartCore:
         *,
         capacity_tokens: int | None = None,
         protect_fraction: float = DEFAULT_PROTECT_FRACTION,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0.0 <= protect_fraction <= 1.0:
             raise ValueError(f"protect_fraction must be in [0, 1], got {protect_fraction}")
@@ -141,6 +164,9 @@ class DartCore:
         self._active: dict[str, int] = {}
         self._requests: dict[str, frozenset[str]] = {}
         self._evicted = {c.value: 0 for c in EvictionClass}
+        self.clock = clock
+        # R_t: owner -> (score, expiry on `clock`)
+        self._retained: dict[str, tuple[float, float]] = {}
         self.set_capacity(capacity_tokens)
 
     # ---- capacity -------------------------------------------------------------------
@@ -169,6 +195,9 @@ class DartCore:
         for item in pending:
             if isinstance(item, Reset):
                 self._table, self._epoch, self._protect = None, None, self._default_protect
+                self._retained.clear()
+            elif isinstance(item, RetainUpdate):
+                self._retain(item)
             else:
                 self._apply(item)
         if pending:
@@ -180,10 +209,32 @@ class DartCore:
         self._table, self._epoch = dict(update.table), update.epoch
         self._protect = update.protect
 
+    def _retain(self, update: RetainUpdate) -> None:
+        for owner in update.release:
+            self._retained.pop(owner, None)
+        now = self.clock()
+        for owner, (score, ttl) in update.retain.items():
+            self._retained[owner] = (score, now + ttl)
+        excess = len(self._retained) - MAX_RETAINED
+        if excess > 0:
+            lowest = heapq.nsmallest(excess, self._retained.items(), key=lambda kv: kv[1][0])
+            for owner, _ in lowest:
+                del self._retained[owner]
+
     def begin_eviction(self) -> None:
-        """Call once at the start of an eviction pass (snapshot of F_t)."""
+        """Call once at the start of an eviction pass (snapshot of F_t, expiry of R_t)."""
         if not self.apply_pending() and self._dirty:
             self._refresh_protection()
+        if self._retained:
+            now = self.clock()
+            expired = [o for o, (_, until) in self._retained.items() if until <= now]
+            for owner in expired:
+                del self._retained[owner]
+
+    @property
+    def retained(self) -> Mapping[str, tuple[float, float]]:
+        """R_t: owner -> (score, expiry), live or not yet found expired."""
+        return self._retained
 
     def _protecting(self) -> bool:
         return self._table is not None and self._protect > 0 and self._cap != 0
@@ -247,6 +298,7 @@ class DartCore:
             table=self._table,
             protected=self._protected,
             active=self._active,
+            retained=self._retained,
         )
 
     # ---- residency and requests ----------------------------------------------------
@@ -261,7 +313,7 @@ class DartCore:
             self._account(new_owner, num_tokens)
 
     def on_evicted(self, meta: NodeMeta | None, num_tokens: int) -> None:
-        self._evicted[eviction_class(meta, self._protected).value] += num_tokens
+        self._evicted[eviction_class(meta, self._protected, self._retained).value] += num_tokens
         if meta is not None:
             self._count_anchor(meta, -1)
             self._account(meta.owner, -num_tokens)
@@ -336,4 +388,6 @@ class DartCore:
             evicted_tokens=MappingProxyType(dict(self._evicted)),
             segments_resident=len(self.residency),
             residency_version=self.residency.version,
+            retained=len(self._retained),
+            retained_tokens=sum(resident.get(o, 0) for o in self._retained),
         )

@@ -5,8 +5,10 @@ count, and the current priority state. Keys of one policy are mutually comparabl
 
     dart        (0, 0,            last)   private suffix or unannotated node
                 (1, P̂_t(seg(u)), last)   reusable node, not protected
-                (2, P̂_t(seg(u)), last)   reusable node whose segment is in F_t
-                no table yet -> (0, 0, last) for every node, i.e. exactly LRU
+                (2, score(seg(u)), last)  reusable node whose owner is retained (R_t)
+                (3, P̂_t(seg(u)), last)   reusable node whose segment is in F_t
+                no table yet -> (0, 0, last) for every node but retained ones, i.e.
+                exactly LRU when nothing is retained
     lru         last
     lru+active  (a_t(seg(u)), last)
     lfu         (hit_count, last)
@@ -48,6 +50,7 @@ class EvictionClass(StrEnum):
     PRIVATE = "private"
     SEGMENT = "segment"
     PROTECTED = "protected"
+    RETAINED = "retained"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +84,18 @@ def dart_key(
     last_access_time: float,
     table: Mapping[str, float] | None,
     protected: frozenset[str],
+    retained: Mapping[str, tuple[float, float]] | None = None,
 ) -> tuple[int, float, float]:
     owner = meta.owner if meta is not None else None
-    if table is None or owner is None:
+    if owner is None:
         return (0, 0.0, last_access_time)
-    return (2 if owner in protected else 1, table.get(owner, 0.0), last_access_time)
+    if owner in protected:
+        return (3, table.get(owner, 0.0) if table is not None else 0.0, last_access_time)
+    if retained and owner in retained:
+        return (2, retained[owner][0], last_access_time)
+    if table is None:
+        return (0, 0.0, last_access_time)
+    return (1, table.get(owner, 0.0), last_access_time)
 
 
 def lru_active_key(
@@ -104,10 +114,11 @@ def eviction_key(
     table: Mapping[str, float] | None,
     protected: frozenset[str],
     active: Mapping[str, int],
+    retained: Mapping[str, tuple[float, float]] | None = None,
 ) -> Any:
     """The key of `policy` for one node (see the module docstring)."""
     if policy is EvictionPolicy.DART:
-        return dart_key(meta, last_access_time, table, protected)
+        return dart_key(meta, last_access_time, table, protected, retained)
     if policy is EvictionPolicy.LRU_ACTIVE:
         return lru_active_key(meta, last_access_time, active)
     if policy is EvictionPolicy.LFU:
@@ -115,8 +126,16 @@ def eviction_key(
     return last_access_time
 
 
-def eviction_class(meta: NodeMeta | None, protected: frozenset[str]) -> EvictionClass:
+def eviction_class(
+    meta: NodeMeta | None,
+    protected: frozenset[str],
+    retained: Mapping[str, tuple[float, float]] | None = None,
+) -> EvictionClass:
     owner = meta.owner if meta is not None else None
     if owner is None:
         return EvictionClass.PRIVATE
-    return EvictionClass.PROTECTED if owner in protected else EvictionClass.SEGMENT
+    if owner in protected:
+        return EvictionClass.PROTECTED
+    if retained and owner in retained:
+        return EvictionClass.RETAINED
+    return EvictionClass.SEGMENT

@@ -57,6 +57,20 @@ class PriorityUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class RetainUpdate:
+    """Retention entries to add (`owner -> (score, ttl_s)`) and owners to forget; no
+    epoch: pushes from one proxy apply in the order they arrive."""
+
+    retain: Mapping[str, tuple[float, float]]
+    release: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for owner, (score, ttl) in self.retain.items():
+            if not (math.isfinite(score) and math.isfinite(ttl) and ttl >= 0):
+                raise ValueError(f"retention of {owner!r} needs a finite score and ttl >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class Reset:
     """Forget the table (DART then orders like LRU) and the epoch."""
 
@@ -66,7 +80,7 @@ class UpdateInbox:
     """Thread-safe queue of accepted updates, drained by the tree's owner thread."""
 
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _pending: list[PriorityUpdate | Reset] = field(default_factory=list)
+    _pending: list[PriorityUpdate | RetainUpdate | Reset] = field(default_factory=list)
     _accepted_epoch: int | None = None
 
     @property
@@ -82,12 +96,16 @@ class UpdateInbox:
             self._accepted_epoch = update.epoch
             self._pending.append(update)
 
+    def submit_retain(self, update: RetainUpdate) -> None:
+        with self._lock:
+            self._pending.append(update)
+
     def submit_reset(self) -> None:
         with self._lock:
             self._accepted_epoch = None
             self._pending.append(Reset())
 
-    def drain(self) -> list[PriorityUpdate | Reset]:
+    def drain(self) -> list[PriorityUpdate | RetainUpdate | Reset]:
         """Everything accepted since the last drain, oldest first."""
         with self._lock:
             pending, self._pending = self._pending, []

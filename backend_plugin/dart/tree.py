@@ -132,10 +132,13 @@ class DartStrategy:
         table = core._table
         meta = getattr(node, META_ATTR, None)
         owner = meta.owner if meta is not None else None
-        if table is None or owner is None:
+        if owner is None:
             return (0, 0.0, node.last_access_time)
-        return (
-            2 if owner in core._protected else 1,
-            table.get(owner, 0.0),
-            node.last_access_time,
-        )
+        if owner in core._protected:
+            return (3, table.get(owner, 0.0) if table is not None else 0.0, node.last_access_time)
+        retained = core._retained
+        if retained and owner in retained:
+            return (2, retained[owner][0], node.last_access_time)
+        if table is None:
+            return (0, 0.0, node.last_access_time)
+        return (1, table.get(owner, 0.0), node.last_access_time)

@@ -11,6 +11,11 @@ sends the same table again, or, when no epoch is left above it, resets the RPC's
 first. After any other failure the sender backs off (0.5 s doubling to 10 s) and skips
 the tables in between; the newest is sent next.
 
+`retain(entries, release)` never blocks either: it merges into the pending retention
+delta (a later word on an owner replaces an earlier one), which the same sender posts to
+`POST /prism/retain` after the table. Retention is best effort: a failed post is counted
+and dropped, and DART's TTLs forget whatever it said before.
+
 `fetch_residency(generation, since)` reads `GET /prism/residency` (polled by
 `residency_poller.ResidencyPoller`). It returns None on any failure and touches no
 metric: `control_up` and the failure counter keep describing the pushes (a dead RPC
@@ -31,9 +36,11 @@ import orjson
 from prism_proxy.metrics import ProxyMetrics
 from prism_wire import (
     MAX_EPOCH,
+    MAX_RETAINED,
     RPC_PRIORITIES,
     RPC_RESET,
     RPC_RESIDENCY,
+    RPC_RETAIN,
     ResidencySummary,
 )
 
@@ -64,6 +71,8 @@ class ControlClient:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.epoch = int(time.time() * 1000)
         self._pending: dict[str, float] | None = None
+        # owner -> (score, ttl_s), or None: release
+        self._retention: dict[str, tuple[float, float] | None] = {}
         self._wakeup = asyncio.Event()
         self._backoff_s = 0.0
         self._residency_ok = True
@@ -73,15 +82,30 @@ class ControlClient:
         self._pending = table
         self._wakeup.set()
 
+    def retain(self, entries: dict[str, tuple[float, float]], release: tuple[str, ...]) -> None:
+        """Queue retention changes (merged with unsent ones); returns at once."""
+        pending = self._retention
+        for owner in release:
+            pending[owner] = None
+        pending.update(entries)
+        while len(pending) > MAX_RETAINED:  # an RPC down for long: the oldest words go
+            del pending[next(iter(pending))]
+        self._wakeup.set()
+
     async def run(self) -> None:
         """Sender loop (one task per app)."""
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             table, self._pending = self._pending, None
-            if table is None:
+            retention, self._retention = self._retention, {}
+            ok = True
+            if retention:
+                ok = await self._send_retention(retention)
+            if table is not None:
+                ok = await self._send(table) and ok
+            elif not retention:
                 continue
-            ok = await self._send(table)
             if ok:
                 self._backoff_s = 0.0
             else:
@@ -101,6 +125,16 @@ class ControlClient:
             self.metrics.control_up.set(1)
             return True
         return False if status is None else self._failed(f"HTTP {status}")
+
+    async def _send_retention(self, retention: dict[str, tuple[float, float] | None]) -> bool:
+        body = {
+            "retain": {o: [e[0], e[1]] for o, e in retention.items() if e is not None},
+            "release": [o for o, e in retention.items() if e is None],
+        }
+        status, _ = await self._call(RPC_RETAIN, body)
+        if status == 200:
+            return True
+        return False if status is None else self._failed(f"retain: HTTP {status}")
 
     async def _post_table(self, table: dict[str, float]) -> tuple[int | None, Any]:
         """One push with the next epoch: (status, JSON answer); (None, None) when the

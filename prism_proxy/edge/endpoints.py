@@ -106,16 +106,18 @@ class DocumentFinder:
         count_origin(request, self.outcome, self.layout)
 
 
-def _chat_turns(tokenizer: Tokenizer, forwarded: dict[str, Any]) -> TokenJob | None:
+def _chat_turns(
+    tokenizer: Tokenizer, forwarded: dict[str, Any], last_message: bool
+) -> TokenJob | None:
     """The turns of a chat the engine's own endpoint serves, rendered (tools included)
     as that endpoint renders it (`conversation`), or None when the proxy cannot render
-    it as the engine would."""
+    it as the engine would. `last_message`: the session features' cut at its end."""
     if forwarded.get("chat_template_kwargs") or forwarded.get("reasoning_effort") is not None:
         return None  # template variables the proxy does not pass
     try:
         messages = template_messages(forwarded["messages"], content_format(tokenizer.chat_template))
         tools = template_tools(forwarded.get("tools"), forwarded.get("tool_choice"))
-        return turns_job(find_turns(tokenizer, messages, tools))
+        return turns_job(find_turns(tokenizer, messages, tools, last_message=last_message))
     except NotRenderable:
         return None
 
@@ -132,7 +134,8 @@ async def chat_relay(
     job = None
     if DocumentFinder(request, hinted=False).searching:
         try:
-            job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded))
+            last = request.app[state.CONFIG].sessions
+            job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded, last))
         except ChatTemplateError:
             job = None
     if job is None or job.head_tokens == 0:

@@ -8,20 +8,28 @@ sent unchanged (minus `prism`) to the backend's own endpoint and relayed line by
 
 A client that leaves while queued is withdrawn; one that leaves after its request was
 sent triggers `/abort_request`.
+
+With the session features on, a chat with tools (passthrough with turns) tells the
+proxy's `SessionKeeper` when it arrives (a continuation of a paused session is queued
+with its program's start), when its first chunk comes back, and how it ended: in a tool
+call (the session pauses and DART is asked to keep it) or not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
@@ -34,6 +42,8 @@ from prism_proxy.qas.types import QueuedRequest
 from prism_wire import CUSTOM_PARAMS_KEY, make_kv_hints
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# An OpenAI chunk or answer that ends in a tool call (SGLang writes no space; others may).
+TOOL_CALL_END = re.compile(rb'"finish_reason"\s*:\s*"tool_calls"')
 
 
 def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
@@ -176,16 +186,49 @@ async def passthrough(
     QAS schedules its skeleton and the anchors ride in `custom_params`, with the
     `anchor_check` of the proxy's rendering: the engine places them only on a prompt
     that matches."""
-    backend = request.app[state.BACKEND]
     rid = new_rid() if set_rid else None
     if rid is not None:
         body["rid"] = rid
     arrival = time.monotonic()
-    queued = (
-        QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
-        if job is None
-        else job.queued(rid or new_rid(), arrival, group)
-    )
+    keeper = request.app.get(state.SESSIONS) if job is not None else None
+    if job is None:
+        queued = QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
+    else:
+        queued = job.queued(rid or new_rid(), arrival, group)
+    if keeper is not None:
+        queued = _session_arrival(request, keeper, queued, job)
+    try:
+        return await _passthrough(request, path, body, queued, job, rid, keeper)
+    except BaseException:
+        if keeper is not None:
+            keeper.forget(queued.rid)
+        raise
+
+
+def _session_arrival(
+    request: web.Request, keeper: SessionKeeper, queued: QueuedRequest, job: TokenJob | None
+) -> QueuedRequest:
+    """Tell the keeper a chat with tools arrived; mark a continuation with its program's
+    start."""
+    assert job is not None
+    tokens = len(job.build(()).prompt_fields.get("input_ids", ()))
+    start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens)
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.session_calls, "new" if start is None else "continued").inc()
+    metrics.sessions_paused.set(keeper.table.paused)
+    return queued if start is None else replace(queued, program_start=start)
+
+
+async def _passthrough(
+    request: web.Request,
+    path: str,
+    body: dict[str, Any],
+    queued: QueuedRequest,
+    job: TokenJob | None,
+    rid: str | None,
+    keeper: SessionKeeper | None,
+) -> web.StreamResponse:
+    backend = request.app[state.BACKEND]
     async with Admitted(request, queued, lane=None if job else "passthrough") as release:
         lane = release.lane.value if job else "passthrough"
         if job is not None:
@@ -203,10 +246,14 @@ async def passthrough(
                     data = await upstream.read()
                     request.app[state.ADMISSION].first_token(queued.rid)
                     _record_tokens(request, lane, _usage_of(data))
+                    if keeper is not None:
+                        keeper.started(queued.rid)
+                        ok = upstream.status == 200
+                        keeper.finish(queued.rid, ok and TOOL_CALL_END.search(data) is not None)
                     return web.Response(
                         body=data, status=upstream.status, content_type=upstream.content_type
                     )
-                return await _relay_lines(request, upstream, queued.rid, lane)
+                return await _relay_lines(request, upstream, queued.rid, lane, keeper)
         except (asyncio.CancelledError, _ClientGone) as exc:
             if rid is not None:
                 backend.abort(rid)
@@ -217,13 +264,14 @@ async def passthrough(
 
 
 async def _relay_lines(
-    request: web.Request, upstream: Any, rid: str, lane: str
+    request: web.Request, upstream: Any, rid: str, lane: str, keeper: SessionKeeper | None
 ) -> web.StreamResponse:
     """Copy an upstream SSE stream line by line as it comes."""
     metrics = request.app[state.METRICS]
     response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
     usage: TokenUsage | None = None
     first = True
+    tool_call = False
     lines = aiter(upstream.content)
     try:
         await response.prepare(request)
@@ -243,12 +291,18 @@ async def _relay_lines(
                 elapsed = time.monotonic() - request[STARTED]
                 metrics.child(metrics.ttft, lane).observe(elapsed)
                 first = False
+                if keeper is not None:
+                    keeper.started(rid)
             if b'"usage"' in line:
                 usage = _usage_of(line.strip()[5:]) or usage
+            if keeper is not None and b'"finish_reason"' in line:
+                tool_call = tool_call or TOOL_CALL_END.search(line) is not None
             await response.write(line)
         await response.write_eof()
     except ConnectionResetError as exc:
         raise _ClientGone() from exc
+    if keeper is not None:
+        keeper.finish(rid, tool_call and upstream.status == 200)
     _record_tokens(request, lane, usage)
     return response
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from prism_proxy.admission.driver import AdmissionController
+from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.config import ProxyConfig
@@ -22,4 +23,5 @@ SERIALIZER = web.AppKey("serializer", Serializer)
 CONTROLS = web.AppKey("controls", list[ControlClient])  # one per DART control RPC
 ADMISSION = web.AppKey("admission", AdmissionController)
 PARSER = web.AppKey("parser", JsonParser)
+SESSIONS = web.AppKey("sessions", SessionKeeper)  # set only with `sessions` on
 EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents

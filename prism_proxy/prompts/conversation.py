@@ -4,9 +4,11 @@ A multi-turn chat, or an agent loop that re-sends its history with every call, i
 where each message ends in the rendered prompt. The first piece (the system turn, with
 the `tools` a template writes there) is the request's head; each later message but the
 last is a segment; the rest (the last message and the generation prompt) is private.
-Segment ids chain: a turn's id hashes its tokens and the id of the piece before, so
-equal ids mean equal prefixes, and the next call of an agent loop repeats every id of
-the call before. Nothing is reordered.
+With `last_message` (the proxy's session features) the last message is a segment too,
+so the end of each call's messages has an id that the next call repeats
+(`admission.sessions`). A piece's id hashes every token before its end: equal ids mean
+equal prefixes whatever the cuts before them, and the next call of an agent loop
+repeats the ids of the call before at every cut they share. Nothing is reordered.
 
 Cuts are found without knowing the template: the chat rendered up to message k (no
 generation prompt) must be a prefix of the whole rendering, and the position must be
@@ -46,34 +48,48 @@ class Turns:
     cuts: tuple[int, ...]
 
 
-def _candidates(count: int) -> list[int]:
+def _candidates(count: int, last_assistant: int | None = None) -> list[int]:
     """Message counts whose rendering may end a piece: 0 (what a template writes before
-    the first message: tools), 1 and 2, every multiple of a stride, and the last two.
+    the first message: tools), 1 and 2, every multiple of a stride, the last two, and
+    `last_assistant` (the messages before the latest assistant turn: what the previous
+    call of an agent loop sent, however many tool results followed it).
     The stride is the smallest power of two that keeps them within `MAX_CUTS`: the cuts
     of a growing history stay where they were (until the stride doubles), so the next
     call of an agent loop repeats the ids of the call before up to its last stride cut."""
+    extra = {last_assistant} if last_assistant is not None and last_assistant < count else set()
     if count <= MAX_CUTS:
-        return list(range(count))
+        return sorted({*range(count), *extra})
     stride = 1
-    while (count - 1) // stride > MAX_CUTS - 5:
+    while (count - 1) // stride > MAX_CUTS - 5 - len(extra):
         stride *= 2
     middle = range(stride * (3 // stride + 1), count - 2, stride)
-    return sorted({0, 1, 2, *middle, count - 2, count - 1})
+    return sorted({0, 1, 2, *middle, count - 2, count - 1, *extra})
 
 
 def find_turns(
     tokenizer: Tokenizer,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
+    *,
+    last_message: bool = False,
 ) -> Turns:
-    """Render `messages` (with `tools`) and cut at message ends; raises
-    `ChatTemplateError` when the template cannot render the chat."""
+    """Render `messages` (with `tools`) and cut at message ends (with `last_message`,
+    at the last one's too); raises `ChatTemplateError` when the template cannot render
+    the chat."""
     full = tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools)
     pieces = tokenizer.chat_pieces
     if pieces is None:
         return Turns(tokenizer.encode(full), ())
     ends: list[int] = []
-    for k in _candidates(len(messages)):
+    count = len(messages)
+    if last_message:
+        roles = [m.get("role") for m in messages]
+        assistants = [i for i in range(count) if roles[i] == "assistant"]
+        last_assistant = assistants[-1] if assistants else None
+        candidates = [*_candidates(count, last_assistant), count]
+    else:
+        candidates = _candidates(count)
+    for k in candidates:
         try:
             text = tokenizer.render_chat(messages[:k], add_generation_prompt=False, tools=tools)
         except ChatTemplateError:
@@ -88,13 +104,10 @@ def find_turns(
     return Turns(ids, tuple(cuts))
 
 
-def _turn_id(previous: bytes, ids: Sequence[int]) -> bytes:
-    return hashlib.blake2b(previous + array("I", ids).tobytes(), digest_size=12).digest()
-
-
 def turns_job(turns: Turns) -> TokenJob:
-    """The token job of a cut chat: head = the first piece, chained segment ids for the
-    later pieces, the rest private (a chat without cuts is one private piece)."""
+    """The token job of a cut chat: head = the first piece, segment ids for the later
+    pieces (each the hash of every token up to its end), the rest private (a chat
+    without cuts is one private piece)."""
     ids, cuts = turns.ids, turns.cuts
     anchors: list[dict[str, Any]] = []
     segments: list[str] = []
@@ -103,10 +116,10 @@ def turns_job(turns: Turns) -> TokenJob:
     if cuts:
         head_key = prefix_key_of(ids[: cuts[0]])
         anchors.append({"kind": "system", "segment_id": head_key, "offset": cuts[0]})
-        chain = bytes.fromhex(head_key)
+        running = hashlib.blake2b(array("I", ids[: cuts[0]]).tobytes(), digest_size=12)
         for start, end in itertools.pairwise(cuts):
-            chain = _turn_id(chain, ids[start:end])
-            segments.append(TURN_ID_PREFIX + chain.hex())
+            running.update(array("I", ids[start:end]).tobytes())
+            segments.append(TURN_ID_PREFIX + running.copy().hexdigest())
             lengths.append(end - start)
             anchors.append({"kind": "segment", "segment_id": segments[-1], "offset": end})
     anchors.append({"kind": "private", "segment_id": None, "offset": len(ids)})

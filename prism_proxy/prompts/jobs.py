@@ -78,8 +78,11 @@ class TokenJob:
             payload["kv_hints"] = make_kv_hints(dispatch.anchors, priorities, message_id=rid)
         return payload
 
-    def queued(self, rid: str, arrival: float, group: str = "") -> QueuedRequest:
-        """What QAS schedules for this job (SPEC §2); `group`: the client's grouping hint."""
+    def queued(
+        self, rid: str, arrival: float, group: str = "", program_start: float | None = None
+    ) -> QueuedRequest:
+        """What QAS schedules for this job (SPEC §2); `group`: the client's grouping hint;
+        `program_start`: the agent program it continues started then."""
         return QueuedRequest(
             rid=rid,
             arrival=arrival,
@@ -91,6 +94,7 @@ class TokenJob:
             fixed=self.fixed,
             pinned=self.pinned,
             group=group,
+            program_start=program_start,
         )
 
 

@@ -1,6 +1,10 @@
 """Baseline admission policies behind the same interface as QAS (SPEC §5).
 
 * `fifo`: arrival order, what native SGLang sees with no proxy.
+* `continuum-style`: program-level FCFS (Continuum, arXiv 2511.02230): a continuation of
+  a paused agent session goes by its program's start, so older programs finish first.
+  With the proxy's session features it also pins each paused session's history in DART
+  for a time-to-live (`admission.sessions`); without them it is `fifo`.
 * `klpm`: k-LPM: repeat { the oldest request; then k−1 times the request with the
   longest prefix match against the proxy's cache view }. No reordering.
 * `contextpilot-style`: reorder each request so segments believed cached come first
@@ -27,6 +31,7 @@ from prism_proxy.qas.types import (
     RoundPlan,
     WaveEntry,
     fifo_order,
+    program_order,
 )
 
 
@@ -65,6 +70,22 @@ class FifoPolicy:
         now: float | None = None,
     ) -> RoundPlan:
         ordered = fifo_order(queue)
+        wave = [WaveEntry(q.rid, Lane.COLD) for q in ordered[: max(0, wave_size)]]
+        skeletons = {q.rid: tuple(q.segments) for q in queue}
+        return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)
+
+
+class ContinuumStylePolicy(FifoPolicy):
+    name = "continuum-style"
+
+    def plan_round(
+        self,
+        queue: Sequence[QueuedRequest],
+        active: Sequence[ActiveRequest],
+        wave_size: int,
+        now: float | None = None,
+    ) -> RoundPlan:
+        ordered = program_order(queue)
         wave = [WaveEntry(q.rid, Lane.COLD) for q in ordered[: max(0, wave_size)]]
         skeletons = {q.rid: tuple(q.segments) for q in queue}
         return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)

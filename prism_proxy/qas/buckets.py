@@ -21,6 +21,11 @@ Unused hot slots go to the cold lane (which takes the oldest requests not chosen
 cold lane can only run short when the queue is exhausted, so the wave always holds
 min(M, |queue|) requests.
 
+Continuations first: with `first` (continuations of paused agent sessions, oldest
+program first, at most a share of the hot lane: `QasParams.continuation_share`), the hot
+lane takes them before any bucket; the rest of it and the cold lane are filled as
+above.
+
 Deadline lane: requests past their admission deadline (`urgent`, earliest
 deadline first) head the cold lane, ahead of the FIFO order; the caller grows q_cold
 while they wait (`QasParams.cold_quota`). With one deadline target for all, earliest
@@ -103,19 +108,24 @@ def fill_wave(
     wave_size: int,
     q_cold: int,
     urgent: Sequence[Member] = (),
+    first: Sequence[Member] = (),
 ) -> list[WaveEntry]:
-    """Release order: hot lane bucket by bucket, then the cold lane: `urgent` first (in
-    the order given), then the oldest."""
+    """Release order: hot lane `first` then bucket by bucket, then the cold lane:
+    `urgent` first (in the order given), then the oldest."""
     wave_size = max(0, wave_size)
     hot_capacity = max(0, wave_size - q_cold)
     chosen: set[str] = set()
     wave: list[WaveEntry] = []
+    for member in first[:hot_capacity]:
+        wave.append(WaveEntry(member.rid, Lane.HOT))
+        chosen.add(member.rid)
     for bucket in scan:
         for member in bucket.members:
             if len(wave) >= hot_capacity:
                 break
-            wave.append(WaveEntry(member.rid, Lane.HOT))
-            chosen.add(member.rid)
+            if member.rid not in chosen:
+                wave.append(WaveEntry(member.rid, Lane.HOT))
+                chosen.add(member.rid)
         if len(wave) >= hot_capacity:
             break
     for member in (*urgent, *fifo):

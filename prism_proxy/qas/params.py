@@ -30,6 +30,11 @@ class QasParams:
       of FIFO order, earliest deadline first (0: off; a TTFT SLO sets its own).
     * `cold_max_fraction`: while such requests wait, the cold lane grows from `q_cold`
       up to this fraction of the wave.
+    * `continuation_share`: the share of the hot lane that continuations of paused
+      agent sessions take first, oldest program first (program-level continuity); the
+      rest of the hot lane and the cold lane are filled as before, so new sessions keep
+      at least the other hot slots and the cold lane. Only requests the proxy's session
+      features mark (`QueuedRequest.program_start`) count; 0: off.
     """
 
     f_front: int = 3
@@ -47,6 +52,7 @@ class QasParams:
     w_c: float = 0.0
     cold_deadline_ms: float = 0.0
     cold_max_fraction: float = 0.5
+    continuation_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.cache_view_bytes < 1:
@@ -59,8 +65,9 @@ class QasParams:
         for name in ("w_c", "cold_deadline_ms"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.cold_max_fraction <= 1.0:
-            raise ValueError(f"cold_max_fraction must be in [0, 1], got {self.cold_max_fraction}")
+        for name in ("cold_max_fraction", "continuation_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
     def cold_quota(self, wave_size: int, overdue: int) -> int:
         """Cold-lane slots of a wave of `wave_size` with `overdue` requests past their

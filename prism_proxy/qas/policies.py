@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from prism_proxy.qas.baselines import ContextPilotStylePolicy, FifoPolicy, KlpmPolicy
+from prism_proxy.qas.baselines import (
+    ContextPilotStylePolicy,
+    ContinuumStylePolicy,
+    FifoPolicy,
+    KlpmPolicy,
+)
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import CacheView
@@ -41,6 +46,7 @@ POLICIES: dict[str, Callable[[QasParams], SchedulingPolicy]] = {
     "fifo": FifoPolicy,
     "klpm": KlpmPolicy,
     "contextpilot-style": ContextPilotStylePolicy,
+    "continuum-style": ContinuumStylePolicy,
 }
 
 

@@ -15,6 +15,7 @@ are unstable and reordering them risks hits, and resident segments are the stabl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from prism_proxy.qas.alignment import front_align, signature
@@ -122,6 +123,24 @@ class PrismPolicy:
                     stack.append((child, (*path, segment), longer, score + priority(segment)))
         return best[1]
 
+    def continuations(
+        self, fifo: Sequence[QueuedRequest], members: Sequence[Member], hot_capacity: int
+    ) -> list[Member]:
+        """The continuations of paused agent sessions the hot lane takes first: oldest
+        program first, at most ⌈continuation_share · hot capacity⌉ of them."""
+        share = self.params.continuation_share
+        if share <= 0 or hot_capacity <= 0:
+            return []
+        marked = [
+            (request.program_start, member.rank, member)
+            for request, member in zip(fifo, members, strict=True)
+            if request.program_start is not None
+        ]
+        if not marked:
+            return []
+        marked.sort(key=lambda item: (item[0], item[1]))
+        return [member for _, _, member in marked[: math.ceil(share * hot_capacity)]]
+
     def plan_round(
         self,
         queue: Sequence[QueuedRequest],
@@ -161,7 +180,8 @@ class PrismPolicy:
         q_cold = params.cold_quota(wave_size, len(urgent)) if urgent else params.q_cold
         hot_capacity = max(0, wave_size - q_cold)
         scan = scan_order(group_by_signature(members), counters, hot_capacity)
-        wave = fill_wave(members, scan, wave_size, q_cold, urgent)
+        first = self.continuations(fifo, members, hot_capacity)
+        wave = fill_wave(members, scan, wave_size, q_cold, urgent, first)
         skeletons = {m.rid: m.skeleton for m in members}
         by_rid = {request.rid: request for request in fifo}
         if self.paths is not None:

@@ -43,6 +43,10 @@ class QueuedRequest:
 
     `group` is the client's grouping hint (OpenAI's `prompt_cache_key`): requests in
     which nothing reusable was found share a bucket when they share it ("" for none).
+
+    `program_start` is set when the request continues an agent session the proxy saw
+    pause on a tool call (`admission.sessions`): when that program's first call arrived
+    (same clock as `arrival`). None: not a known continuation.
     """
 
     rid: str
@@ -57,6 +61,7 @@ class QueuedRequest:
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
     group: str = ""
+    program_start: float | None = None
 
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]
@@ -132,3 +137,12 @@ class RoundPlan:
 def fifo_order(queue: Sequence[QueuedRequest]) -> list[QueuedRequest]:
     """Queue in arrival order; equal arrivals keep their input order (stable)."""
     return sorted(queue, key=lambda q: q.arrival)
+
+
+def program_order(queue: Sequence[QueuedRequest]) -> list[QueuedRequest]:
+    """Program-level FCFS: by the start of the program each request belongs to (its own
+    arrival when it starts one), then by arrival (stable)."""
+    return sorted(
+        queue,
+        key=lambda q: (q.arrival if q.program_start is None else q.program_start, q.arrival),
+    )

@@ -1,0 +1,274 @@
+"""Agent sessions: the proxy's session table (sans-IO), QAS's precedence for
+continuations, the twin's closed loop, and the whole path through the real proxy, the
+`openai` client and prism-sim's DART with its control RPC."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import httpx
+import openai
+import pytest
+
+from loadgen.processes import free_port, run_server
+from loadgen.session_trace import SessionParams, belady_bound, build_session_trace
+from loadgen.session_twin import SessionFeatures, SessionTwin, shared_tokens, simulate_sessions
+from loadgen.twin import TwinSetup
+from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionTable
+from prism_proxy.admission.sessions import SessionParams as TableParams
+from prism_proxy.prompts.conversation import find_turns, turns_job
+from prism_proxy.qas.params import QasParams
+from prism_proxy.qas.policies import make_policy
+from prism_proxy.qas.types import QueuedRequest
+from prism_tokens.chat import template_messages, template_tools
+from prism_tokens.tokenizer import load_tokenizer
+
+TOKEN = "session-test-token"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("builtin")
+
+
+# ---- the table ------------------------------------------------------------------------
+def test_a_continuation_is_found_by_the_key_of_the_call_before() -> None:
+    table = SessionTable(TableParams(min_tokens=0, default_ttl_s=7.0))
+    first = table.arrive("r1", ["a", "b"], "head", 500, now=1.0)
+    assert not first.continues and first.program_start == 1.0 and not first.push
+    assert table.finish("r1", tool_call=True, now=2.0) == Push({"b": (2.0, 7.0)})
+    again = table.arrive("r2", ["a", "b", "c", "d"], "head", 900, now=3.5)
+    # the program's start carries over; its path is held above every paused one while
+    # it waits, and released when its first token comes back
+    assert again.continues and again.program_start == 1.0
+    assert again.push == Push({"b": (QUEUED_SCORE, 60.0)})
+    assert table.started("r2", now=3.6) == Push(release=("b",))
+    assert not table.started("r2", now=3.7)
+    # an answer without a tool call ends the session: nothing is kept
+    assert not table.finish("r2", tool_call=False, now=4.0)
+    other = table.arrive("r3", ["a", "x"], "head", 500, now=5.0)
+    assert not other.continues  # sharing the head is not continuing
+
+
+def test_sessions_paused_on_one_prefix_are_told_apart() -> None:
+    """Two sessions of one task start with the same prompt: both pause under one key;
+    each return takes one of them, and the key stays retained until both are back."""
+    table = SessionTable(TableParams(min_tokens=0, default_ttl_s=10.0))
+    for rid, now in (("x0", 0.0), ("y0", 0.5)):
+        table.arrive(rid, ["k"], "h", 500, now)
+        table.finish(rid, True, now + 1)
+    assert table.paused == 2
+    back = table.arrive("x1", ["k", "kx"], "h", 700, 3.0)
+    assert back.continues and back.program_start == 0.0  # the older one first
+    assert table.started("x1", 3.1) == Push({"k": (1.5, 1.5 + 10.0 - 3.1)})  # y0 still out
+    back = table.arrive("y1", ["k", "ky"], "h", 700, 4.0)
+    assert back.continues and back.program_start == 0.5
+    assert table.started("y1", 4.1) == Push(release=("k",))
+
+
+def test_ttl_is_the_quantile_of_observed_returns_late_ones_included() -> None:
+    params = TableParams(min_tokens=0, ttl_quantile=0.5, min_samples=4, max_ttl_s=100.0,
+                         default_ttl_s=3.0)  # fmt: skip
+    table = SessionTable(params)
+    now = 0.0
+    for n, delay in enumerate([1.0, 2.0, 50.0, 80.0, 90.0]):
+        table.arrive(f"a{n}", [f"k{n}"], "h", 500, now)
+        table.finish(f"a{n}", True, now)
+        assert table.ttl("h") == (3.0 if n < 4 else 50.0)
+        now += delay
+        table.arrive(f"b{n}", [f"k{n}", f"k{n}+"], "h", 600, now)  # returns after `delay`
+        table.finish(f"b{n}", False, now)
+    # 5 delays, median 50 s: the returns after the 3 s default TTL were observed too
+    assert table.ttl("h") == 50.0
+    assert table.ttl("another head") == 3.0
+
+
+def test_short_prompts_are_not_kept_and_everything_is_bounded() -> None:
+    table = SessionTable(TableParams(min_tokens=300, max_sessions=3))
+    table.arrive("s", ["k"], "h", 200, 0.0)
+    assert not table.finish("s", True, 1.0)  # cheaper to prefill than to hold
+    released: list[str] = []
+    for n in range(6):
+        table.arrive(f"r{n}", [f"k{n}"], "h", 400, float(n))
+        push = table.finish(f"r{n}", True, float(n))
+        assert list(push.retain) == [f"k{n}"]
+        released += push.release
+    assert table.paused == 3 and released == ["k0", "k1", "k2"]
+    table.expire(1e9)
+    assert table.paused == 0
+
+
+# ---- QAS ----------------------------------------------------------------------------------
+def _queued(rid: str, arrival: float, program_start: float | None = None) -> QueuedRequest:
+    return QueuedRequest(rid, arrival, segments=(f"seg-{rid}",), reorder=False,
+                         program_start=program_start)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("share", "leading", "cold"),
+    [(0.5, ["cont-old"], "new2"), (1.0, ["cont-old", "cont-young"], "new1")],
+)
+def test_continuations_lead_the_hot_lane_oldest_program_first(share, leading, cold) -> None:
+    queue = [
+        _queued("new1", 1.0),
+        _queued("new2", 2.0),
+        _queued("cont-young", 3.0, program_start=0.5),
+        _queued("cont-old", 4.0, program_start=0.1),
+        _queued("new3", 5.0),
+    ]
+    # a wave of 3: two hot slots, one cold
+    params = replace(QasParams(), q_cold=1, continuation_share=share)
+    wave = make_policy("prism", params).plan_round(queue, [], wave_size=3, now=5.0).wave
+    assert [e.rid for e in wave[: len(leading)]] == leading  # ⌈share x 2⌉ of them
+    assert (wave[-1].rid, wave[-1].lane.value) == (cold, "cold")  # the oldest left
+    # unmarked requests (sessions off) are never moved ahead
+    plain = [replace(q, program_start=None) for q in queue]
+    unmarked = make_policy("prism", params).plan_round(plain, [], wave_size=3, now=5.0).wave
+    off = make_policy("prism", replace(params, continuation_share=0.0))
+    assert unmarked == off.plan_round(plain, [], wave_size=3, now=5.0).wave
+    # program-level FCFS (continuum-style) orders every slot by program start
+    order = make_policy("continuum-style", params).plan_round(queue, [], 5, now=5.0).wave
+    assert [e.rid for e in order] == ["cont-old", "cont-young", "new1", "new2", "new3"]
+
+
+# ---- the cut that names a session ------------------------------------------------------------
+def test_the_next_call_repeats_the_key_of_the_call_before(tokenizer) -> None:
+    """With `last_message`, each call's last message ends in a segment; the next call of
+    the loop (its messages plus an assistant tool call and a tool result) has a piece
+    ending at the same place with the same id, however many messages came before."""
+    tools = template_tools([{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                           "auto")  # fmt: skip
+    messages: list[dict] = [
+        {"role": "system", "content": "You are an agent. " * 20},
+        {"role": "user", "content": "Do the thing."},
+    ]
+    keys: list[str] = []
+    for n in range(12):  # past MAX_CUTS messages, where cuts thin out
+        given = template_messages(messages, "string")
+        job = turns_job(find_turns(tokenizer, given, tools, last_message=True))
+        if keys:
+            assert keys[-1] in job.segments, n
+        keys.append(job.segments[-1])
+        call = {"id": f"c{n}", "type": "function",
+                "function": {"name": "f", "arguments": json.dumps({"n": n})}}  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": f"result {n} " * 30},
+        ]
+    plain = turns_job(find_turns(tokenizer, template_messages(messages, "string"), tools))
+    assert plain.segments[-1] not in keys  # without it the last message stays private
+
+
+# ---- the twin ------------------------------------------------------------------------------
+SMALL = SessionParams(num_sessions=24, session_rate=2.0, min_calls=4, max_calls=6,
+                      output_median_tokens=400, tool_median_s=2.0, source="synthetic")  # fmt: skip
+
+
+def test_the_twin_is_deterministic_and_closed_loop(tokenizer) -> None:
+    trace = build_session_trace(SMALL, tokenizer, seed=3)
+    setup = TwinSetup(policy="prism", eviction="dart", kv_capacity_tokens=60_000)
+    features = SessionFeatures(detect=True, retain=True)
+    one = simulate_sessions(trace, setup, tokenizer, features)
+    two = simulate_sessions(trace, setup, tokenizer, features)
+    assert one["summary"] == two["summary"]
+    summary = one["summary"]
+    assert summary["completed_sessions"] == 24 and summary["failed_calls"] == 0
+    assert summary["calls"] == sum(s.calls for s in trace.sessions)
+    assert 0 < summary["non_global_hit_rate"] < summary["hit_rate"] < 1
+    steps = {s.sid: s.steps for s in trace.sessions}
+    for record in one["sessions"]:
+        for before, after, step in zip(record["calls"], record["calls"][1:],
+                                       steps[record["sid"]], strict=False):  # fmt: skip
+            assert after["sent"] == pytest.approx(before["end"] + step.duration_s)
+    table = one["session_table"]
+    assert table["new_programs"] == 24 and table["continued"] == summary["calls"] - 24
+
+
+def test_retention_keeps_paused_histories_that_lru_evicts(tokenizer) -> None:
+    """Under KV pressure, the same QAS with and without retention (DART's R_t): the
+    paused sessions' histories survive more often with it, and no line beats Belady."""
+    trace = build_session_trace(replace(SMALL, num_sessions=30), tokenizer, seed=4)
+    pool = 40_000
+    setup = TwinSetup(policy="prism", eviction="dart", kv_capacity_tokens=pool)
+    detect_only = simulate_sessions(trace, setup, tokenizer, SessionFeatures(detect=True))
+    twin = SessionTwin(trace, setup, tokenizer, SessionFeatures(detect=True, retain=True))
+    twin.run()
+    kept = [r for r in twin.records.values()]
+    with_retention = {
+        "hit": sum(c.cached_tokens or 0 for r in kept for c in r.calls)
+        / sum(c.prompt_tokens or 0 for r in kept for c in r.calls)
+    }
+    dart = twin.engine_state()["dart"]
+    assert dart["evicted_tokens"]["retained"] < dart["evicted_tokens"]["segment"]
+    assert with_retention["hit"] > detect_only["summary"]["hit_rate"]
+    calls = [(c.sid, c.sent, c.prompt_tokens) for r in kept for c in r.calls if c.prompt_tokens]
+    bound = belady_bound(trace, calls, shared_tokens(trace, tokenizer), pool)
+    assert with_retention["hit"] <= bound.hit_rate
+
+
+# ---- the real path --------------------------------------------------------------------------
+def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -> None:
+    """`prism-proxy serve --set sessions=true` in front of `prism-sim --eviction dart` with
+    its control RPC, driven by the real `openai` client: the answer that ends in a tool
+    call makes DART retain the session's path; the continuation is recognised, and its
+    first token releases it."""
+    control_port = free_port()
+    sim_args = ["--eviction", "dart", "--control-port", str(control_port),
+                "--control-token", TOKEN, "--speed", "50"]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "find",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+    ]
+    messages: list[dict] = [
+        {"role": "system", "content": "You are a careful agent. " * 40},
+        {"role": "user", "content": "Find order 7. " * 20},
+    ]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with run_server("prism_sim", sim_args, log_dir=tmp_path) as backend:
+        control_url = f"http://127.0.0.1:{control_port}"
+        proxy_args = ["serve", "--backend", backend.url, "--control-url", control_url,
+                      "--control-token", TOKEN, "--set", "sessions=true"]  # fmt: skip
+        with run_server("prism_proxy", proxy_args, log_dir=tmp_path) as proxy:
+            client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+            answer = client.chat.completions.create(
+                model="m", messages=messages, tools=tools, tool_choice="required", max_tokens=24
+            )
+            assert answer.choices[0].finish_reason == "tool_calls"
+            call = answer.choices[0].message.tool_calls[0]
+
+            def retained() -> int:
+                return httpx.get(control_url + "/prism/stats", headers=auth).json()["retained"]
+
+            _wait(lambda: retained() == 1)
+            messages += [
+                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "order 7 shipped " * 40},
+            ]
+            stream = client.chat.completions.create(
+                model="m", messages=messages, tools=tools, tool_choice="auto", max_tokens=8,
+                stream=True, stream_options={"include_usage": True},
+            )  # fmt: skip
+            usage = [c.usage for c in stream if c.usage is not None][-1]
+            assert usage.prompt_tokens_details.cached_tokens >= answer.usage.prompt_tokens
+            metrics = httpx.get(proxy.url + "/metrics").text
+            assert 'prism:session_calls_total{kind="continued"} 1.0' in metrics
+            assert 'prism:session_calls_total{kind="new"} 1.0' in metrics
+            # released at its first token; its own answer ended without a tool call
+            _wait(lambda: retained() == 0)
+            client.close()
+
+
+def _wait(predicate, timeout_s: float = 20.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        time.sleep(0.05)

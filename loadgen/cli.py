@@ -6,6 +6,8 @@ prism-loadgen trace reorder --out FILE [--qps 2 ...]           reorder_replay
 prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out FILE
 prism-loadgen sweep  --out DIR [--policies ... --qps 40,50,60,70,80 --speed F]
 prism-loadgen simulate --out DIR [same flags as sweep]          the twin, modeled time
+prism-loadgen sessions --out DIR [--rate 0.5 --kv-fraction 1,0.5,0.25 ...]  agent_sessions
+                                                                in the twin
 prism-loadgen scale-out --out DIR [--replicas 3 --qps 40,120]  N replicas behind smg
 prism-loadgen quality --out DIR [--orders fifo,prism,...]  answer F1 by document order
 prism-loadgen report --results DIR
@@ -120,6 +122,35 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run_sweep_from_args(args, engine="twin")
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from loadgen.session_real import REAL_LINES
+    from loadgen.session_sweep import LINE_NAMES, Point, sweep
+    from loadgen.session_trace import SessionParams
+
+    known = REAL_LINES if args.real else LINE_NAMES
+    lines = tuple(args.lines.split(",")) if args.lines else known
+    unknown = set(lines) - set(known)
+    if unknown:
+        raise ValueError(f"unknown lines {sorted(unknown)}; choose from {', '.join(known)}")
+    base = replace(SessionParams(), num_sessions=args.sessions, source=args.source)
+    points = [
+        Point(rate, scale, fraction)
+        for rate in _floats(args.rate)
+        for scale in _floats(args.tool_scale)
+        for fraction in _floats(args.kv_fraction)
+    ]
+    sweep(base, points, lines, Path(args.out), seed=args.seed, tokenizer_spec=args.tokenizer,
+          jobs=args.jobs, real_speed=args.speed if args.real else None)  # fmt: skip
+    print(f"wrote {Path(args.out) / 'report.md'}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from loadgen.report import write_report
 
@@ -215,6 +246,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_sweep_flags(simulate, real_stack=False)
     simulate.set_defaults(func=cmd_simulate)
+
+    sessions = sub.add_parser(
+        "sessions", help="agent_sessions: every line in the twin over rate x tool scale x pool"
+    )
+    sessions.add_argument("--out", required=True)
+    sessions.add_argument("--sessions", type=int, default=100, help="sessions per run")
+    sessions.add_argument("--rate", default="0.5", help="sessions per second, comma-separated")
+    sessions.add_argument("--tool-scale", default="3", help="tool-duration scales")
+    sessions.add_argument(
+        "--kv-fraction", default="1,0.5,0.25", help="pools, as fractions of the live histories"
+    )
+    sessions.add_argument("--lines", default=None, help="comma-separated (default: all)")
+    sessions.add_argument("--source", default="auto", help="agent material: auto|tau2|synthetic")
+    sessions.add_argument("--seed", type=int, default=0)
+    sessions.add_argument("--tokenizer", default="builtin")
+    sessions.add_argument("--jobs", type=int, default=2, help="twin runs at once (processes)")
+    sessions.add_argument(
+        "--real", action="store_true", help="the real stack: prism-sim over HTTP, the proxy"
+    )
+    sessions.add_argument("--speed", type=float, default=4.0, help="--real: engine speed")
+    sessions.set_defaults(func=cmd_sessions)
 
     report = sub.add_parser("report", help="table and plots from a sweep's results dir")
     report.add_argument("--results", required=True)

@@ -6,7 +6,9 @@ with `tools` (unhinted), and for every call but the last requires a tool call
 only that tool into the prompt, a different prefix at every call). It appends that call
 as the model returned it and the tool's output as a `tool` message, waits the tool's
 duration, and sends the next call. The last call (`tool_choice` "auto", the tools still
-in its prompt) answers in text. Times are divided by `time_scale`.
+in its prompt) answers in text. Arrivals and tool durations are divided by `time_scale`
+(an engine whose clock runs that much faster); every recorded time is multiplied back,
+so records are in the trace's seconds.
 
 Per call: TTFT (first streamed delta), prompt and cached tokens (the stream's usage). Per
 session: the job completion time, from arrival to the end of its last answer.
@@ -32,6 +34,9 @@ class SessionReplayConfig:
     model: str = "m"
     time_scale: float = 1.0  # > 1 replays faster: arrivals and tool durations shrink
     timeout_s: float = 600.0
+    # each agent type's shared prefix in tokens (`session_twin.shared_tokens`): gives
+    # the summary its non-global hit rate
+    shared_tokens: dict[str, int] | None = None
 
 
 @dataclass
@@ -105,7 +110,8 @@ async def _call(
             for part in chunk.choices:
                 delta = part.delta
                 if record.ttft_s is None and (delta.content or delta.tool_calls):
-                    record.ttft_s = time.monotonic() - started - record.sent
+                    now = (time.monotonic() - started) * config.time_scale
+                    record.ttft_s = now - record.sent
                 text.append(delta.content or "")
                 for call in delta.tool_calls or []:
                     slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
@@ -117,7 +123,7 @@ async def _call(
         record.error = f"{type(exc).__name__}: {exc}"[:300]
         return None
     finally:
-        record.end = time.monotonic() - started
+        record.end = (time.monotonic() - started) * config.time_scale
     if tool is not None:
         if not calls:
             record.error = "no tool call in the answer"
@@ -138,13 +144,18 @@ async def _run_session(
     session: Session,
     started: float,
 ) -> SessionRecord:
-    record = SessionRecord(session.sid, session.arrival / config.time_scale)
-    await asyncio.sleep(max(0.0, started + record.arrival - time.monotonic()))
+    scale = config.time_scale
+    record = SessionRecord(session.sid, session.arrival)
+    await asyncio.sleep(max(0.0, started + session.arrival / scale - time.monotonic()))
     messages, tools = messages_of(trace, session)
     params = trace.params
     for number in range(session.calls):
         step = session.steps[number] if number < len(session.steps) else None
-        call = CallRecord(session.sid, number, time.monotonic() - started, None, 0.0, None, None)
+        call = CallRecord(
+            session.sid, number, (time.monotonic() - started) * scale, None, 0.0, None, None
+        )
+        if config.shared_tokens is not None:
+            call.shared_tokens = config.shared_tokens.get(session.domain)
         record.calls.append(call)
         tokens = params.tool_call_tokens if step else params.final_answer_tokens
         answer = await _call(client, config, messages, tools, step.tool if step else None,

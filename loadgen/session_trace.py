@@ -236,43 +236,59 @@ def summary(trace: SessionTrace) -> dict[str, Any]:
 
 def belady_bound(
     trace: SessionTrace,
-    calls: list[tuple[str, float, int]],
+    calls: list[tuple[str, float, float, int]],
     shared: dict[str, int],
     capacity_tokens: int,
 ) -> Bound:
-    """Hit rate of Belady's eviction with a pool of `capacity_tokens`, on one run's
-    sequence of calls `(sid, sent, prompt_tokens)`.
+    """Hit rate of Belady's eviction with a pool of `capacity_tokens`, on one run's calls
+    `(sid, start, end, prompt_tokens)`: `start` when its prefill reads the cache (its
+    first token, in the records), `end` when its answer is complete.
 
-    Every prompt is three nested pieces: the agent type's shared prefix (`shared`),
-    the task's part (the session's first prompt beyond it, shared by sessions of the
-    same task) and the session's own history; a call reuses the previous call's whole
-    prompt, as in `unlimited_kv_bound`. After each call its prompt is resident; then,
-    while the pool is over capacity, tokens are evicted from the tail of the piece whose
-    next use is furthest (a finished session's history: never), a shared piece's next
-    use being the soonest of the sessions under it (so it goes only after them). This
-    is an upper bound for a real engine: the running batch takes no room, and a piece
-    is never split across its reuse."""
+    Every prompt is three nested pieces: the agent type's shared prefix (`shared`), the
+    task's part (the session's first prompt beyond it, shared by sessions of the same
+    task) and the session's own history; a call reuses the previous call's whole prompt,
+    as in `unlimited_kv_bound`. A call's prompt is resident from its start and locked
+    until its end, as a running request's is. Whenever the pool is over capacity, tokens
+    are evicted from the tail of the unlocked piece whose next use is furthest (a
+    finished session's history: never); a shared piece's next use is the soonest of the
+    sessions under it, so it goes only after them. Still a bound, not a schedule: it
+    knows every return time, and evicts exactly as many tokens as needed."""
     sessions = {s.sid: s for s in trace.sessions}
     order = sorted(range(len(calls)), key=lambda i: (calls[i][1], i))
-    next_use: list[float] = [math.inf] * len(calls)
-    last_seen: dict[str, int] = {}
+    next_use = [math.inf] * len(calls)
+    later: dict[str, int] = {}
     for i in reversed(order):  # each call's session's next call
         sid = calls[i][0]
-        nxt = last_seen.get(sid)
-        next_use[i] = calls[nxt][1] if nxt is not None else math.inf
-        last_seen[sid] = i
+        if sid in later:
+            next_use[i] = calls[later[sid]][1]
+        later[sid] = i
     first_prompt: dict[str, int] = {}
     for i in order:
-        first_prompt.setdefault(calls[i][0], calls[i][2])
+        first_prompt.setdefault(calls[i][0], calls[i][3])
+    events = sorted([(calls[i][1], 1, i) for i in order] + [(calls[i][2], 0, i) for i in order])
     resident: dict[tuple[str, ...], int] = {}  # piece -> resident tokens
     size: dict[tuple[str, ...], int] = {}
-    session_next: dict[str, float] = {}
-    parent: dict[tuple[str, ...], tuple[str, ...] | None] = {}
     children: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
-    total = cached = total_ng = cached_ng = 0
-    used = 0
-    for i in order:
-        sid, _, prompt = calls[i]
+    session_next: dict[str, float] = {}
+    running: dict[str, int] = {}  # sid -> calls running (their pieces are locked)
+    total = cached = total_ng = cached_ng = used = 0
+
+    def next_of(piece: tuple[str, ...]) -> float:
+        if piece[0] == "own":
+            return session_next[piece[1]]
+        below = [next_of(c) for c in children.get(piece, ()) if resident.get(c, 0) > 0]
+        return min(below, default=math.inf)
+
+    def locked(piece: tuple[str, ...]) -> bool:
+        if piece[0] == "own":
+            return running.get(piece[1], 0) > 0
+        return any(locked(c) for c in children.get(piece, ()) if resident.get(c, 0) > 0)
+
+    for _, kind, i in events:
+        sid, _, _, prompt = calls[i]
+        if kind == 0:
+            running[sid] -= 1
+            continue
         session = sessions[sid]
         head = ("head", session.domain)
         task = ("task", session.domain, session.task_id)
@@ -283,34 +299,31 @@ def belady_bound(
         hit = 0
         for piece, want in ((head, s_tokens), (task, t_tokens), (own, o_tokens)):
             have = resident.get(piece, 0)
-            if piece == own:
-                have = min(have, size.get(own, 0))  # the previous prompt's own part
             hit += min(have, want)
             if have < want:
                 break
         total, cached = total + prompt, cached + hit
         total_ng += prompt - s_tokens
         cached_ng += max(0, hit - s_tokens)
-        pieces = ((head, s_tokens, None), (task, t_tokens, head), (own, o_tokens, task))
-        for piece, want, up in pieces:
+        for piece, want, up in (
+            (head, s_tokens, None),
+            (task, t_tokens, head),
+            (own, o_tokens, task),
+        ):
             used += want - resident.get(piece, 0)
             resident[piece], size[piece] = want, want
-            parent[piece] = up
             if up is not None:
                 children.setdefault(up, set()).add(piece)
         session_next[sid] = next_use[i]
-
-        def next_of(piece: tuple[str, ...]) -> float:
-            if piece[0] == "own":
-                return session_next[piece[1]]
-            below = [next_of(c) for c in children.get(piece, ()) if resident.get(c, 0) > 0]
-            return min(below, default=math.inf)
-
+        running[sid] = running.get(sid, 0) + 1
         while used > capacity_tokens:
             leaves = [
                 p for p, n in resident.items()
-                if n > 0 and not any(resident.get(c, 0) > 0 for c in children.get(p, ()))
+                if n > 0 and not locked(p)
+                and not any(resident.get(c, 0) > 0 for c in children.get(p, ()))
             ]  # fmt: skip
+            if not leaves:
+                break  # everything left is running: the engine would wait
             victim = max(leaves, key=lambda p: (next_of(p), p))
             cut = min(resident[victim], used - capacity_tokens)
             resident[victim] -= cut

@@ -64,6 +64,8 @@ class TwinSetup:
 
     policy: str | None
     eviction: str = "lru"
+    # SGLang's --radix-eviction-policy-config (e.g. tlru's threshold)
+    eviction_config: dict[str, Any] | None = None
     schedule_policy: str = "fcfs"
     qas: QasParams = field(default_factory=QasParams)
     prefill_batch: int | None = None  # None: automatic, as in the proxy
@@ -88,6 +90,7 @@ class TwinSetup:
             eviction=self.eviction,
             seed=self.seed,
             protect_fraction=self.protect_fraction,
+            radix_eviction_policy_config=self.eviction_config,
         )
 
 

@@ -89,6 +89,7 @@ class ProxyConfig:
     sessions: bool = False
     session_ttl_quantile: float = 0.9
     session_max_ttl_s: float = 60.0
+    session_rank: str = "recent"
     backend_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
     health_interval_s: float = 5.0
@@ -160,7 +161,9 @@ class ProxyConfig:
     def session_params(self) -> SessionParams:
         """The session table's parameters (`sessions`)."""
         return SessionParams(
-            ttl_quantile=self.session_ttl_quantile, max_ttl_s=self.session_max_ttl_s
+            ttl_quantile=self.session_ttl_quantile,
+            max_ttl_s=self.session_max_ttl_s,
+            rank=self.session_rank,
         )
 
     @property
@@ -271,6 +274,8 @@ _HELP = {
     "session_ttl_quantile": "how long DART keeps a paused session: this quantile of the "
     "return delays seen for its agent type",
     "session_max_ttl_s": "longest a paused session is kept",
+    "session_rank": "which paused session DART lets go first when the pool runs short: "
+    "recent (the longest-paused) or program (the youngest program; Continuum's order)",
     "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",
     "health_interval_s": "seconds between backend health probes (0: only at start)",

@@ -157,6 +157,6 @@ async def test_sessions_replay_closed_loop_through_the_proxy(sim, tokenizer) -> 
         calls = record["calls"]
         steps = by_sid[record["sid"]].steps
         for before, after, step in zip(calls, calls[1:], steps, strict=False):
-            assert after["sent"] >= before["end"] + step.duration_s / 10.0 - 0.01
+            assert after["sent"] >= before["end"] + step.duration_s - 0.1  # modeled s
             assert after["cached_tokens"] >= before["prompt_tokens"]
     assert summary_["hit_rate"] > 0.3

@@ -202,7 +202,12 @@ def test_retention_keeps_paused_histories_that_lru_evicts(tokenizer) -> None:
     dart = twin.engine_state()["dart"]
     assert dart["evicted_tokens"]["retained"] < dart["evicted_tokens"]["segment"]
     assert with_retention["hit"] > detect_only["summary"]["hit_rate"]
-    calls = [(c.sid, c.sent, c.prompt_tokens) for r in kept for c in r.calls if c.prompt_tokens]
+    calls = [
+        (c.sid, c.sent + (c.ttft_s or 0.0), c.end, c.prompt_tokens)
+        for r in kept
+        for c in r.calls
+        if c.prompt_tokens
+    ]
     bound = belady_bound(trace, calls, shared_tokens(trace, tokenizer), pool)
     assert with_retention["hit"] <= bound.hit_rate
 

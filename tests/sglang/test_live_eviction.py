@@ -63,11 +63,11 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     ("server", "kept", "lost", "classes"),
     [
         # DART: both private suffixes (20), then the unranked document U.
-        ("tight_dart", "R", "U", {"private": 20, "segment": 100, "protected": 0}),
+        ("tight_dart", "R", "U", {"private": 20, "segment": 100, "protected": 0, "retained": 0}),
         # LRU: the oldest path: p1, then R (a leaf once p1 is gone), which DART's
         # counters class as protected: F_t = {R} for the table {R: 100}, f = 2 (S has
         # no entry: a head earns protection by demand only).
-        ("tight_lru", "U", "R", {"private": 10, "segment": 0, "protected": 100}),
+        ("tight_lru", "U", "R", {"private": 10, "segment": 0, "protected": 100, "retained": 0}),
     ],
 )
 def test_ranked_document_survives_pressure_and_lru_flips_it(
@@ -105,6 +105,53 @@ def test_ranked_document_survives_pressure_and_lru_flips_it(
     assert delta(evicted(live_server), before) == moved  # that probe fit without evicting
     ids, _ = request(lost, 4)
     assert live_server.generate(ids)["meta_info"]["cached_tokens"] == len(SYSTEM)
+
+
+HISTORY = {"A": list(range(1500, 1800)), "B": list(range(1800, 2100))}
+
+
+def session_call(name: str) -> tuple[list[int], dict]:
+    """An agent session's call as the proxy with `sessions` on sends it: the system head,
+    the history up to its last message as one segment (the session's key), and the
+    generation prompt private."""
+    ids = SYSTEM + HISTORY[name] + private(10 + len(name))
+    anchors = [
+        {"kind": "system", "segment_id": "head-s", "offset": len(SYSTEM)},
+        {"kind": "segment", "segment_id": f"key-{name}", "offset": len(SYSTEM) + 300},
+        {"kind": "private", "segment_id": None, "offset": len(ids)},
+    ]
+    return ids, make_kv_hints(anchors, {}, message_id=f"call-{name}")
+
+
+@pytest.mark.parametrize(("server", "survivor"), [("tight_dart", "A"), ("tight_lru", "B")])
+def test_a_paused_sessions_history_survives_where_lru_drops_it(
+    live: dict[str, LiveServer], server: str, survivor: str
+) -> None:
+    """Session A's call ends in a tool call and the proxy asks DART to retain its path
+    (`POST /prism/retain`); session B runs after it and finishes. A filler needs room for
+    about one history: under DART, B (finished, unretained) goes and A's history is
+    still cached when A comes back; under the plugin's LRU order the older path, A's, goes
+    (it accepts the retention but its order ignores it)."""
+    live_server = live[server]
+    live_server.fresh()
+    for name in ("A", "B"):
+        ids, hints = session_call(name)
+        live_server.generate(ids, kv_hints=hints)
+        if name == "A":
+            body = {"retain": {"key-A": [1.0, 600.0]}}
+            assert live_server.control("POST", "/prism/retain", json=body).status_code == 200
+    assert live_server.stats()["retained"] == 1
+    used = len(SYSTEM) + 2 * (300 + PRIVATE_TOKENS + 1)
+    filler = list(range(3000, 3000 + live_server.max_total_tokens - used + 150))
+    assert live_server.generate(filler)["meta_info"]["cached_tokens"] == 0
+    ids, _ = session_call(survivor)
+    assert live_server.generate(ids)["meta_info"]["cached_tokens"] >= len(SYSTEM) + 300
+    ids, _ = session_call("B" if survivor == "A" else "A")
+    assert live_server.generate(ids)["meta_info"]["cached_tokens"] <= len(SYSTEM)
+    if server == "tight_dart":
+        live_server.control("POST", "/prism/retain", json={"release": ["key-A"]})
+        live_server.generate(private(30))  # the scheduler applies it at its next tree step
+        assert live_server.stats()["retained"] == 0
 
 
 async def test_backend_killed_mid_stream_ends_the_stream_and_leaks_nothing(

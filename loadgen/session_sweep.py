@@ -16,10 +16,11 @@ Lines (`LINES`), each one setup of the proxy (or none) and the engine:
     continuum-style            program-level FCFS, every paused session pinned for its
                                TTL through DART (rank `program`), no P̂_t
     prism                      QAS and DART without the session features
-    prism+sessions             with them: continuations recognised, paused sessions
-                               retained (rank `recent`), continuations first in QAS
+    prism+sessions             with them at their defaults: continuations recognised,
+                               paused sessions retained (rank `recent`)
     prism+sessions/lru         the same QAS with LRU in the engine (DART's half off)
-    prism+retain               retention without QAS's precedence for continuations
+    prism+sessions+precedence  and continuations first in QAS's hot lane
+                               (`continuation_share` 0.5)
     prism+precedence           precedence without retention
 """
 
@@ -61,6 +62,7 @@ Line = tuple[TwinSetup, SessionFeatures | None]
 
 def _lines(pool: int) -> dict[str, Line]:
     full = qas_params("full")
+    precedence = replace(full, continuation_share=0.5)
     prism = TwinSetup(policy="prism", eviction="dart", qas=full, kv_capacity_tokens=pool)
     on = SessionFeatures(detect=True, retain=True)
     native = TwinSetup(policy=None, eviction="lru", kv_capacity_tokens=pool)
@@ -77,8 +79,8 @@ def _lines(pool: int) -> dict[str, Line]:
         "prism": (prism, None),
         "prism+sessions": (prism, on),
         "prism+sessions/lru": (replace(prism, eviction="lru"), on),
-        "prism+retain": (replace(prism, qas=replace(full, continuation_share=0.0)), on),
-        "prism+precedence": (prism, SessionFeatures(detect=True)),
+        "prism+sessions+precedence": (replace(prism, qas=precedence), on),
+        "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),
     }
 
 

@@ -301,7 +301,7 @@ _QAS_HELP = {
     "cold_deadline_ms": "admission wait after which a request heads the cold lane (0: off)",
     "cold_max_fraction": "largest share of a wave the cold lane grows to for late requests",
     "continuation_share": "share of the hot lane that continuations of paused agent "
-    "sessions take first (with --set sessions=true)",
+    "sessions take first, oldest program first (with --set sessions=true; 0: off)",
 }
 
 

@@ -53,7 +53,7 @@ def _stack(line: str, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
                   "--control-token", token, "--window-ms", f"{WINDOW_MS / speed:g}",
                   "--log-level", "warning"]  # fmt: skip
     if line == "prism":
-        proxy_args += ["--policy", "prism", "--qas", "full"]
+        proxy_args += ["--policy", "prism", "--qas", "full", "--set", "sessions=false"]
     elif line == "prism+sessions":
         proxy_args += ["--policy", "prism", "--qas", "full", "--set", "sessions=true"]
     elif line == "continuum-style":

@@ -86,7 +86,7 @@ class ProxyConfig:
     control_token: str | None = None
     backend_replicas: int | None = None
     protect: int = 8
-    sessions: bool = False
+    sessions: bool = True
     session_ttl_quantile: float = 0.9
     session_max_ttl_s: float = 60.0
     session_rank: str = "recent"

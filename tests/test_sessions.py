@@ -10,6 +10,7 @@ from dataclasses import replace
 import httpx
 import openai
 import pytest
+from proxy_support import running_proxy, sim_server
 
 from loadgen.processes import free_port, run_server
 from loadgen.session_trace import SessionParams, belady_bound, build_session_trace
@@ -17,6 +18,7 @@ from loadgen.session_twin import SessionFeatures, SessionTwin, shared_tokens, si
 from loadgen.twin import TwinSetup
 from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionTable
 from prism_proxy.admission.sessions import SessionParams as TableParams
+from prism_proxy.edge import state
 from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
@@ -277,3 +279,31 @@ def _wait(predicate, timeout_s: float = 20.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached before the deadline"
         time.sleep(0.05)
+
+
+sim = pytest.fixture(scope="module")(sim_server)
+
+
+async def test_sessions_off_keeps_no_session_state(sim) -> None:
+    """`--set sessions=false`: no session table, chats with tools cut as before (the last
+    message private), nothing counted."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "An agent. " * 30},
+            {"role": "user", "content": "Go."},
+        ],
+        "tools": tools,
+        "tool_choice": "required",
+        "max_tokens": 8,
+    }
+    for sessions in (False, True):
+        async with running_proxy(sim.url, sessions=sessions) as proxy:
+            assert (state.SESSIONS in proxy.app) is sessions
+            async with httpx.AsyncClient() as client:
+                answer = await client.post(proxy.url + "/v1/chat/completions", json=body)
+                assert answer.status_code == 200
+                metrics = (await client.get(proxy.url + "/metrics")).text
+            counted = 'prism:session_calls_total{kind="new"} 1.0' in metrics
+            assert counted is sessions

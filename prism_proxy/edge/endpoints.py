@@ -134,7 +134,8 @@ async def chat_relay(
     job = None
     if DocumentFinder(request, hinted=False).searching:
         try:
-            last = request.app[state.CONFIG].sessions
+            # a session's key is needed only where an answer may end in a tool call
+            last = request.app[state.CONFIG].sessions and bool(forwarded.get("tools"))
             job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded, last))
         except ChatTemplateError:
             job = None

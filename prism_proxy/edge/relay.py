@@ -190,7 +190,8 @@ async def passthrough(
     if rid is not None:
         body["rid"] = rid
     arrival = time.monotonic()
-    keeper = request.app.get(state.SESSIONS) if job is not None else None
+    # agent sessions: chats that offer tools, whose answers may end in a tool call
+    keeper = request.app.get(state.SESSIONS) if job is not None and body.get("tools") else None
     if job is None:
         queued = QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
     else:

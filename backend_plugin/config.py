@@ -23,7 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backend_plugin.dart.keys import EvictionPolicy
-from backend_plugin.dart.priority import DEFAULT_PROTECT, DEFAULT_PROTECT_FRACTION
+from backend_plugin.dart.priority import (
+    DEFAULT_PROTECT,
+    DEFAULT_PROTECT_FRACTION,
+    DEFAULT_RETAIN_FRACTION,
+)
 
 DEFAULT_CONTROL_HOST = "127.0.0.1"
 
@@ -85,6 +89,7 @@ class PluginConfig:
     protect: int = DEFAULT_PROTECT
     control: ControlConfig = ControlConfig()
     protect_fraction: float = DEFAULT_PROTECT_FRACTION
+    retain_fraction: float = DEFAULT_RETAIN_FRACTION
 
     def __post_init__(self) -> None:
         if self.protect < 0:
@@ -92,6 +97,10 @@ class PluginConfig:
         if not 0.0 <= self.protect_fraction <= 1.0:
             raise ValueError(
                 f"PRISM_DART_PROTECT_FRACTION must be in [0, 1], got {self.protect_fraction}"
+            )
+        if not 0.0 <= self.retain_fraction <= 1.0:
+            raise ValueError(
+                f"PRISM_DART_RETAIN_FRACTION must be in [0, 1], got {self.retain_fraction}"
             )
 
 
@@ -103,6 +112,7 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:
         policy=EvictionPolicy(env.get("PRISM_DART_POLICY", EvictionPolicy.DART.value)),
         protect=int(env.get("PRISM_DART_PROTECT", DEFAULT_PROTECT)),
         protect_fraction=float(env.get("PRISM_DART_PROTECT_FRACTION", DEFAULT_PROTECT_FRACTION)),
+        retain_fraction=float(env.get("PRISM_DART_RETAIN_FRACTION", DEFAULT_RETAIN_FRACTION)),
         control=ControlConfig(
             port=int(port) if port else None,
             host=env.get("PRISM_CONTROL_HOST", DEFAULT_CONTROL_HOST),

@@ -2,7 +2,8 @@
 
     POST /prism/priorities  {epoch, table: {segment_id: score}, protect}
                             200 accepted | 409 stale epoch | 400 malformed | 401
-    POST /prism/retain      {retain: {segment_id: [score, ttl_s]}, release: [segment_id]}
+    POST /prism/retain      {retain: {segment_id: [score, ttl_s(, tokens)]},
+                            release: [segment_id], discard: [segment_id]}
                             200 | 400 malformed | 401 (R_t: see dart/core.py)
     POST /prism/reset       forget the table and R_t (DART orders like LRU until the
                             next push)
@@ -102,8 +103,11 @@ async def _retain(request: web.Request) -> web.Response:
     except (ValueError, ValidationError) as exc:
         return _error(400, "malformed retention update", detail=str(exc)[:2000])
     core = request.app[CORE_KEY]
-    retain = {owner: (score, ttl) for owner, (score, ttl) in body.retain.items()}
-    core.inbox.submit_retain(RetainUpdate(retain, tuple(body.release)))
+    retain = {
+        owner: (entry[0], entry[1], int(entry[2]) if len(entry) == 3 else None)
+        for owner, entry in body.retain.items()
+    }
+    core.inbox.submit_retain(RetainUpdate(retain, tuple(body.release), tuple(body.discard)))
     if request.app[INLINE_KEY]:
         core.apply_pending()
     return web.json_response({"accepted": True})

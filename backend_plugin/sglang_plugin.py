@@ -63,7 +63,12 @@ def build_dart_cache(ctx: Any) -> Any:
             "HiCache only (hybrid SWA/SSM and hierarchical caches are not supported)"
         )
     config = load_config()
-    core = DartCore(config.policy, config.protect, protect_fraction=config.protect_fraction)
+    core = DartCore(
+        config.policy,
+        config.protect,
+        protect_fraction=config.protect_fraction,
+        retain_fraction=config.retain_fraction,
+    )
     cache = DartRadixCache(ctx.params, core)  # hands the KV pool's size to the core
     if config.control.port is not None:
         from backend_plugin.control_rpc import ControlThread

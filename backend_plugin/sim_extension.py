@@ -148,6 +148,7 @@ def create_extension(config: Any) -> DartSimExtension:
         settings.protect,
         capacity_tokens=config.resolved_profile().kv_capacity_tokens,
         protect_fraction=settings.protect_fraction if fraction is None else fraction,
+        retain_fraction=settings.retain_fraction,
     )
     extension = DartSimExtension(core, config, settings.control)
     control = extension.control_settings()

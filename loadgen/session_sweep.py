@@ -252,3 +252,62 @@ def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
 # the lines prism+sessions is held against ("the best other line")
 OTHERS = ("sglang-lru", "sglang-lpm", "sglang-slru", "sglang-tlru", "fifo", "continuum-style",
           "prism")  # fmt: skip
+
+
+def seeds_report(dirs: list[Path]) -> str:
+    """The same point run on several seeds (one `results.json` per dir): each line's
+    mean over seeds with a 95 % t interval, then the must-show ratios seed by seed."""
+    from loadgen.report import t_interval
+
+    runs = [json.loads((d / "results.json").read_text()) for d in dirs]
+    names = [row["line"] for row in runs[0]]
+    by_seed = [{row["line"]: row for row in run} for run in runs]
+
+    def interval(values: list[float]) -> str:
+        found = t_interval(values)
+        if found is None or found.half_width is None:
+            return "–" if found is None else f"{found.mean:.3g}"
+        return f"{found.mean:.3g} ± {found.half_width:.2g}"
+
+    out = [
+        f"{len(dirs)} seeds ({', '.join(d.name for d in dirs)}); mean ± 95 % half-width",
+        "",
+        "| line | P99 TTFT s | mean JCT s | hit | non-global hit | Belady hit (own run) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        rows = [seed[name] for seed in by_seed if name in seed]
+        p99 = [r["summary"]["p99_ttft_ms"] / 1e3 for r in rows]
+        jct = [r["summary"]["mean_jct_ms"] / 1e3 for r in rows]
+        hit = [r["summary"]["hit_rate"] for r in rows]
+        non_global = [r["summary"]["non_global_hit_rate"] for r in rows]
+        out.append(
+            f"| {name} | {interval(p99)} | {interval(jct)} | {interval(hit)} | "
+            f"{interval(non_global)} | {interval([r['belady_hit_rate'] for r in rows])} |"
+        )
+    out += [
+        "",
+        "| seed | JCT / best native | P99 / best native | P99 / best other | hit − sglang-lru "
+        "(points) | Belady − hit (points) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d, seed in zip(dirs, by_seed, strict=True):
+        ours = seed["prism+sessions"]["summary"]
+        native = min((seed[n]["summary"] for n in NATIVE if n in seed),
+                     key=lambda s: s["p99_ttft_ms"])  # fmt: skip
+        other = min((seed[n]["summary"] for n in OTHERS if n in seed),
+                    key=lambda s: s["p99_ttft_ms"])  # fmt: skip
+        out.append(
+            f"| {d.name} | {ours['mean_jct_ms'] / native['mean_jct_ms']:.2f} | "
+            f"{ours['p99_ttft_ms'] / native['p99_ttft_ms']:.2f} | "
+            f"{ours['p99_ttft_ms'] / other['p99_ttft_ms']:.2f} | "
+            f"{100 * (ours['hit_rate'] - seed['sglang-lru']['summary']['hit_rate']):+.1f} | "
+            f"{100 * (seed['prism+sessions']['belady_hit_rate'] - ours['hit_rate']):.1f} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(seeds_report([Path(p) for p in sys.argv[1:]]))

@@ -138,7 +138,7 @@ class SessionTwin(Twin):
         tracked.job = job = turns_job(find_turns(self.tokenizer, given, tools, last_message=last))
         program_start = None
         if self.table is not None:
-            prompt = len(job.build(()).prompt_fields["input_ids"])
+            prompt = len(job.build(()).prompt_fields["input_ids"]) - job.head_tokens
             found = self.table.arrive(rid, job.segments, job.prefix_key, prompt, self.now)
             self._retain(found.push)
             program_start = found.program_start if found.continues else None
@@ -146,7 +146,8 @@ class SessionTwin(Twin):
 
     def _retain(self, push: Push) -> None:
         if self.retainer is not None and push:
-            self.retainer.inbox.submit_retain(RetainUpdate(push.retain, push.release))
+            update = RetainUpdate(push.retain, push.release, push.discard)
+            self.retainer.inbox.submit_retain(update)
             self.retainer.apply_pending()
 
     def _on_progress(self, sim: SimRequest) -> None:

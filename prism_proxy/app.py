@@ -24,7 +24,7 @@ from aiohttp import web
 
 from prism_proxy.admission.core import BackendLimits, PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, PushFn
-from prism_proxy.admission.sessions import RetainPush, SessionKeeper
+from prism_proxy.admission.sessions import Push, RetainPush, SessionKeeper
 from prism_proxy.backend.client import BackendClient, BackendError
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.residency_poller import ResidencyPoller
@@ -166,9 +166,9 @@ def retain_to_all(clients: list[ControlClient]) -> RetainPush | None:
     if not clients:
         return None
 
-    def push(retain: dict[str, tuple[float, float]], release: tuple[str, ...]) -> None:
+    def push(retention: Push) -> None:
         for client in clients:
-            client.retain(retain, release)
+            client.retain(retention.retain, retention.release, retention.discard)
 
     return push
 

@@ -36,7 +36,8 @@ scheduler (read by attribute, so sglang is not imported).
     POST RPC_PRIORITIES  `PriorityBody` {epoch, table: {segment_id: score}, protect}
     POST RPC_RESET       forget the table and the epoch
     GET  RPC_RESIDENCY?generation=G&since=V   -> `ResidencySummary`
-    POST RPC_RETAIN      `RetainBody` {retain: {segment_id: [score, ttl_s]}, release: [id]}
+    POST RPC_RETAIN      `RetainBody` {retain: {segment_id: [score, ttl_s, tokens]},
+                         release: [id], discard: [id]}
 
 Epochs are integers in [0, MAX_EPOCH] (2**53 - 1: exact in every JSON parser) and
 increase with every push; the proxy starts from the wall clock in milliseconds.
@@ -315,6 +316,8 @@ class PriorityBody(BaseModel):
 # Retention entries one DART holds at most; a push beyond it drops the lowest scores.
 MAX_RETAINED = 16384
 MAX_OWNER_CHARS = 256
+# How long a discarded owner stays marked to go first.
+DISCARD_TTL_S = 60.0
 # The longest time-to-live a retention may ask for.
 MAX_RETAIN_TTL_S = 3600.0
 
@@ -323,26 +326,32 @@ class RetainBody(BaseModel):
     """Body of `POST RPC_RETAIN`: keep the paths ending at these owners a while.
 
     `retain` maps an owner (a segment id, normally the last piece of a paused agent
-    session's prompt) to `[score, ttl_s]`: DART evicts retained owners only after every
-    unretained one, lower scores first, and forgets each entry `ttl_s` seconds after
-    receiving it (its own clock: no clocks to agree on). `release` forgets entries at
-    once (the session came back or ended). A retained leaf holds its whole path, so one
-    entry keeps one session's history without keeping every path through a shared head.
+    session's prompt) to `[score, ttl_s]` or `[score, ttl_s, tokens]` (the tokens its
+    path holds, for DART's cap on retention): DART evicts retained owners only after
+    every unretained one, lower scores first, and forgets each entry `ttl_s` seconds
+    after receiving it (its own clock: no clocks to agree on). `release` forgets entries at
+    once (the session came back). `discard` marks owners to evict before anything else,
+    for `DISCARD_TTL_S` (a finished session's own pieces: nobody will read them again).
+    A retained leaf holds its whole path, so one entry keeps one session's history
+    without keeping every path through a shared head.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    retain: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]] = Field(
+    retain: dict[str, Annotated[list[float], Field(min_length=2, max_length=3)]] = Field(
         default_factory=dict, max_length=MAX_RETAINED
     )
     release: list[str] = Field(default_factory=list, max_length=MAX_RETAINED)
+    discard: list[str] = Field(default_factory=list, max_length=MAX_RETAINED)
 
     @model_validator(mode="after")
     def _entries(self) -> Self:
-        for owner, (_, ttl) in self.retain.items():
-            if not 0.0 <= ttl <= MAX_RETAIN_TTL_S:
+        for owner, entry in self.retain.items():
+            if not 0.0 <= entry[1] <= MAX_RETAIN_TTL_S:
                 raise ValueError(f"ttl_s of {owner!r} must be in [0, {MAX_RETAIN_TTL_S}]")
-        if any(len(o) > MAX_OWNER_CHARS for o in (*self.retain, *self.release)):
+            if len(entry) == 3 and not 0 <= entry[2] <= 2**40:
+                raise ValueError(f"tokens of {owner!r} must be in [0, 2**40]")
+        if any(len(o) > MAX_OWNER_CHARS for o in (*self.retain, *self.release, *self.discard)):
             raise ValueError(f"owner ids are at most {MAX_OWNER_CHARS} characters")
         return self
 

@@ -98,16 +98,26 @@ async def test_retain_orders_after_unretained_and_expires(rpc):
     )
     assert r.status_code == 200
     core.apply_pending()
-    a, b, c = (NodeMeta(AnchorKind.SEGMENT, x, True) for x in "ABC")
+    a, b, c, d = (NodeMeta(AnchorKind.SEGMENT, x, True) for x in "ABCD")
     assert core.key(c, 9.0) < core.key(b, 1.0) < core.key(a, 1.0)  # retained last, by score
     now[0] = 106.0  # A's TTL has run out: an eviction pass forgets it
     core.begin_eviction()
     assert core.key(a, 1.0) == (0, 0.0, 1.0) and set(core.retained) == {"B"}
-    r = await client.post("/prism/retain", json={"release": ["B"]}, headers=AUTH)
+    # R_t holds at most retain_fraction x the pool in path tokens, highest scores first:
+    # of C (600 tokens, score 5) and D (500, score 4) in a 1,000-token pool at 0.75, only C
+    core.set_capacity(1000)
+    body = {"retain": {"C": [5.0, 50.0, 600], "D": [4.0, 50.0, 500]}, "release": ["B"]}
+    r = await client.post("/prism/retain", json=body, headers=AUTH)
+    core.apply_pending()
+    assert set(core.retained) == {"C"} and core.key(d, 1.0) == (0, 0.0, 1.0)
+    assert core.stats().retain_entries == 2
+    core.set_capacity(None)
+    r = await client.post("/prism/retain", json={"release": ["C", "D"]}, headers=AUTH)
     core.apply_pending()
     assert r.status_code == 200 and not core.retained
     for bad in (
-        {"retain": {"A": [1.0]}},  # not [score, ttl]
+        {"retain": {"A": [1.0]}},  # not [score, ttl(, tokens)]
+        {"retain": {"A": [1.0, 1.0, -5]}},  # negative tokens
         {"retain": {"A": [1.0, -1.0]}},  # negative ttl
         {"retain": {"A": [1.0, 1e9]}},  # past MAX_RETAIN_TTL_S
         {"retain": {"x" * 300: [1.0, 1.0]}},  # an id too long

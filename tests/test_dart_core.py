@@ -174,8 +174,10 @@ def test_eviction_keys(policy, meta, table, protected, expected):
 @pytest.mark.parametrize(
     ("meta", "table", "protected", "expected"),
     [
-        # R_t: after every unretained owner, before F_t, by its score; with or without a table
+        # R_t: after every unretained owner, before F_t, by its score; with or without
+        # a table
         (SEG_A, None, frozenset(), (2, -4.0, 5.0)),
+        (SEG_A, {"Z": 7.0}, frozenset(), (2, -4.0, 5.0)),
         (SEG_A, {"A": 7.0}, frozenset(), (2, -4.0, 5.0)),
         (SEG_A, {"A": 7.0}, frozenset({"A"}), (3, 7.0, 5.0)),
         (SEG_Z, {"A": 7.0}, frozenset(), (1, 0.0, 5.0)),
@@ -184,7 +186,7 @@ def test_eviction_keys(policy, meta, table, protected, expected):
     ],
 )
 def test_retained_keys(meta, table, protected, expected):
-    retained = {"A": (-4.0, 100.0)}
+    retained = {"A": -4.0}  # R_t: owner -> score
     key = eviction_key(
         EvictionPolicy.DART, meta, 5.0, 0, table=table, protected=protected, active={},
         retained=retained,

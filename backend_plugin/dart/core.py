@@ -32,14 +32,19 @@ past the cap, the first misfit shrinking, a newcomer ranking above the frontier)
 F_t stale. Without a cap only arrivals and departures matter, as token counts do not.
 
 Retention R_t (`POST /prism/retain`): owners the proxy expects back soon (the last piece
-of a paused agent session's prompt), each with a score and an expiry on this core's
-clock. A live retained owner ranks after every unretained one and before F_t; among
-themselves lower scores go first. It is an order, never a lock: when nothing else is
-left, retained paths are evicted too, so retention cannot pin the pool. Entries expire
-by themselves (checked at each eviction pass) and are bounded to `MAX_RETAINED` (the
-lowest scores dropped first). A retained leaf holds its whole path in the tree (only
-leaves are evicted), which is why the proxy names the path's last piece: that keeps one
-session's history without keeping every path through its shared head.
+of a paused agent session's prompt), each with a score, an expiry on this core's clock
+and the tokens its path holds (the proxy's count; the owner's own resident tokens when
+not given). R_t is the longest prefix of the live entries ranked by (score, owner),
+highest first, whose tokens total at most `retain_fraction` x the pool's capacity
+(like F_t's cap: a flood of sessions cannot push everything else out first). A member
+ranks after every unretained owner and before F_t; among members lower scores go first.
+It is an order, never a lock: when nothing else is left, retained paths are evicted
+too, so retention cannot pin the pool. Entries expire by themselves (checked at each
+eviction pass) and are bounded to `MAX_RETAINED` (the lowest scores dropped first). A
+retained leaf holds its whole path in the tree (only leaves are evicted), which is why
+the proxy names the path's last piece: that keeps one session's history without keeping
+every path through its shared head. Discarded owners (D_t, the own pieces of a finished
+session) rank with private pieces, first to go, for `DISCARD_TTL_S`.
 
 Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
 0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (system heads are left out: the
@@ -65,6 +70,7 @@ from backend_plugin.dart.keys import (
 from backend_plugin.dart.priority import (
     DEFAULT_PROTECT,
     DEFAULT_PROTECT_FRACTION,
+    DEFAULT_RETAIN_FRACTION,
     PriorityUpdate,
     Reset,
     RetainUpdate,
@@ -72,6 +78,7 @@ from backend_plugin.dart.priority import (
 )
 from backend_plugin.dart.residency import ResidencyLog
 from prism_wire import (
+    DISCARD_TTL_S,
     MAX_RETAINED,
     AnchorHints,
     ResidencySummary,
@@ -99,8 +106,10 @@ class DartStats:
     protect_fraction: float = DEFAULT_PROTECT_FRACTION
     capacity_tokens: int | None = None
     protect_cap_tokens: int | None = None  # None: capacity unknown, no cap
-    retained: int = 0  # live retention entries
+    retained: int = 0  # owners in R_t
     retained_tokens: int = 0  # resident tokens of their owners
+    retain_entries: int = 0  # live entries, within the cap or not
+    retain_fraction: float = DEFAULT_RETAIN_FRACTION
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +131,8 @@ class DartStats:
             "residency_version": self.residency_version,
             "retained": self.retained,
             "retained_tokens": self.retained_tokens,
+            "retain_entries": self.retain_entries,
+            "retain_fraction": self.retain_fraction,
         }
 
 
@@ -140,10 +151,14 @@ class DartCore:
         *,
         capacity_tokens: int | None = None,
         protect_fraction: float = DEFAULT_PROTECT_FRACTION,
+        retain_fraction: float = DEFAULT_RETAIN_FRACTION,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not 0.0 <= protect_fraction <= 1.0:
-            raise ValueError(f"protect_fraction must be in [0, 1], got {protect_fraction}")
+        for name, value in (("protect_fraction", protect_fraction),
+                            ("retain_fraction", retain_fraction)):  # fmt: skip
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        self.retain_fraction = retain_fraction
         self.policy = EvictionPolicy(policy)
         self.inbox = UpdateInbox()
         self.residency = residency if residency is not None else ResidencyLog()
@@ -165,8 +180,12 @@ class DartCore:
         self._requests: dict[str, frozenset[str]] = {}
         self._evicted = {c.value: 0 for c in EvictionClass}
         self.clock = clock
-        # R_t: owner -> (score, expiry on `clock`)
-        self._retained: dict[str, tuple[float, float]] = {}
+        # every live entry: owner -> (score, expiry on `clock`, path tokens or None)
+        self._retained: dict[str, tuple[float, float, int | None]] = {}
+        # R_t, the entries within the cap: owner -> score (what the keys read)
+        self._retaining: dict[str, float] = {}
+        # D_t: owners to evict first (finished sessions' own pieces) -> expiry
+        self._discarded: dict[str, float] = {}
         self.set_capacity(capacity_tokens)
 
     # ---- capacity -------------------------------------------------------------------
@@ -196,6 +215,8 @@ class DartCore:
             if isinstance(item, Reset):
                 self._table, self._epoch, self._protect = None, None, self._default_protect
                 self._retained.clear()
+                self._retaining = {}
+                self._discarded.clear()
             elif isinstance(item, RetainUpdate):
                 self._retain(item)
             else:
@@ -213,13 +234,43 @@ class DartCore:
         for owner in update.release:
             self._retained.pop(owner, None)
         now = self.clock()
-        for owner, (score, ttl) in update.retain.items():
-            self._retained[owner] = (score, now + ttl)
+        for owner, (score, ttl, tokens) in update.retain.items():
+            self._retained[owner] = (score, now + ttl, tokens)
+            self._discarded.pop(owner, None)
+        for owner in update.discard:
+            self._retained.pop(owner, None)
+            self._discarded.pop(owner, None)
+            self._discarded[owner] = now + DISCARD_TTL_S  # ordered by expiry
+        while len(self._discarded) > MAX_RETAINED:
+            del self._discarded[next(iter(self._discarded))]
         excess = len(self._retained) - MAX_RETAINED
         if excess > 0:
             lowest = heapq.nsmallest(excess, self._retained.items(), key=lambda kv: kv[1][0])
             for owner, _ in lowest:
                 del self._retained[owner]
+        self._refresh_retention()
+
+    def _refresh_retention(self) -> None:
+        """R_t from the live entries: the longest prefix by (score, owner) within the cap."""
+        kept = self._retained
+        if not kept:
+            self._retaining = {}
+            return
+        cap = None if self._capacity is None else int(self.retain_fraction * self._capacity)
+        if cap is None:
+            self._retaining = {owner: entry[0] for owner, entry in kept.items()}
+            return
+        resident = self._resident_tokens
+        chosen: dict[str, float] = {}
+        used = 0
+        for owner, (score, _, tokens) in sorted(
+            kept.items(), key=lambda kv: (kv[1][0], kv[0]), reverse=True
+        ):
+            used += tokens if tokens is not None else resident.get(owner, 0)
+            if used > cap:
+                break
+            chosen[owner] = score
+        self._retaining = chosen
 
     def begin_eviction(self) -> None:
         """Call once at the start of an eviction pass (snapshot of F_t, expiry of R_t)."""
@@ -227,14 +278,24 @@ class DartCore:
             self._refresh_protection()
         if self._retained:
             now = self.clock()
-            expired = [o for o, (_, until) in self._retained.items() if until <= now]
+            expired = [o for o, (_, until, _) in self._retained.items() if until <= now]
             for owner in expired:
                 del self._retained[owner]
+            self._refresh_retention()
+        if self._discarded:
+            now = self.clock()
+            while self._discarded and next(iter(self._discarded.values())) <= now:
+                del self._discarded[next(iter(self._discarded))]
 
     @property
-    def retained(self) -> Mapping[str, tuple[float, float]]:
-        """R_t: owner -> (score, expiry), live or not yet found expired."""
-        return self._retained
+    def retained(self) -> Mapping[str, float]:
+        """R_t: owner -> score, the live entries within the cap (the keys' view)."""
+        return self._retaining
+
+    @property
+    def retain_cap_tokens(self) -> int | None:
+        """Most path tokens R_t may hold (None: capacity unknown, no bound)."""
+        return None if self._capacity is None else int(self.retain_fraction * self._capacity)
 
     def _protecting(self) -> bool:
         return self._table is not None and self._protect > 0 and self._cap != 0
@@ -298,7 +359,8 @@ class DartCore:
             table=self._table,
             protected=self._protected,
             active=self._active,
-            retained=self._retained,
+            retained=self._retaining,
+            discarded=self._discarded,
         )
 
     # ---- residency and requests ----------------------------------------------------
@@ -313,7 +375,7 @@ class DartCore:
             self._account(new_owner, num_tokens)
 
     def on_evicted(self, meta: NodeMeta | None, num_tokens: int) -> None:
-        self._evicted[eviction_class(meta, self._protected, self._retained).value] += num_tokens
+        self._evicted[eviction_class(meta, self._protected, self._retaining).value] += num_tokens
         if meta is not None:
             self._count_anchor(meta, -1)
             self._account(meta.owner, -num_tokens)
@@ -388,6 +450,8 @@ class DartCore:
             evicted_tokens=MappingProxyType(dict(self._evicted)),
             segments_resident=len(self.residency),
             residency_version=self.residency.version,
-            retained=len(self._retained),
-            retained_tokens=sum(resident.get(o, 0) for o in self._retained),
+            retained=len(self._retaining),
+            retained_tokens=sum(resident.get(o, 0) for o in self._retaining),
+            retain_entries=len(self._retained),
+            retain_fraction=self.retain_fraction,
         )

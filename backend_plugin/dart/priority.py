@@ -26,6 +26,9 @@ from prism_wire import DEFAULT_PROTECT, MAX_EPOCH
 # head of tens of thousands of tokens, a segment resident on many paths), which is
 # exactly when unbounded protection would starve everything else.
 DEFAULT_PROTECT_FRACTION = 0.25
+# R_t's path tokens stay within this share of the pool: agents' paused histories may take
+# most of it (that is their purpose), never all of it.
+DEFAULT_RETAIN_FRACTION = 0.75
 
 
 class StaleEpochError(ValueError):
@@ -58,16 +61,19 @@ class PriorityUpdate:
 
 @dataclass(frozen=True, slots=True)
 class RetainUpdate:
-    """Retention entries to add (`owner -> (score, ttl_s)`) and owners to forget; no
-    epoch: pushes from one proxy apply in the order they arrive."""
+    """Retention entries to add (`owner -> (score, ttl_s, path tokens or None)`) and owners
+    to forget; no epoch: pushes from one proxy apply in the order they arrive."""
 
-    retain: Mapping[str, tuple[float, float]]
+    retain: Mapping[str, tuple[float, float, int | None]]
     release: tuple[str, ...] = ()
+    discard: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for owner, (score, ttl) in self.retain.items():
+        for owner, (score, ttl, tokens) in self.retain.items():
             if not (math.isfinite(score) and math.isfinite(ttl) and ttl >= 0):
                 raise ValueError(f"retention of {owner!r} needs a finite score and ttl >= 0")
+            if tokens is not None and tokens < 0:
+                raise ValueError(f"retention of {owner!r}: tokens must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,11 +134,14 @@ class DartStrategy:
         owner = meta.owner if meta is not None else None
         if owner is None:
             return (0, 0.0, node.last_access_time)
+        discarded = core._discarded
+        if discarded and owner in discarded and owner not in core._protected:
+            return (0, 0.0, node.last_access_time)
         if owner in core._protected:
             return (3, table.get(owner, 0.0) if table is not None else 0.0, node.last_access_time)
-        retained = core._retained
+        retained = core._retaining
         if retained and owner in retained:
-            return (2, retained[owner][0], node.last_access_time)
+            return (2, retained[owner], node.last_access_time)
         if table is None:
             return (0, 0.0, node.last_access_time)
         return (1, table.get(owner, 0.0), node.last_access_time)

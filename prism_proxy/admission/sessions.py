@@ -27,7 +27,9 @@ a time-to-live, owners to release):
   when it would be evicted.)
 * `finish(rid, tool_call, now)`: an answer that ended in a tool call pauses the session
   under the request's last key: DART keeps the path ending there for the TTL. An answer
-  without a tool call ends the session: nothing is kept.
+  without a tool call ends the session: its own pieces (every cut after its first
+  call's, which sessions of one task share) are discarded, evicted before anything
+  else: finished sessions go first.
 
 Which paused sessions go first when the pool runs short (`rank`): `recent` scores a
 pause by its time, so the longest-paused goes first. With heavy-tailed tool times the
@@ -39,9 +41,9 @@ scores by the program's start (older programs kept: Continuum's program-level FC
 The time-to-live is the `ttl_quantile` of the return delays observed for the same head
 (agent type; late returns included, so the TTL does not censor its own estimate),
 within [`min_ttl_s`, `max_ttl_s`], or `default_ttl_s` before `min_samples` delays are
-seen. Prompts shorter than `min_tokens` are not retained: their prefill costs less than
-holding them. A session that never returns costs its TTL at most: DART forgets the
-entry by itself.
+seen. Prompts of fewer than `min_tokens` beyond their head are not retained: their
+prefill costs less than holding them. A session that never returns costs its TTL at
+most: DART forgets the entry by itself.
 
 Everything is bounded: `max_sessions` paused sessions and requests in flight (the oldest
 paused ones dropped first, with their retention released), `DELAY_WINDOW` delays per
@@ -91,13 +93,15 @@ class SessionParams:
 
 @dataclass(frozen=True, slots=True)
 class Push:
-    """What to tell DART: owners to retain (`owner -> (score, ttl_s)`) and to release."""
+    """What to tell DART: owners to retain (`owner -> (score, ttl_s, path tokens)`) and to
+    release."""
 
-    retain: dict[str, tuple[float, float]] = field(default_factory=dict)
+    retain: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     release: tuple[str, ...] = ()
+    discard: tuple[str, ...] = ()  # a finished session's own pieces: evict them first
 
     def __bool__(self) -> bool:
-        return bool(self.retain or self.release)
+        return bool(self.retain or self.release or self.discard)
 
 
 NOTHING = Push()
@@ -115,11 +119,16 @@ class Arrival:
 
 @dataclass(slots=True)
 class _InFlight:
-    key: str | None
+    keys: tuple[str, ...]
     head: str
     program_start: float
     tokens: int
+    own_from: int  # keys[own_from:] are the session's own (after its first call's)
     continued: str | None = None  # the paused key it continues, held while queued
+
+    @property
+    def key(self) -> str | None:
+        return self.keys[-1] if self.keys else None
 
 
 @dataclass(slots=True)
@@ -128,6 +137,8 @@ class _Paused:
     program_start: float
     paused_at: float
     ttl_s: float
+    tokens: int
+    own_from: int
 
 
 @dataclass
@@ -146,7 +157,8 @@ class SessionTable:
 
     # ---- events ---------------------------------------------------------------------
     def arrive(self, rid: str, keys: Sequence[str], head: str, tokens: int, now: float) -> Arrival:
-        """A request with cut ids `keys` (in prompt order) and `tokens` prompt tokens."""
+        """A request with cut ids `keys` (in prompt order) and `tokens` prompt tokens
+        beyond its head (what its path holds apart from the head it shares)."""
         found: _Paused | None = None
         continued: str | None = None
         # The longest match, the latest call it continues, short of its own last key: a
@@ -157,19 +169,22 @@ class SessionTable:
             if sessions:
                 found, continued = self._take(key, sessions), key
                 break
-        last = keys[-1] if keys else None
+        keys = tuple(keys)
         if found is None:
             self.new_programs += 1
-            self._flight[rid] = _InFlight(last, head, now, tokens)
+            # a first call's pieces may be shared (sessions of one task start alike)
+            self._flight[rid] = _InFlight(keys, head, now, tokens, len(keys))
             self._bound_flight()
             return Arrival(now, False)
         # every return is observed, late ones too (paused sessions are remembered past
         # their TTL), or the quantile would only ever see delays below it
         self._observe(found.head, now - found.paused_at)
         self.continued += 1
-        self._flight[rid] = _InFlight(last, head, found.program_start, tokens, continued)
+        self._flight[rid] = _InFlight(
+            keys, head, found.program_start, tokens, found.own_from, continued
+        )
         self._bound_flight()
-        hold = Push({continued: (QUEUED_SCORE, self.params.max_ttl_s)})
+        hold = Push({continued: (QUEUED_SCORE, self.params.max_ttl_s, found.tokens)})
         return Arrival(found.program_start, True, hold)
 
     def started(self, rid: str, now: float) -> Push:
@@ -186,17 +201,22 @@ class SessionTable:
         if flight is None:
             return NOTHING
         push = self._after_leaving(flight.continued, now) if flight.continued else NOTHING
-        if not tool_call or flight.key is None or flight.tokens < self.params.min_tokens:
+        if not tool_call:  # the session ended: its own history will not be read again
+            own = flight.keys[flight.own_from :]
+            return Push(push.retain, push.release, own) if own else push
+        if flight.key is None or flight.tokens < self.params.min_tokens:
             return push
         ttl = self.ttl(flight.head)
-        paused = _Paused(flight.head, flight.program_start, now, ttl)
+        paused = _Paused(
+            flight.head, flight.program_start, now, ttl, flight.tokens, flight.own_from
+        )
         sessions = self._paused.pop(flight.key, [])
         sessions.append(paused)
         self._paused[flight.key] = sessions  # the most recent pause last
         self.paused += 1
         self.retained += 1
         dropped = self._bound_paused()
-        retain = {flight.key: (self._score(paused), ttl)}
+        retain = {flight.key: (self._score(paused), ttl, flight.tokens)}
         return Push(retain, (*push.release, *(k for k in dropped if k != flight.key)))
 
     def forget(self, rid: str, now: float) -> Push:
@@ -240,7 +260,7 @@ class SessionTable:
         left = max(p.paused_at + p.ttl_s for p in sessions) - now
         if left <= 0:
             return Push(release=(key,))
-        return Push({key: (self._score(latest), left)})
+        return Push({key: (self._score(latest), left, latest.tokens)})
 
     def _bound_flight(self) -> None:
         while len(self._flight) > self.params.max_sessions:
@@ -286,7 +306,7 @@ class SessionTable:
         }
 
 
-RetainPush = Callable[[dict[str, tuple[float, float]], tuple[str, ...]], None]
+RetainPush = Callable[[Push], None]
 
 
 class SessionKeeper:
@@ -324,4 +344,4 @@ class SessionKeeper:
 
     def _push(self, push: Push) -> None:
         if self.push is not None and push:
-            self.push(push.retain, push.release)
+            self.push(push)

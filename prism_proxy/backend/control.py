@@ -47,6 +47,7 @@ from prism_wire import (
 log = logging.getLogger(__name__)
 
 BACKOFF_MIN_S = 0.5
+RELEASE, DISCARD = "release", "discard"  # pending retention words besides an entry
 BACKOFF_MAX_S = 10.0
 
 
@@ -71,8 +72,8 @@ class ControlClient:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.epoch = int(time.time() * 1000)
         self._pending: dict[str, float] | None = None
-        # owner -> (score, ttl_s), or None: release
-        self._retention: dict[str, tuple[float, float] | None] = {}
+        # owner -> (score, ttl_s, path tokens), RELEASE or DISCARD
+        self._retention: dict[str, tuple[float, float, int] | str] = {}
         self._wakeup = asyncio.Event()
         self._backoff_s = 0.0
         self._residency_ok = True
@@ -82,12 +83,19 @@ class ControlClient:
         self._pending = table
         self._wakeup.set()
 
-    def retain(self, entries: dict[str, tuple[float, float]], release: tuple[str, ...]) -> None:
+    def retain(
+        self,
+        entries: dict[str, tuple[float, float, int]],
+        release: tuple[str, ...] = (),
+        discard: tuple[str, ...] = (),
+    ) -> None:
         """Queue retention changes (merged with unsent ones); returns at once."""
         pending = self._retention
         for owner in release:
-            pending[owner] = None
+            pending[owner] = RELEASE
         pending.update(entries)
+        for owner in discard:
+            pending[owner] = DISCARD
         while len(pending) > MAX_RETAINED:  # an RPC down for long: the oldest words go
             del pending[next(iter(pending))]
         self._wakeup.set()
@@ -126,10 +134,11 @@ class ControlClient:
             return True
         return False if status is None else self._failed(f"HTTP {status}")
 
-    async def _send_retention(self, retention: dict[str, tuple[float, float] | None]) -> bool:
+    async def _send_retention(self, retention: dict[str, tuple[float, float, int] | str]) -> bool:
         body = {
-            "retain": {o: [e[0], e[1]] for o, e in retention.items() if e is not None},
-            "release": [o for o, e in retention.items() if e is None],
+            "retain": {o: list(e) for o, e in retention.items() if not isinstance(e, str)},
+            "release": [o for o, e in retention.items() if e == RELEASE],
+            "discard": [o for o, e in retention.items() if e == DISCARD],
         }
         status, _ = await self._call(RPC_RETAIN, body)
         if status == 200:

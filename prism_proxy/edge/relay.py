@@ -212,7 +212,7 @@ def _session_arrival(
     """Tell the keeper a chat with tools arrived; mark a continuation with its program's
     start."""
     assert job is not None
-    tokens = len(job.build(()).prompt_fields.get("input_ids", ()))
+    tokens = len(job.build(()).prompt_fields.get("input_ids", ())) - job.head_tokens
     start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens)
     metrics = request.app[state.METRICS]
     metrics.child(metrics.session_calls, "new" if start is None else "continued").inc()

@@ -254,12 +254,20 @@ OTHERS = ("sglang-lru", "sglang-lpm", "sglang-slru", "sglang-tlru", "fifo", "con
           "prism")  # fmt: skip
 
 
-def seeds_report(dirs: list[Path]) -> str:
-    """The same point run on several seeds (one `results.json` per dir): each line's
-    mean over seeds with a 95 % t interval, then the must-show ratios seed by seed."""
+def seeds_report(dirs: list[Path], kv_fraction: float | None = None) -> str:
+    """The same point run on several seeds (one `results.json` per dir, its rows at
+    `kv_fraction` when given): each line's mean over seeds with a 95 % t interval, then
+    the must-show ratios seed by seed."""
     from loadgen.report import t_interval
 
-    runs = [json.loads((d / "results.json").read_text()) for d in dirs]
+    runs = [
+        [
+            row
+            for row in json.loads((d / "results.json").read_text())
+            if kv_fraction is None or row["kv_fraction"] == kv_fraction
+        ]
+        for d in dirs
+    ]
     names = [row["line"] for row in runs[0]]
     by_seed = [{row["line"]: row for row in run} for run in runs]
 
@@ -308,6 +316,10 @@ def seeds_report(dirs: list[Path]) -> str:
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    print(seeds_report([Path(p) for p in sys.argv[1:]]))
+    parser = argparse.ArgumentParser(description="one point over seeds: means and ratios")
+    parser.add_argument("dirs", nargs="+", type=Path, help="sweep dirs, one per seed")
+    parser.add_argument("--kv-fraction", type=float, default=None)
+    args = parser.parse_args()
+    print(seeds_report(args.dirs, args.kv_fraction))

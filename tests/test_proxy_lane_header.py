@@ -22,14 +22,15 @@ TOOLS = {
 @pytest.mark.parametrize(
     ("body", "lanes"),
     # A lone hinted request has a signature, so QAS fills it into the hot lane first;
-    # one without hints has the empty signature and is cold-only (SPEC §2); so has one
-    # with tools, whose only turn is the head (the tools' system turn). The engine's
-    # endpoint serves it; without segmentation it would be passed through.
+    # one without hints has the empty signature and is cold-only (SPEC §2). One with
+    # tools is served by the engine's endpoint (without segmentation it would be passed
+    # through); the agent session features (on by default) make its last message a
+    # segment, the session's key, so it has a signature too.
     # A client's grouping hint (`prompt_cache_key`) gives it a bucket of its own.
     [
         (HINTED, {"hot"}),
         (CHAT, {"cold"}),
-        (TOOLS, {"cold"}),
+        (TOOLS, {"hot"}),
         ({**CHAT, "prompt_cache_key": "tenant-a"}, {"hot"}),
         ({**TOOLS, "prompt_cache_key": "tenant-a"}, {"hot"}),
     ],

@@ -4,7 +4,7 @@
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
 #   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|
-#                                   real-engine|scale-out|all]
+#                                   real-engine|scale-out|agent-sessions|all]
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
@@ -167,15 +167,42 @@ quality_unmodified() {
   done
 }
 
+agent_sessions() {
+  # Issue 27: agent_sessions, every line in the twin (~40 min), then the key point on
+  # the real stack (prism-sim and the proxy over HTTP at 4x speed, ~10 min, quiet machine)
+  local out=docs/results/agent-sessions
+  local all=sglang-lru,sglang-lpm,sglang-slru,sglang-tlru,fifo,continuum-style,prism
+  all=$all,prism+sessions,prism+sessions/lru,prism+sessions+precedence
+  local some=sglang-lru,sglang-lpm,sglang-tlru,continuum-style,prism,prism+sessions
+  some=$some,prism+sessions+precedence
+  prism-loadgen sessions --out $out/kv --rate 0.5 --tool-scale 3 --kv-fraction 1,0.5,0.25 \
+    --lines $all
+  for seed in 1 2; do
+    prism-loadgen sessions --out $out/key-seed$seed --seed $seed --rate 0.5 --tool-scale 3 \
+      --kv-fraction 0.5 --lines $all
+  done
+  prism-loadgen sessions --out $out/rate --rate 0.25,1,2 --tool-scale 3 --kv-fraction 0.5 \
+    --lines $some
+  prism-loadgen sessions --out $out/tool-scale --rate 0.5 --tool-scale 1,6 --kv-fraction 0.5 \
+    --lines $some
+  prism-loadgen sessions --real --speed 4 --out $out/real --rate 0.5 --tool-scale 3 \
+    --kv-fraction 0.5
+  python -m loadgen.session_sweep --kv-fraction 0.5 $out/kv $out/key-seed1 $out/key-seed2 \
+    > $out/seeds.md
+}
+
 case $what in
   real) real ;;
   real-engine) real_engine ;;
   scale-out) scale_out ;;
+  agent-sessions) agent_sessions ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
-  all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine; scale_out ;;
-  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|all]" >&2; exit 2 ;;
+  all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine; scale_out
+    agent_sessions ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|agent-sessions|all]" >&2
+    exit 2 ;;
 esac

@@ -27,6 +27,8 @@ import openai
 
 from loadgen.session_trace import Session, SessionTrace
 
+TOOL_CALL_CAP = 1024
+
 
 @dataclass(frozen=True)
 class SessionReplayConfig:
@@ -157,7 +159,10 @@ async def _run_session(
         if config.shared_tokens is not None:
             call.shared_tokens = config.shared_tokens.get(session.domain)
         record.calls.append(call)
-        tokens = params.tool_call_tokens if step else params.final_answer_tokens
+        # a tool call gets the room its arguments need (the engine stops at the call's
+        # end: a cap at `tool_call_tokens` would cut its JSON, which the next call could
+        # not send back); the twin models it as `tool_call_tokens`
+        tokens = TOOL_CALL_CAP if step else params.final_answer_tokens
         answer = await _call(client, config, messages, tools, step.tool if step else None,
                              tokens, started, call)  # fmt: skip
         if answer is None:

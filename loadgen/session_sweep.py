@@ -193,8 +193,14 @@ def _ratio(a: float | None, b: float | None) -> str:
 def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
     """One table per point: every line's TTFT, JCT and hit rates beside the Belady bound,
     then prism+sessions against the best native line and the best other line."""
+    engine = rows[0].get("engine", "twin") if rows else "twin"
+    where = (
+        f"on the real stack (prism-sim at {rows[0]['speed']:g}x)"
+        if engine == "real"
+        else "in the twin"
+    )
     lines = [
-        "# agent_sessions in the twin",
+        f"# agent_sessions {where}",
         "",
         f"Trace: {base.num_sessions} sessions, seed {seed}, calls {base.min_calls}–"
         f"{base.max_calls}, tool durations lognormal (median {base.tool_median_s} s, "

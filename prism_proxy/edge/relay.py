@@ -286,6 +286,8 @@ async def _relay_lines(
                 request[STATUS] = 502
                 message = f"backend stream broke: {exc!r}"
                 await response.write(sse(stream_error(message, 502)) + SSE_DONE)
+                if keeper is not None:
+                    keeper.forget(rid)  # no pause follows a broken answer
                 return response
             if first:
                 request.app[state.ADMISSION].first_token(rid)

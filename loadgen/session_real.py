@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from loadgen.processes import ServerProcess, free_port, run_server
+from loadgen.processes import free_port, run_server
 from loadgen.session_replay import SessionReplayConfig, replay_sessions
 from loadgen.session_trace import SessionTrace, belady_bound
 from loadgen.session_twin import shared_tokens
@@ -61,7 +61,6 @@ def _stack(line: str, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
                        "--set", "session_rank=program"]  # fmt: skip
     else:
         raise ValueError(f"unknown real-stack line {line!r}; choose from {REAL_LINES}")
-    sim: ServerProcess
     with run_server("prism_sim", sim_args, log_dir=log_dir, name="sim") as sim:
         args = [*proxy_args, "--backend", sim.url]
         with run_server("prism_proxy", args, log_dir=log_dir, name="proxy") as proxy:

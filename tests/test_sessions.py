@@ -256,6 +256,7 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
                 return httpx.get(control_url + "/prism/stats", headers=auth).json()["retained"]
 
             _wait(lambda: retained() == 1)
+            assert "prism:sessions_paused 1.0" in httpx.get(proxy.url + "/metrics").text
             messages += [
                 {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                 {"role": "tool", "tool_call_id": call.id, "content": "order 7 shipped " * 40},

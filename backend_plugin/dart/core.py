@@ -34,9 +34,10 @@ F_t stale. Without a cap only arrivals and departures matter, as token counts do
 Retention R_t (`POST /prism/retain`): owners the proxy expects back soon (the last piece
 of a paused agent session's prompt), each with a score, an expiry on this core's clock
 and the tokens its path holds (the proxy's count; the owner's own resident tokens when
-not given). R_t is the longest prefix of the live entries ranked by (score, owner),
-highest first, whose tokens total at most `retain_fraction` x the pool's capacity
-(like F_t's cap: a flood of sessions cannot push everything else out first). A member
+not given, as of the last change to the entries). R_t is the longest prefix of the live
+entries ranked by (score, owner), highest first, whose tokens total at most
+`retain_fraction` x the pool's capacity (like F_t's cap: a flood of sessions cannot push
+everything else out first). A member
 ranks after every unretained owner and before F_t; among members lower scores go first.
 It is an order, never a lock: when nothing else is left, retained paths are evicted
 too, so retention cannot pin the pool. Entries expire by themselves (checked at each
@@ -182,6 +183,8 @@ class DartCore:
         self.clock = clock
         # every live entry: owner -> (score, expiry on `clock`, path tokens or None)
         self._retained: dict[str, tuple[float, float, int | None]] = {}
+        # (expiry, owner) of every entry given, superseded ones included (lazy deletion)
+        self._expiries: list[tuple[float, str]] = []
         # R_t, the entries within the cap: owner -> score (what the keys read)
         self._retaining: dict[str, float] = {}
         # D_t: owners to evict first (finished sessions' own pieces) -> expiry
@@ -197,6 +200,7 @@ class DartCore:
         fraction = self.protect_fraction
         self._cap = None if capacity_tokens is None else int(fraction * capacity_tokens)
         self._dirty = True
+        self._refresh_retention()  # R_t's cap moved too
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -215,6 +219,7 @@ class DartCore:
             if isinstance(item, Reset):
                 self._table, self._epoch, self._protect = None, None, self._default_protect
                 self._retained.clear()
+                self._expiries.clear()
                 self._retaining = {}
                 self._discarded.clear()
             elif isinstance(item, RetainUpdate):
@@ -236,6 +241,7 @@ class DartCore:
         now = self.clock()
         for owner, (score, ttl, tokens) in update.retain.items():
             self._retained[owner] = (score, now + ttl, tokens)
+            heapq.heappush(self._expiries, (now + ttl, owner))
             self._discarded.pop(owner, None)
         for owner in update.discard:
             self._retained.pop(owner, None)
@@ -248,6 +254,9 @@ class DartCore:
             lowest = heapq.nsmallest(excess, self._retained.items(), key=lambda kv: kv[1][0])
             for owner, _ in lowest:
                 del self._retained[owner]
+        if len(self._expiries) > 2 * len(self._retained) + 1024:  # superseded ones pile up
+            self._expiries = [(e[1], o) for o, e in self._retained.items()]
+            heapq.heapify(self._expiries)
         self._refresh_retention()
 
     def _refresh_retention(self) -> None:
@@ -276,12 +285,17 @@ class DartCore:
         """Call once at the start of an eviction pass (snapshot of F_t, expiry of R_t)."""
         if not self.apply_pending() and self._dirty:
             self._refresh_protection()
-        if self._retained:
-            now = self.clock()
-            expired = [o for o, (_, until, _) in self._retained.items() if until <= now]
-            for owner in expired:
-                del self._retained[owner]
-            self._refresh_retention()
+        expiries = self._expiries
+        if expiries and expiries[0][0] <= self.clock():
+            now, retained, changed = self.clock(), self._retained, False
+            while expiries and expiries[0][0] <= now:
+                until, owner = heapq.heappop(expiries)
+                entry = retained.get(owner)
+                if entry is not None and entry[1] == until:  # not superseded since
+                    del retained[owner]
+                    changed = True
+            if changed:
+                self._refresh_retention()
         if self._discarded:
             now = self.clock()
             while self._discarded and next(iter(self._discarded.values())) <= now:

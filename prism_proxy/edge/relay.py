@@ -216,7 +216,6 @@ def _session_arrival(
     start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens)
     metrics = request.app[state.METRICS]
     metrics.child(metrics.session_calls, "new" if start is None else "continued").inc()
-    metrics.sessions_paused.set(keeper.table.paused)
     return queued if start is None else replace(queued, program_start=start)
 
 

@@ -57,6 +57,7 @@ def _plan(
 
 class FifoPolicy:
     name = "fifo"
+    order = staticmethod(fifo_order)
 
     def __init__(self, params: QasParams) -> None:
         self.params = params
@@ -69,26 +70,17 @@ class FifoPolicy:
         wave_size: int,
         now: float | None = None,
     ) -> RoundPlan:
-        ordered = fifo_order(queue)
+        ordered = self.order(queue)
         wave = [WaveEntry(q.rid, Lane.COLD) for q in ordered[: max(0, wave_size)]]
         skeletons = {q.rid: tuple(q.segments) for q in queue}
         return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)
 
 
 class ContinuumStylePolicy(FifoPolicy):
-    name = "continuum-style"
+    """`fifo` in program order (`types.program_order`)."""
 
-    def plan_round(
-        self,
-        queue: Sequence[QueuedRequest],
-        active: Sequence[ActiveRequest],
-        wave_size: int,
-        now: float | None = None,
-    ) -> RoundPlan:
-        ordered = program_order(queue)
-        wave = [WaveEntry(q.rid, Lane.COLD) for q in ordered[: max(0, wave_size)]]
-        skeletons = {q.rid: tuple(q.segments) for q in queue}
-        return _plan(SegmentCounters.snapshot(queue, active, self.params), queue, skeletons, wave)
+    name = "continuum-style"
+    order = staticmethod(program_order)
 
 
 class KlpmPolicy:

@@ -25,6 +25,7 @@ from aiohttp import web
 from prism_proxy.admission.core import BackendLimits, PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, PushFn
 from prism_proxy.admission.sessions import Push, RetainPush, SessionKeeper
+from prism_proxy.api.grammars import GrammarGate
 from prism_proxy.backend.client import BackendClient, BackendError
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.residency_poller import ResidencyPoller
@@ -265,6 +266,7 @@ def create_app(config: ProxyConfig) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
     app[state.CONFIG] = config
     app[state.METRICS] = metrics = ProxyMetrics.create()
+    app[state.GRAMMARS] = GrammarGate(config.grammars)
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))
     app.on_shutdown.append(log_drain)
     app.cleanup_ctx.extend(

@@ -27,6 +27,7 @@ from prism_proxy.qas.policies import POLICIES
 
 POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot-style
 RESIDENCY_SOURCES = ("auto", "dart", "view")
+GRAMMAR_POLICIES = ("off", "checked", "on")
 ENV_PREFIX = "PRISM_"
 # Settings whose value may be automatic (None, written "auto").
 AUTOMATIC = ("prefill_batch", "max_inflight", "backend_replicas")
@@ -70,6 +71,7 @@ class ProxyConfig:
     max_prompt_chars: int = 1_000_000
     max_messages: int = 4096
     max_segments: int = 256
+    grammars: str = "off"
     segment_cache_bytes: int = 64 * 1024 * 1024
     head_cache_bytes: int = 16 * 1024 * 1024
     chat_cache_bytes: int = 32 * 1024 * 1024
@@ -117,6 +119,10 @@ class ProxyConfig:
         if self.residency not in RESIDENCY_SOURCES:
             raise ConfigError(
                 f"residency: unknown {self.residency!r}; choose one of {RESIDENCY_SOURCES}"
+            )
+        if self.grammars not in GRAMMAR_POLICIES:
+            raise ConfigError(
+                f"grammars: unknown {self.grammars!r}; choose one of {GRAMMAR_POLICIES}"
             )
         if self.residency == "dart" and self.control_url is None:
             raise ConfigError("residency: 'dart' needs --control-url (DART's control RPC)")
@@ -241,6 +247,10 @@ _HELP = {
     "max_messages": "most chat messages (and content parts, tools, stop strings) in one "
     "request (413 above)",
     "max_segments": "most segments in one request's prism hint (400 above)",
+    "grammars": "grammars besides JSON schemas (ebnf, regex, structural_tag): off (refused), "
+    "checked (ebnf and regex served when the proxy can show that matching them costs "
+    "bounded time per token, docs/proxy.md), on (served unchecked: one grammar can hold "
+    "the engine's every step)",
     "segment_cache_bytes": "bytes of segment token ids the serializer keeps (LRU)",
     "head_cache_bytes": "bytes of rendered system-prompt heads the serializer keeps (LRU)",
     "chat_cache_bytes": "bytes of chat pieces' token ids the tokenizer keeps (LRU)",

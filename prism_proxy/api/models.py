@@ -254,6 +254,11 @@ class CheckedBody(Protocol):
         """Prompt positions times logprobs per position it asks for."""
         ...
 
+    def grammars(self) -> Iterator[tuple[str, str, str]]:
+        """(field, kind, text) of every grammar besides JSON schemas it asks the engine
+        to follow: kind `ebnf`, `regex` or `structural_tag` (`api.grammars`)."""
+        ...
+
 
 def _is_set(value: Any) -> bool:
     """Whether a field asks for something (present and not null, false or empty)."""
@@ -384,6 +389,15 @@ class _OpenAIFields(BaseModel):
 
     def prompt_logprob_entries(self) -> int:
         return 0
+
+    def grammars(self) -> Iterator[tuple[str, str, str]]:
+        if self.ebnf is not None:
+            yield "ebnf", "ebnf", self.ebnf
+        if self.regex is not None:
+            yield "regex", "regex", self.regex
+        response_format = self.response_format
+        if isinstance(response_format, dict) and response_format.get("type") == "structural_tag":
+            yield "response_format", "structural_tag", orjson.dumps(response_format).decode()
 
 
 def logit_bias_ids(bias: dict[str, float]) -> list[int]:
@@ -606,6 +620,12 @@ class NativeSamplingParams(BaseModel):
     def to_sglang(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)
 
+    def grammars(self, param: str) -> Iterator[tuple[str, str, str]]:
+        for kind in ("ebnf", "regex", "structural_tag"):
+            text = getattr(self, kind)
+            if text is not None:
+                yield f"{param}.{kind}", kind, text
+
     def token_ids(self, param: str) -> Iterator[tuple[str, list[int]]]:
         if self.stop_token_ids:
             yield f"{param}.stop_token_ids", self.stop_token_ids
@@ -718,6 +738,12 @@ class GenerateRequest(BaseModel):
                     else f"sampling_params.{index}"
                 )
                 yield f"{prefix}.top_k", item.top_k
+
+    def grammars(self) -> Iterator[tuple[str, str, str]]:
+        params = self.sampling_params
+        for index, item in enumerate(self.sampling_list()):
+            name = "sampling_params" if not isinstance(params, list) else f"sampling_params.{index}"
+            yield from item.grammars(name)
 
     def prompt_logprob_entries(self) -> int:
         """Prompt positions times logprobs per position asked for (`return_logprob`

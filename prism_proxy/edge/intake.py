@@ -6,6 +6,7 @@ JSON parsing itself is `bodies.JsonParser`'s (off the event loop when costly).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
@@ -54,7 +55,9 @@ async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, 
     except ValidationError as exc:
         param, message = describe_validation_error(exc)
         raise ApiError(400, message, param=param) from None
-    check_served(request, cast(CheckedBody, body))
+    checked = cast(CheckedBody, body)
+    check_served(request, checked)
+    await check_grammars(request, checked)
     return body, raw
 
 
@@ -110,6 +113,25 @@ def check_served(request: web.Request, body: CheckedBody) -> None:
             f"{MAX_PROMPT_LOGPROB_ENTRIES}",
             param="logprobs",
         )
+
+
+# Grammars at least this long are checked in a worker thread.
+OFFLOAD_GRAMMAR_CHARS = 4096
+
+
+async def check_grammars(request: web.Request, body: CheckedBody) -> None:
+    """400 naming the first grammar (`ebnf`, `regex`, `structural_tag`) the deployment's
+    `grammars` policy does not let through (`api.grammars.GrammarGate`)."""
+    gate = request.app[state.GRAMMARS]
+    for param, kind, text in body.grammars():
+        found, reason = gate.known(kind, text)
+        if not found:
+            if len(text) >= OFFLOAD_GRAMMAR_CHARS:
+                reason = await asyncio.to_thread(gate.reason, kind, text)
+            else:
+                reason = gate.reason(kind, text)
+        if reason is not None:
+            raise ApiError(400, f"{param}: not accepted: {reason}", param=param)
 
 
 def check_prompt_size(request: web.Request, size: PromptSize) -> None:

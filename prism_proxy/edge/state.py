@@ -6,6 +6,7 @@ from aiohttp import web
 
 from prism_proxy.admission.driver import AdmissionController
 from prism_proxy.admission.sessions import SessionKeeper
+from prism_proxy.api.grammars import GrammarGate
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.config import ProxyConfig
@@ -25,3 +26,4 @@ ADMISSION = web.AppKey("admission", AdmissionController)
 PARSER = web.AppKey("parser", JsonParser)
 SESSIONS = web.AppKey("sessions", SessionKeeper)  # set only with `sessions` on
 EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents
+GRAMMARS = web.AppKey("grammars", GrammarGate)  # which grammars may reach the engine

@@ -35,6 +35,7 @@ from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.endpoints import add_routes
 from prism_proxy.edge.endpoints import metrics as metrics_handler
 from prism_proxy.edge.errors import error_middleware
+from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.edge.probes import add_probe_routes
 from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, listen
 from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
@@ -267,6 +268,7 @@ def create_app(config: ProxyConfig) -> web.Application:
     app[state.CONFIG] = config
     app[state.METRICS] = metrics = ProxyMetrics.create()
     app[state.GRAMMARS] = GrammarGate(config.grammars)
+    app[state.RESERVATIONS] = ClientReservations()
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))
     app.on_shutdown.append(log_drain)
     app.cleanup_ctx.extend(

@@ -30,7 +30,10 @@ RESIDENCY_SOURCES = ("auto", "dart", "view")
 GRAMMAR_POLICIES = ("off", "checked", "on")
 ENV_PREFIX = "PRISM_"
 # Settings whose value may be automatic (None, written "auto").
-AUTOMATIC = ("prefill_batch", "max_inflight", "backend_replicas")
+AUTOMATIC = (
+    "prefill_batch", "max_inflight", "backend_replicas", "max_decode_tokens",
+    "max_client_decode_tokens",
+)  # fmt: skip
 # The settings with a flag of their own; every other one is `--set KEY=VALUE`.
 FLAGS = (
     "backend", "host", "port", "tokenizer", "policy", "qas_variant", "control_url",
@@ -72,6 +75,9 @@ class ProxyConfig:
     max_messages: int = 4096
     max_segments: int = 256
     grammars: str = "off"
+    max_decode_tokens: int | None = None
+    max_client_decode_tokens: int | None = None
+    max_answer_bytes: int = 16 * 1024 * 1024
     segment_cache_bytes: int = 64 * 1024 * 1024
     head_cache_bytes: int = 16 * 1024 * 1024
     chat_cache_bytes: int = 32 * 1024 * 1024
@@ -134,7 +140,7 @@ class ProxyConfig:
             "max_queue", "max_body_bytes", "max_prompt_chars", "max_messages", "max_segments",
             "segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "header_timeout_s",
             "body_timeout_s", "keepalive_timeout_s", "send_timeout_s", "max_connections",
-            "evidence_cache_bytes",
+            "evidence_cache_bytes", "max_answer_bytes",
             "backend_timeout_s",
         )  # fmt: skip
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
@@ -251,6 +257,12 @@ _HELP = {
     "checked (ebnf and regex served when the proxy can show that matching them costs "
     "bounded time per token, docs/proxy.md), on (served unchecked: one grammar can hold "
     "the engine's every step)",
+    "max_decode_tokens": "most tokens one request may ask the engine to generate over all its "
+    "sequences, n x max_tokens (auto: a quarter of the engine's KV pool; 400 above)",
+    "max_client_decode_tokens": "most tokens a client's requests in flight may force or "
+    "multiply (ignore_eos, min_tokens, n > 1) (auto: the engine's KV pool; 429 above)",
+    "max_answer_bytes": "largest answer the proxy assembles for a client that did not ask "
+    "to stream (400 when a request cannot fit it)",
     "segment_cache_bytes": "bytes of segment token ids the serializer keeps (LRU)",
     "head_cache_bytes": "bytes of rendered system-prompt heads the serializer keeps (LRU)",
     "chat_cache_bytes": "bytes of chat pieces' token ids the tokenizer keeps (LRU)",

@@ -309,8 +309,11 @@ async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
             assert response.status == 200, await response.text()
     forwarded = seen["chat"]
     # custom_params: the proxy's own, the anchors of the turns it found (the client's
-    # would have been refused)
-    assert set(forwarded) == {"model", "messages", "tools", "rid", "extra_key", "custom_params"}
+    # would have been refused); stream and stream_options: the proxy's own too, which
+    # streams every request from the engine to see its first token
+    proxy_owned = {"custom_params", "stream", "stream_options"}
+    assert set(forwarded) == {"model", "messages", "tools", "rid", "extra_key", *proxy_owned}
+    assert forwarded["stream"] is True and forwarded["stream_options"] == {"include_usage": True}
     assert set(forwarded["custom_params"]) == {CUSTOM_PARAMS_KEY}
     assert forwarded["rid"].startswith("prism-") and forwarded["tools"] == [tool]
     assert forwarded["messages"] == [{"role": "user", "content": "hi"}]

@@ -178,3 +178,107 @@ async def test_a_client_leaving_while_pending_frees_its_place_at_once() -> None:
         backend.finish.set()
         assert await stayer == 200
         await eventually(lambda: admission.inflight == 0 and admission.pending_prefill == 0)
+
+
+class HeldChatBackend(HeldBackend):
+    """The same for SGLang's `/v1/chat/completions`: OpenAI chunks when streamed, one
+    answer (only when told to finish) when not."""
+
+    def app(self) -> web.Application:
+        app = super().app()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11,
+                 "prompt_tokens_details": {"cached_tokens": 3}}  # fmt: skip
+        if not body.get("stream"):
+            await self.finish.wait()
+            message = {"role": "assistant", "content": "ab"}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            return web.json_response({"id": "x", "choices": [choice], "usage": usage})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def send(chunk: dict) -> None:
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+        def chunk(delta: dict, finish: str | None = None) -> dict:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            return {"id": "x", "created": 1, "model": "m", "choices": [choice]}
+
+        await self.first.wait()
+        await send(chunk({"role": "assistant", "content": ""}))
+        await send(chunk({"content": "a"}))
+        await self.finish.wait()
+        await send(chunk({"content": "b"}, "stop"))
+        await send({"id": "x", "created": 1, "model": "m", "choices": [], "usage": usage})
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CHAT_WITH_TOOLS = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "tools": [TOOL], "max_tokens": 2}  # fmt: skip
+
+
+async def test_a_non_streamed_passthrough_leaves_pending_prefill_at_its_first_token() -> None:
+    """The pacing squat: a client that did not ask to stream (here a chat with tools,
+    which the engine's own endpoint serves) used to count as pending prefill until its
+    whole answer came back, holding `B` for everyone. The proxy streams it from the
+    engine anyway, frees its place at the first chunk and assembles the answer."""
+    backend = HeldChatBackend()
+    async with (
+        loopback_app(backend.app()) as url,
+        running_proxy(url, prefill_batch=1, window_ms=0) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        admission = proxy.app[state.ADMISSION]
+
+        async def call(body: dict) -> dict:
+            async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
+                assert response.status == 200, await response.text()
+                return await response.json()
+
+        squatter = asyncio.create_task(call(CHAT_WITH_TOOLS))
+        await eventually(lambda: len(backend.received) == 1)
+        assert backend.received[0]["stream"] is True
+        assert backend.received[0]["stream_options"] == {"include_usage": True}
+        other = asyncio.create_task(call(CHAT_WITH_TOOLS))
+        await eventually(lambda: admission.queue_depth == 1)  # B = 1: held back
+        backend.first.set()  # the squatter decodes now: the other goes through
+        await eventually(lambda: len(backend.received) == 2)
+        await eventually(lambda: admission.pending_prefill == 0 and admission.inflight == 2)
+        assert not squatter.done()
+        backend.finish.set()
+        for answer in await asyncio.gather(squatter, other):
+            assert answer["object"] == "chat.completion"
+            assert answer["choices"][0]["message"]["content"] == "ab"
+            assert answer["choices"][0]["finish_reason"] == "stop"
+            assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}
+
+
+async def test_a_request_the_engine_cannot_stream_takes_no_place_in_pacing() -> None:
+    """SGLang refuses to stream `return_meta_info` (and prompt or output token ids):
+    such a request is forwarded as asked, and since its first token cannot be seen it
+    never counts against `B`."""
+    backend = HeldChatBackend()
+    async with (
+        loopback_app(backend.app()) as url,
+        running_proxy(url, prefill_batch=1, window_ms=0) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        admission = proxy.app[state.ADMISSION]
+        body = {**CHAT_WITH_TOOLS, "return_meta_info": True}
+        blind = asyncio.create_task(http.post(proxy.url + "/v1/chat/completions", json=body))
+        await eventually(lambda: len(backend.received) == 1)
+        assert "stream" not in backend.received[0]
+        await eventually(lambda: admission.pending_prefill == 0 and admission.inflight == 1)
+        backend.first.set()
+        backend.finish.set()
+        response = await blind
+        assert response.status == 200
+        assert (await response.json())["choices"][0]["message"]["content"] == "ab"
+        response.release()

@@ -295,6 +295,8 @@ class BackendLimits:
 
     prefill_budget_tokens: int | None = None
     max_running_requests: int | None = None
+    kv_pool_tokens: int | None = None  # `max_total_num_tokens`
+    context_tokens: int | None = None  # the longest request: `max_req_input_len`
 
     @classmethod
     def from_server_info(cls, info: Mapping[str, Any]) -> BackendLimits:
@@ -320,7 +322,9 @@ class BackendLimits:
         running = positive(
             state.get("effective_max_running_requests_per_dp"), info.get("max_running_requests")
         )
-        return cls(budget, running)
+        pool = positive(info.get("max_total_num_tokens"), state.get("max_total_num_tokens"))
+        context = positive(info.get("max_req_input_len"), state.get("max_req_input_len"))
+        return cls(budget, running, pool, context)
 
 
 class PrefillPacing:
@@ -342,9 +346,12 @@ class PrefillPacing:
 
     def learn(self, limits: BackendLimits) -> None:
         """Take the backend's reported limits (keeps what it did not report)."""
+        known = self.backend
         self.backend = BackendLimits(
-            limits.prefill_budget_tokens or self.backend.prefill_budget_tokens,
-            limits.max_running_requests or self.backend.max_running_requests,
+            limits.prefill_budget_tokens or known.prefill_budget_tokens,
+            limits.max_running_requests or known.max_running_requests,
+            limits.kv_pool_tokens or known.kv_pool_tokens,
+            limits.context_tokens or known.context_tokens,
         )
 
     def observe(self, uncached_tokens: int) -> None:

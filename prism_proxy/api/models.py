@@ -64,6 +64,37 @@ class PromptSize:
         return self.chars + ITEM_CHARS * self.items
 
 
+@dataclass(frozen=True, slots=True)
+class Sequences:
+    """Sequences of one request that ask for the same decode: how many, their
+    `max_new_tokens` (None: unset, the engine's context bounds it), the tokens each is
+    made to generate (`min_new_tokens`, or all of `max_new_tokens` with `ignore_eos`),
+    and the logprob entries each output token carries (0: none; 1 + top logprobs)."""
+
+    count: int
+    max_new_tokens: int | None
+    forced_tokens: int | None = 0  # None: all it may generate (ignore_eos, unset max)
+    logprob_entries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeAsk:
+    """What a request asks the engine to generate (`edge.limits` bounds it)."""
+
+    groups: tuple[Sequences, ...]
+    prompt_logprob_entries: int = 0
+
+    @property
+    def sequences(self) -> int:
+        return sum(group.count for group in self.groups)
+
+
+def _forced(ignore_eos: bool | None, min_new: int | None, max_new: int | None) -> int | None:
+    if ignore_eos:
+        return max_new  # None: until the context ends
+    return min_new or 0
+
+
 # Client bodies are JSON: types are checked strictly ("stream": "yes" is not a boolean,
 # 1 is not a string) and numbers must be finite.
 STRICT = ConfigDict(strict=True, allow_inf_nan=False)
@@ -257,6 +288,10 @@ class CheckedBody(Protocol):
     def grammars(self) -> Iterator[tuple[str, str, str]]:
         """(field, kind, text) of every grammar besides JSON schemas it asks the engine
         to follow: kind `ebnf`, `regex` or `structural_tag` (`api.grammars`)."""
+        ...
+
+    def decode_ask(self) -> DecodeAsk:
+        """What it asks the engine to generate, over all its sequences."""
         ...
 
 
@@ -504,6 +539,14 @@ class ChatCompletionRequest(_OpenAIFields):
         if self.input_ids:
             yield "input_ids", self.input_ids
 
+    def decode_ask(self) -> DecodeAsk:
+        entries = 1 + (self.top_logprobs or 0) if self.logprobs else 0
+        max_new = self.max_new_tokens
+        group = Sequences(
+            self.n or 1, max_new, _forced(self.ignore_eos, self.min_tokens, max_new), entries
+        )
+        return DecodeAsk((group,))
+
 
 Prompt = Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_BATCH)] | TokenIds
 BatchIds = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]
@@ -554,6 +597,18 @@ class CompletionRequest(_OpenAIFields):
     def token_ids(self) -> Iterator[tuple[str, list[int]]]:
         yield from super().token_ids()
         yield from _prompt_ids("prompt", self.prompt)
+
+    def decode_ask(self) -> DecodeAsk:
+        prompts = 1
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int):
+            prompts = len(self.prompt)
+        count = prompts * max(self.n or 1, self.best_of or 1)
+        entries = 1 + self.logprobs if self.logprobs is not None else 0
+        max_new = self.max_tokens
+        group = Sequences(
+            count, max_new, _forced(self.ignore_eos, self.min_tokens, max_new), entries
+        )
+        return DecodeAsk((group,), self.prompt_logprob_entries())
 
     def prompt_logprob_entries(self) -> int:
         """Prompt positions times logprobs per position that `echo` with `logprobs`
@@ -744,6 +799,25 @@ class GenerateRequest(BaseModel):
         for index, item in enumerate(self.sampling_list()):
             name = "sampling_params" if not isinstance(params, list) else f"sampling_params.{index}"
             yield from item.grammars(name)
+
+    def decode_ask(self) -> DecodeAsk:
+        entries = 0
+        if self.return_logprob:
+            entries = 1 + (self.top_logprobs_num or 0) + len(self.token_ids_logprob or ())
+        batch = self.batch_size()
+        params = self.sampling_list() or [NativeSamplingParams()]
+        per_prompt = batch if len(params) == 1 else 1  # a list has one entry per prompt
+        groups = tuple(
+            Sequences(
+                per_prompt * (p.n or 1),
+                # /generate's own default: SGLang's SamplingParams.max_new_tokens
+                p.max_new_tokens if "max_new_tokens" in p.model_fields_set else 128,
+                _forced(p.ignore_eos, p.min_new_tokens, p.max_new_tokens),
+                entries,
+            )
+            for p in params
+        )
+        return DecodeAsk(groups, self.prompt_logprob_entries())
 
     def prompt_logprob_entries(self) -> int:
         """Prompt positions times logprobs per position asked for (`return_logprob`

@@ -24,7 +24,7 @@ from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.admit import make_job, new_rid, off_loop
 from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, backend_failure, json_answer
-from prism_proxy.edge.intake import check_prompt_size, read_body
+from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.openai_format import (
     ChatFormat,
     CompletionFormat,
@@ -147,7 +147,8 @@ async def chat_relay(
     path = "/v1/chat/completions"
     set_rid = (body.n or 1) == 1
     group = body.prompt_cache_key or ""
-    return await passthrough(request, path, forwarded, set_rid=set_rid, job=job, group=group)
+    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+        return await passthrough(request, path, forwarded, set_rid=set_rid, job=job, group=group)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -157,6 +158,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
         return await chat_relay(request, body, raw, size)
+    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+        return await _chat_token_path(request, body, raw, size)
+
+
+async def _chat_token_path(
+    request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any], size: PromptSize
+) -> web.StreamResponse:
     tokenizer = request.app[state.TOKENIZER]
     serializer = request.app[state.SERIALIZER]
     finder = DocumentFinder(request, body.prism is not None)
@@ -188,12 +196,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         count_origin(request, "forwarded")
         return await passthrough(request, "/v1/chat/completions", body.forwarded(raw), set_rid=True)
     rid = new_rid()
+    params = body.sampling_params(body.max_new_tokens)
+    # unset: until the context ends, as SGLang's chat endpoint reads it (not /generate's 128)
+    params.setdefault("max_new_tokens", None)
     return await token_path(
         request,
         job,
         size=size,
         rid=rid,
-        sampling_params=body.sampling_params(body.max_new_tokens),
+        sampling_params=params,
         stream=body.stream,
         fmt=_format(ChatFormat, body.rid or rid, "chatcmpl", body.model, body.include_usage),
         extra_fields=body.generate_fields(),
@@ -206,6 +217,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body, raw = await read_body(request, CompletionRequest)
     size = body.prompt_size()
     check_prompt_size(request, size)
+    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+        return await _completions(request, body, raw, size)
+
+
+async def _completions(
+    request: web.Request, body: CompletionRequest, raw: dict[str, Any], size: PromptSize
+) -> web.StreamResponse:
     if body.passthrough_reason() is not None:
         forwarded = body.forwarded(raw)
         count_origin(request, "forwarded")
@@ -248,6 +266,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body, raw = await read_body(request, GenerateRequest)
     size = body.prompt_size()
     check_prompt_size(request, size)
+    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+        return await _generate(request, body, raw, size)
+
+
+async def _generate(
+    request: web.Request, body: GenerateRequest, raw: dict[str, Any], size: PromptSize
+) -> web.StreamResponse:
     if body.passthrough_reason() is not None:
         count_origin(request, "forwarded")
         return await passthrough(request, "/generate", body.forwarded(raw), set_rid=False)

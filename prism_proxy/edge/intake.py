@@ -13,12 +13,21 @@ from typing import Any, TypeVar, cast
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from prism_proxy.api.models import CheckedBody, PromptSize, describe_validation_error
+from prism_proxy.api.models import CheckedBody, DecodeAsk, PromptSize, describe_validation_error
 from prism_proxy.api.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, REFUSED
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge import state
 from prism_proxy.edge.bodies import BodyError, Caps, check_counts
 from prism_proxy.edge.errors import ApiError
+from prism_proxy.edge.limits import (
+    EngineSize,
+    LimitError,
+    check_answer,
+    check_decode,
+    client_limit,
+    request_limit,
+    reserved_tokens,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -144,3 +153,50 @@ def check_prompt_size(request: web.Request, size: PromptSize) -> None:
             f"limit of {limit}",
             param="prompt",
         )
+
+
+def client_key(request: web.Request) -> str:
+    """Who sent the request, for per-client shares: its address (until API keys)."""
+    return request.remote or "unknown"
+
+
+def engine_size(request: web.Request) -> EngineSize:
+    backend = request.app[state.ADMISSION].pacing.backend
+    return EngineSize(backend.kv_pool_tokens, backend.context_tokens)
+
+
+class DecodeShare:
+    """A request's decode checked and held within its client's share for the block
+    (`edge.limits`): 400 over `max_decode_tokens` or, for a non-streamed answer,
+    `max_answer_bytes`; 429 with Retry-After beyond `max_client_decode_tokens`."""
+
+    __slots__ = ("_client", "_request", "_tokens", "ask")
+
+    def __init__(self, request: web.Request, ask: DecodeAsk, *, stream: bool) -> None:
+        config = request.app[state.CONFIG]
+        engine = engine_size(request)
+        self._request = request
+        self._client = client_key(request)
+        self.ask = ask
+        try:
+            check_decode(ask, request_limit(config.max_decode_tokens, engine), engine)
+            if not stream:
+                check_answer(ask, config.max_answer_bytes, engine)
+        except LimitError as exc:
+            raise ApiError(exc.status, exc.message, param=exc.param) from None
+        self._tokens = reserved_tokens(ask, engine)
+        limit = client_limit(config.max_client_decode_tokens, engine)
+        if not request.app[state.RESERVATIONS].hold(self._client, self._tokens, limit):
+            raise ApiError(
+                429,
+                f"this client's requests in flight already hold its share of forced or "
+                f"multiplied decode (max_client_decode_tokens: {limit})",
+                kind="rate_limit_exceeded",
+                headers={"Retry-After": str(config.retry_after_s)},
+            )
+
+    async def __aenter__(self) -> DecodeShare:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._request.app[state.RESERVATIONS].release(self._client, self._tokens)

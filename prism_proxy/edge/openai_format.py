@@ -72,6 +72,18 @@ class TokenUsage:
         }
 
 
+# `meta_info` lists SGLang slices to each chunk's own tokens when it streams increments
+# (`tokenizer_manager._INCREMENTAL_STREAMING_META_INFO_KEYS`): joined here.
+INCREMENTAL_META_KEYS = (
+    "output_token_logprobs",
+    "output_top_logprobs",
+    "output_token_ids_logprobs",
+)
+# What one logprob entry costs in the answer, for `StreamAssembler.size_bytes`.
+LOGPROB_ENTRY_BYTES = 32
+TOKEN_ID_BYTES = 7
+
+
 class StreamAssembler:
     """Follows one `/generate` stream and keeps the whole answer so far.
 
@@ -79,8 +91,9 @@ class StreamAssembler:
     `--incremental-streaming-output`. A chunk is cumulative exactly when its
     `output_ids` hold all `meta_info.completion_tokens` tokens (an incremental chunk
     after the first holds fewer); without those fields, text that extends the text so
-    far is taken as cumulative. `feed` returns the new text; `result()` is what a
-    non-streaming `/generate` would have answered.
+    far is taken as cumulative. Incremental chunks also slice the output logprob lists
+    of `meta_info`, which are joined. `feed` returns the new text; `result()` is what a
+    non-streaming `/generate` would have answered; `size_bytes` estimates its size.
     """
 
     def __init__(self) -> None:
@@ -88,31 +101,62 @@ class StreamAssembler:
         self.output_ids: list[Any] = []
         self.meta_info: dict[str, Any] = {}
         self._owned = False  # output_ids is our own list (not a chunk's)
+        self._logprob_entries = 0
 
-    def _cumulative(self, ids: Any, text: str) -> bool:
-        completion_tokens = self.meta_info.get("completion_tokens")
+    def _cumulative(self, ids: Any, text: str, meta_info: dict[str, Any]) -> bool:
+        completion_tokens = meta_info.get("completion_tokens")
         if isinstance(ids, list) and isinstance(completion_tokens, int):
             return len(ids) == completion_tokens
         return text.startswith(self.text)
 
     def feed(self, chunk: dict[str, Any]) -> str:
-        text = str(chunk.get("text", ""))
+        text = str(chunk.get("text") or "")
         ids = chunk.get("output_ids")
         meta_info = chunk.get("meta_info")
-        if isinstance(meta_info, dict):
+        meta_info = meta_info if isinstance(meta_info, dict) else self.meta_info
+        if self._cumulative(ids, text, meta_info):
             self.meta_info = meta_info
-        if self._cumulative(ids, text):
+            self._count_logprobs()
             delta = text[len(self.text) :] if text.startswith(self.text) else text
             self.text = text
             if isinstance(ids, list):
                 self.output_ids, self._owned = ids, False
             return delta
+        self._join_meta(meta_info)
         self.text += text
         if isinstance(ids, list):
             if not self._owned:
                 self.output_ids, self._owned = list(self.output_ids), True
             self.output_ids.extend(ids)
         return text
+
+    def _join_meta(self, meta_info: dict[str, Any]) -> None:
+        joined = dict(meta_info)
+        for key in INCREMENTAL_META_KEYS:
+            before, now = self.meta_info.get(key), meta_info.get(key)
+            if isinstance(before, list) and isinstance(now, list):
+                joined[key] = before + now
+        self.meta_info = joined
+        self._count_logprobs()
+
+    def _count_logprobs(self) -> None:
+        entries = 0
+        for key in (*INCREMENTAL_META_KEYS, "input_token_logprobs", "input_top_logprobs"):
+            values = self.meta_info.get(key)
+            if isinstance(values, list):
+                entries += len(values)
+                if values and isinstance(values[-1], list) and key.endswith("top_logprobs"):
+                    entries += len(values) * len(values[-1])
+        self._logprob_entries = entries
+
+    @property
+    def size_bytes(self) -> int:
+        """About what the answer takes as JSON: its text, ids and logprob entries."""
+        return (
+            len(self.text)
+            + TOKEN_ID_BYTES * len(self.output_ids)
+            + LOGPROB_ENTRY_BYTES * self._logprob_entries
+        )
 
     def result(self) -> dict[str, Any]:
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": self.meta_info}

@@ -34,14 +34,39 @@ from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.admit import Admitted, new_rid, off_loop
-from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, json_answer
-from prism_proxy.edge.openai_format import SSE_DONE, ResponseFormat, TokenUsage, sse, stream_error
+from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
+from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, ApiError, json_answer
+from prism_proxy.edge.openai_format import (
+    SSE_DONE,
+    ResponseFormat,
+    TokenUsage,
+    json_bytes,
+    sse,
+    stream_error,
+)
 from prism_proxy.prompts.conversation import dispatch_check
 from prism_proxy.prompts.jobs import TokenJob
 from prism_proxy.qas.types import QueuedRequest
 from prism_wire import CUSTOM_PARAMS_KEY, make_kv_hints
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+# `stream_interval` of a request the proxy assembles: SGLang sends the first token at
+# once (the end of its pending prefill), then nothing until the end, so the engine
+# never resends a growing answer in every chunk.
+ONE_CHUNK_AFTER_FIRST = 1 << 30
+# Lines of a stream at least this long are parsed in a worker thread.
+OFFLOAD_LINE_BYTES = 256 * 1024
+# Answers at least this large are encoded in a worker thread.
+OFFLOAD_ANSWER_BYTES = 1 << 20
+# Fields SGLang's OpenAI endpoints refuse to stream: such a request is forwarded as it
+# is, and its first token cannot be seen (so it never holds a place in prefill pacing).
+UNSTREAMABLE = ("return_meta_info", "return_prompt_token_ids", "return_token_ids")
+
+
+def too_large(exc: AnswerTooLarge) -> ApiError:
+    return ApiError(400, str(exc), param="stream")
+
+
 # An OpenAI chunk or answer that ends in a tool call (SGLang writes no space; others may).
 TOOL_CALL_END = re.compile(rb'"finish_reason"\s*:\s*"tool_calls"')
 
@@ -75,6 +100,9 @@ async def token_path(
     """
     app = request.app
     backend = app[state.BACKEND]
+    limit_bytes = app[state.CONFIG].max_answer_bytes
+    if not stream:
+        sampling_params = {**sampling_params, "stream_interval": ONE_CHUNK_AFTER_FIRST}
     async with Admitted(request, job.queued(rid, time.monotonic(), group)) as release:
         lane = release.lane.value
         payload = await off_loop(
@@ -96,17 +124,23 @@ async def token_path(
                 _first_token(request, rid, lane, first[0])
                 if stream:
                     return await _relay_stream(request, first, batches, fmt, lane, rid)
-                feed = fmt.assembled.feed
+                assembled = fmt.assembled
                 for chunk in first:
-                    feed(chunk)
+                    assembled.feed(chunk)
                 async for batch in batches:
                     for chunk in batch:
-                        feed(chunk)
+                        assembled.feed(chunk)
+                    if assembled.size_bytes > limit_bytes:
+                        backend.abort(rid)
+                        raise too_large(AnswerTooLarge(limit_bytes))
             except asyncio.CancelledError:
                 backend.abort(rid)  # the client left while the backend was working
                 raise
         _record_tokens(request, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
-        return json_answer(fmt.whole())
+        whole = fmt.whole()
+        if fmt.assembled.size_bytes >= OFFLOAD_ANSWER_BYTES:
+            return await asyncio.to_thread(json_answer, whole)
+        return json_answer(whole)
 
 
 def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any]) -> None:
@@ -219,6 +253,34 @@ def _session_arrival(
     return queued if start is None else replace(queued, program_start=start)
 
 
+def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
+    """For a client that did not ask to stream: ask the engine to stream anyway, and
+    return what assembles the answer (`edge.assemble`); None when the client streams
+    or SGLang cannot stream what it asked for (`UNSTREAMABLE`)."""
+    if body.get("stream"):
+        return None
+    if path == "/generate":
+        params = body.get("sampling_params")
+        if isinstance(params, list):
+            body["sampling_params"] = [
+                {**p, "stream_interval": ONE_CHUNK_AFTER_FIRST} for p in params
+            ]
+        else:
+            body["sampling_params"] = {**(params or {}), "stream_interval": ONE_CHUNK_AFTER_FIRST}
+        prompt = body.get("text", body.get("input_ids"))
+        batch = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        several = isinstance(params, list) or (
+            isinstance(params, dict) and int(params.get("n") or 1) > 1
+        )
+        body["stream"] = True
+        return GenerateAnswer(batch or several, limit_bytes)
+    if any(body.get(name) for name in UNSTREAMABLE):
+        return None
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    return OpenAIAnswer("chat" if path.endswith("chat/completions") else "completion", limit_bytes)
+
+
 async def _passthrough(
     request: web.Request,
     path: str,
@@ -229,6 +291,9 @@ async def _passthrough(
     keeper: SessionKeeper | None,
 ) -> web.StreamResponse:
     backend = request.app[state.BACKEND]
+    limit_bytes = request.app[state.CONFIG].max_answer_bytes
+    streams = bool(body.get("stream"))
+    answer = _assembly(path, body, limit_bytes)
     async with Admitted(request, queued, lane=None if job else "passthrough") as release:
         lane = release.lane.value if job else "passthrough"
         if job is not None:
@@ -240,20 +305,27 @@ async def _passthrough(
                 check=dispatch_check(dispatch),
             )
             body["custom_params"] = {CUSTOM_PARAMS_KEY: orjson.dumps(hints).decode()}
+        if answer is None and not streams:
+            # its first token cannot be seen: it takes no place in prefill pacing
+            request.app[state.ADMISSION].first_token(queued.rid)
         try:
             async with backend.forward(path, body) as upstream:
-                if not upstream.content_type.startswith("text/event-stream"):
-                    data = await upstream.read()
-                    request.app[state.ADMISSION].first_token(queued.rid)
-                    _record_tokens(request, lane, _usage_of(data))
-                    if keeper is not None:
-                        keeper.started(queued.rid)
-                        ok = upstream.status == 200
-                        keeper.finish(queued.rid, ok and TOOL_CALL_END.search(data) is not None)
-                    return web.Response(
-                        body=data, status=upstream.status, content_type=upstream.content_type
-                    )
-                return await _relay_lines(request, upstream, queued.rid, lane, keeper)
+                if upstream.content_type.startswith("text/event-stream"):
+                    if answer is not None:
+                        return await _assemble_lines(
+                            request, upstream, answer, queued.rid, lane, keeper
+                        )
+                    return await _relay_lines(request, upstream, queued.rid, lane, keeper)
+                data = await _read_bounded(upstream, limit_bytes, rid, backend)
+                request.app[state.ADMISSION].first_token(queued.rid)
+                _record_tokens(request, lane, _usage_of(data))
+                if keeper is not None:
+                    keeper.started(queued.rid)
+                    ok = upstream.status == 200
+                    keeper.finish(queued.rid, ok and TOOL_CALL_END.search(data) is not None)
+                return web.Response(
+                    body=data, status=upstream.status, content_type=upstream.content_type
+                )
         except (asyncio.CancelledError, _ClientGone) as exc:
             if rid is not None:
                 backend.abort(rid)
@@ -261,6 +333,105 @@ async def _passthrough(
                 raise
             request[STATUS] = CLIENT_CLOSED
             return web.StreamResponse()
+
+
+async def _read_bounded(upstream: Any, limit_bytes: int, rid: str | None, backend: Any) -> bytes:
+    """A whole answer, at most `limit_bytes` of it (then the request is aborted)."""
+    parts: list[bytes] = []
+    size = 0
+    async for data in upstream.content.iter_any():
+        size += len(data)
+        if size > limit_bytes:
+            if rid is not None:
+                backend.abort(rid)
+            raise too_large(AnswerTooLarge(limit_bytes))
+        parts.append(data)
+    return b"".join(parts)
+
+
+async def _sse_objects(upstream: Any, rid: str, backend: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an upstream SSE stream (big ones parsed off the loop); an
+    error event raises BackendError with its own status."""
+    async for line in upstream.content:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if not data or data == b"[DONE]":
+            continue
+        try:
+            if len(data) >= OFFLOAD_LINE_BYTES:
+                chunk = await asyncio.to_thread(orjson.loads, data)
+            else:
+                chunk = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            backend.abort(rid)
+            raise BackendError(502, f"backend sent an invalid chunk: {exc}") from None
+        if isinstance(chunk, dict) and "error" in chunk:
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            code = error.get("code") if isinstance(error, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 500 else 502
+            raise BackendError(status, backend.scrub(str(message))[:500])
+        if isinstance(chunk, dict):
+            yield chunk
+
+
+async def _assemble_lines(
+    request: web.Request,
+    upstream: Any,
+    answer: OpenAIAnswer | GenerateAnswer,
+    rid: str,
+    lane: str,
+    keeper: SessionKeeper | None,
+) -> web.Response:
+    """A stream the client did not ask for, assembled into one answer: the first object
+    ends the request's pending prefill."""
+    backend = request.app[state.BACKEND]
+    metrics = request.app[state.METRICS]
+    first = True
+    try:
+        async for chunk in _sse_objects(upstream, rid, backend):
+            if first:
+                request.app[state.ADMISSION].first_token(rid)
+                metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
+                first = False
+                if keeper is not None:
+                    keeper.started(rid)
+            answer.feed(chunk)
+    except AnswerTooLarge as exc:
+        backend.abort(rid)
+        if keeper is not None:
+            keeper.forget(rid)
+        raise too_large(exc) from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        if keeper is not None:
+            keeper.forget(rid)
+        raise BackendError(502, f"backend stream broke: {type(exc).__name__}") from None
+    except BackendError:
+        if keeper is not None:
+            keeper.forget(rid)
+        raise
+    if isinstance(answer, OpenAIAnswer):
+        big = answer.size_bytes >= OFFLOAD_ANSWER_BYTES
+        data = await asyncio.to_thread(answer.result) if big else answer.result()
+        usage = TokenUsage.from_openai(answer.usage)
+        tool_call = any(c.finish_reason == "tool_calls" for c in answer.choices.values())
+    else:
+        result = answer.result()
+        big = sum(p.size_bytes for p in answer.parts.values()) >= OFFLOAD_ANSWER_BYTES
+        data = await asyncio.to_thread(json_bytes, result) if big else json_bytes(result)
+        metas = [p.meta_info for p in answer.parts.values()]
+        usage = TokenUsage(
+            sum(int(m.get("prompt_tokens") or 0) for m in metas),
+            sum(int(m.get("completion_tokens") or 0) for m in metas),
+            sum(int(m.get("cached_tokens") or 0) for m in metas),
+        )
+        tool_call = False
+    if keeper is not None:
+        keeper.finish(rid, tool_call)
+    _record_tokens(request, lane, usage)
+    return web.Response(body=data, content_type="application/json")
 
 
 async def _relay_lines(

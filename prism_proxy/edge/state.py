@@ -11,6 +11,7 @@ from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.bodies import JsonParser
+from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
@@ -27,3 +28,4 @@ PARSER = web.AppKey("parser", JsonParser)
 SESSIONS = web.AppKey("sessions", SessionKeeper)  # set only with `sessions` on
 EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents
 GRAMMARS = web.AppKey("grammars", GrammarGate)  # which grammars may reach the engine
+RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client decode shares

@@ -42,6 +42,15 @@ SHIMS = Path(__file__).resolve().parent / "shims"
 DEFAULT_MAX_TOTAL_TOKENS = 16384
 STOP_GRACE_S = 15.0
 MODELS = ("tiny", "smollm2")
+# What SGLang needs to serve on this CPU (the module docstring says why), beside the
+# model, the address and the KV pool's size (`--max-total-tokens`).
+CPU_ARGS = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-cuda-graph",
+    "--mem-fraction-static", "0.05",
+    "--sleep-on-idle",
+)  # fmt: skip
 
 
 # SGLang's tool-call parser for the format each model's template writes calls in (the
@@ -83,12 +92,8 @@ def sglang_command(
         "--model-path", str(model_dir),
         "--host", host,
         "--port", str(port),
-        "--device", "cpu",
-        "--attention-backend", "torch_native",
-        "--disable-cuda-graph",
-        "--mem-fraction-static", "0.05",
+        *CPU_ARGS,
         "--max-total-tokens", str(max_total_tokens),
-        "--sleep-on-idle",
         "--enable-metrics",
         "--enable-cache-report",
     ]  # fmt: skip

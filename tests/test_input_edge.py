@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import threading
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -359,33 +360,86 @@ async def test_costly_bodies_are_judged_off_the_loop_and_refused_before_validati
         assert parser.checked_in_worker == 2
 
 
-async def test_server_info_never_shows_the_backends_secrets() -> None:
-    """SGLang's /server_info lists its API keys in the clear, and its launch command
-    quotes them; the proxy answers gateways' probes with them redacted."""
+async def test_info_answers_pass_only_allow_listed_fields_of_safe_shape() -> None:
+    """A backend whose info answers carry secrets, addresses and paths under every kind
+    of name (SGLang's own, unknown ones, nested, and allow-listed names with a value of
+    the wrong shape): the proxy's answers keep the safe fields and none of those."""
+    secrets = ["sk-live-123", "adm-456", "10.9.8.7", "31999", "/srv/models/qwen3-4b", "/dl"]
+    path, address = "/srv/models/qwen3-4b", "http://10.9.8.7:31999"
+    anywhere = {
+        "api_key": "sk-live-123",
+        "notes": "adm-456",
+        "launch_command": f"--api-key sk-live-123 --model-path {path} --port 31999",
+        "download_dir": "/dl",
+        "upstream": address,
+        "nested": {"admin_api_key": "adm-456", "max_total_num_tokens": 5},
+    }
+    info = {
+        **anywhere,
+        "model_path": path,
+        "served_model_name": path,
+        "version": address,  # an allow-listed name with a URL in it
+        "schedule_policy": "fcfs",
+        "max_total_num_tokens": 1000,
+        "chunked_prefill_size": "sk-live-123",  # a number field holding a string
+        "is_embedding": False,
+        "internal_states": [{**anywhere, "effective_max_running_requests_per_dp": 7}],
+    }
+    answers = {
+        "/server_info": info,
+        "/model_info": {**anywhere, "model_path": path, "served_model_name": path,
+                        "architectures": ["Qwen3ForCausalLM", path], "is_generation": True},
+        "/v1/models": {"object": "list", "data": [{**anywhere, "id": path, "root": path,
+                                                   "owned_by": "sglang"}]},
+        "/v1/loads": {**anywhere, "timestamp": "2026-01-01T00:00:00+00:00", "loads": [
+            {**anywhere, "dp_rank": 0, "num_waiting_reqs": 2, "queues": {**anywhere, "waiting": 2}}
+        ]},
+    }  # fmt: skip
 
-    async def server_info(request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "api_key": "sk-live-123",
-                "admin_api_key": "adm-456",
-                "ssl_keyfile_password": None,
-                "launch_command": "sglang.launch_server --api-key sk-live-123 "
-                "--admin-api-key=adm-456 --port 30000",
-                "max_total_num_tokens": 1000,
-            }
-        )
+    def answering(body: dict) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            if "format" in request.query:  # SGLang's /v1/loads?format=prometheus: text
+                return web.Response(text="sglang_num_running_reqs 0\n")
+            return web.json_response(body)
 
+        return handler
+
+    answers["/get_server_info"] = info
+    answers["/get_model_info"] = answers["/model_info"]
     backend = web.Application()
-    backend.router.add_get("/server_info", server_info)
+    for route, body in answers.items():
+        backend.router.add_get(route, answering(body))
+    proxied = {}
     async with (
         loopback_app(backend) as url,
         running_proxy(url) as proxy,
         aiohttp.ClientSession() as http,
-        http.get(proxy.url + "/server_info") as response,
     ):
-        text = await response.text()
-        info = json.loads(text)
-    assert response.status == 200 and "sk-live-123" not in text and "adm-456" not in text
-    assert info["api_key"] == info["admin_api_key"] == "<redacted>"
-    assert info["ssl_keyfile_password"] is None and info["max_total_num_tokens"] == 1000
-    assert info["launch_command"].endswith("--admin-api-key=<redacted> --port 30000")
+        for route in (*answers, "/loads"):
+            async with http.get(proxy.url + route + "?format=prometheus") as response:
+                assert response.status == 200, route
+                text = await response.text()
+                proxied[route] = json.loads(text)
+            leaked = [secret for secret in secrets if secret in text]
+            assert not leaked, (route, leaked, text)
+    server = proxied["/server_info"]
+    assert server["max_total_num_tokens"] == 1000 and server["schedule_policy"] == "fcfs"
+    assert server["served_model_name"] == "qwen3-4b" and server["is_embedding"] is False
+    assert server["internal_states"] == [{"effective_max_running_requests_per_dp": 7}]
+    assert set(server) == {
+        "max_total_num_tokens", "schedule_policy", "served_model_name", "is_embedding",
+        "internal_states", "prism",
+    }  # fmt: skip
+    assert proxied["/get_server_info"] == {**server, "prism": proxied["/get_server_info"]["prism"]}
+    assert proxied["/model_info"] == proxied["/get_model_info"] == {
+        "served_model_name": "qwen3-4b", "architectures": ["Qwen3ForCausalLM"],
+        "is_generation": True,
+    }  # fmt: skip
+    assert proxied["/v1/models"] == {
+        "object": "list", "data": [{"id": "qwen3-4b", "owned_by": "sglang"}]
+    }  # fmt: skip
+    loads = proxied["/v1/loads"]
+    assert loads["timestamp"] == "2026-01-01T00:00:00+00:00" and loads["loads"][0] == {
+        "dp_rank": 0, "num_waiting_reqs": 2, "queues": {"waiting": 2}
+    }  # fmt: skip
+    assert set(loads) == {"timestamp", "loads", "prism"}

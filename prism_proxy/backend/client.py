@@ -316,12 +316,23 @@ class BackendClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("abort of %s failed: %s", rid, exc)
 
+    async def get_info(self, name: str, timeout_s: float | None = None) -> Any:
+        """SGLang's `/{name}` (`server_info`, `model_info`), or its old name `/get_{name}`
+        when the backend has only that: sgl-model-gateway 1.13 in front of engines
+        serves only the old names. (SGLang logs a deprecation warning for every call of
+        an old name, so it is the second try.)"""
+        try:
+            return await self.get_json(f"/{name}", timeout_s=timeout_s)
+        except BackendError as exc:
+            if exc.status != 404:
+                raise
+        return await self.get_json(f"/get_{name}", timeout_s=timeout_s)
+
     async def probe(self) -> dict[str, Any] | None:
-        """One health probe: the backend's `/server_info` (SGLang's batch limits; its
-        old name `/get_server_info` logs a deprecation warning on every call), or None
+        """One health probe: the backend's server info (SGLang's batch limits), or None
         when it does not answer; updates `backend_up`."""
         try:
-            info = await self.get_json("/server_info", timeout_s=5.0)
+            info = await self.get_info("server_info", timeout_s=5.0)
         except BackendError:
             return None
         info = info if isinstance(info, dict) else {}

@@ -20,10 +20,9 @@ from prism_proxy.api.models import (
     GenerateRequest,
     PromptSize,
 )
-from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.admit import make_job, new_rid, off_loop
-from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, backend_failure, json_answer
+from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, json_answer
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.openai_format import (
     ChatFormat,
@@ -306,13 +305,6 @@ async def _generate(
     )
 
 
-async def models(request: web.Request) -> web.Response:
-    try:
-        return json_answer(await request.app[state.BACKEND].get_json("/v1/models"))
-    except BackendError as exc:
-        raise backend_failure(exc) from None
-
-
 async def health(request: web.Request) -> web.Response:
     """Liveness of the proxy itself (200 while it serves); the body reports the rest."""
     app = request.app
@@ -350,7 +342,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/generate", generate)
-    app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     if app[state.CONFIG].metrics_listen is None:  # else on the admin listener only
         app.router.add_get("/metrics", metrics)

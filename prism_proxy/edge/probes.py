@@ -6,14 +6,19 @@ backend, so the gateway sees the engine it fronts, and adds its own queue, so th
 gateway sees the real load: requests waiting in QAS are waiting requests of that
 replica, which the engine cannot report.
 
-    GET /server_info, /get_server_info    the backend's, plus "prism": the proxy's state
-                                          and the settings it runs with ("settings")
-    GET /model_info, /get_model_info      the backend's
+    GET /server_info, /get_server_info    the backend's (by either name), plus "prism":
+                                          the proxy's state and the settings it runs
+                                          with ("settings")
+    GET /model_info, /get_model_info      the backend's (by either name)
+    GET /v1/models                        the backend's
     GET /v1/loads, /loads                 the backend's /v1/loads (SGLang 0.5.23) with the
                                           proxy's queue added to rank 0's waiting
                                           requests, plus "prism"; when the backend has
                                           no /v1/loads, one rank from the proxy's counts
     GET /health_generate                  the backend's (a real one-token generation)
+
+Of the backend's answers only the fields of `prism_proxy.api.engine_info`'s allow-lists
+pass: SGLang's info carries its API keys, address and paths, which no client may read.
 
 Admin paths (`/flush_cache`, `/abort_request`, weights, LoRA) are not served: no client
 of the proxy may change another client's requests or the cache.
@@ -21,13 +26,15 @@ of the proxy may change another client's requests or the cache.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 
+from prism_proxy.api import engine_info
+from prism_proxy.api.engine_info import published
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.errors import ApiError, backend_failure, json_answer
@@ -94,46 +101,41 @@ def with_proxy_queue(loads: dict[str, Any], proxy: dict[str, Any]) -> dict[str, 
     return {**loads, "loads": ranks, "prism": proxy}
 
 
-async def _backend_json(request: web.Request, path: str) -> Any:
+async def _backend_object(request: web.Request, path: str) -> dict[str, Any]:
+    """The backend's JSON object at `path` (`server_info`, `model_info`: by either of
+    SGLang's names, `BackendClient.get_info`)."""
+    backend = request.app[state.BACKEND]
     try:
-        return await request.app[state.BACKEND].get_json(path)
+        if path.startswith("/"):
+            answer = await backend.get_json(path)
+        else:
+            answer = await backend.get_info(path)
     except BackendError as exc:
         raise backend_failure(exc) from None
-
-
-# SGLang's /server_info lists every launch argument, its API keys among them, in the
-# clear (and its launch command quotes them): any client of the proxy would read them.
-_SECRET_NAME = re.compile(r"(api_key|token|secret|password)", re.IGNORECASE)
-_SECRET_FLAG = re.compile(r"(--[\w-]*(?:api-key|token|secret|password)[\w-]*)(=|\s+)(\S+)")
-REDACTED = "<redacted>"
-
-
-def redacted(info: dict[str, Any]) -> dict[str, Any]:
-    """`info` with the values of secret-looking settings, and of such flags in its
-    `launch_command`, replaced by `<redacted>`."""
-    out: dict[str, Any] = {}
-    for key, value in info.items():
-        if isinstance(value, str) and value and _SECRET_NAME.search(key):
-            value = REDACTED
-        elif key == "launch_command" and isinstance(value, str):
-            value = _SECRET_FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", value)
-        out[key] = value
-    return out
+    if not isinstance(answer, dict):
+        raise ApiError(502, f"backend sent a {path} answer that is not an object")
+    return answer
 
 
 async def server_info(request: web.Request) -> web.Response:
-    info = await _backend_json(request, request.path)
-    if isinstance(info, dict):
-        info = {**redacted(info), "prism": proxy_state(request.app)}
-    return json_answer(info)
+    info = await _backend_object(request, "server_info")
+    return json_answer(
+        {**published(info, engine_info.SERVER_INFO), "prism": proxy_state(request.app)}
+    )
 
 
 async def model_info(request: web.Request) -> web.Response:
-    return json_answer(await _backend_json(request, request.path))
+    info = await _backend_object(request, "model_info")
+    return json_answer(published(info, engine_info.MODEL_INFO))
+
+
+async def models(request: web.Request) -> web.Response:
+    answer = await _backend_object(request, "/v1/models")
+    return json_answer(published(answer, engine_info.MODELS))
 
 
 async def loads(request: web.Request) -> web.Response:
-    query = request.query_string
+    query = urlencode([(k, v) for k, v in request.query.items() if k in engine_info.LOADS_QUERY])
     path = "/v1/loads" + (f"?{query}" if query else "")
     proxy = proxy_state(request.app)
     try:
@@ -144,7 +146,7 @@ async def loads(request: web.Request) -> web.Response:
         backend = {"timestamp": datetime.now(UTC).isoformat(), "loads": []}
     if not isinstance(backend, dict):
         raise ApiError(502, "backend sent a /v1/loads answer that is not an object")
-    return json_answer(with_proxy_queue(backend, proxy))
+    return json_answer(with_proxy_queue(published(backend, engine_info.LOADS), proxy))
 
 
 async def health_generate(request: web.Request) -> web.Response:
@@ -162,4 +164,5 @@ def add_probe_routes(app: web.Application) -> None:
         app.router.add_get(path, model_info)
     for path in ("/v1/loads", "/loads"):
         app.router.add_get(path, loads)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/health_generate", health_generate)

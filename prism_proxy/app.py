@@ -41,6 +41,7 @@ from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, li
 from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
+from prism_proxy.prompts.sharing import SharedPrefixes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import PendingResidency, ResidentSegments, UnionResidency
@@ -107,6 +108,9 @@ def cache_stats(app: web.Application) -> dict[str, CacheStats]:
     evidence = app.get(state.EVIDENCE)
     if evidence is not None:
         stats["evidence"] = evidence.stats()
+    sharing = app.get(state.SHARING)
+    if sharing is not None:
+        stats["sharing"] = sharing.stats()
     admission = app.get(state.ADMISSION)
     view = admission.core.policy.cache_view if admission is not None else None
     if view is not None:
@@ -269,6 +273,7 @@ def create_app(config: ProxyConfig) -> web.Application:
     app[state.METRICS] = metrics = ProxyMetrics.create()
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()
+    app[state.SHARING] = SharedPrefixes(config.share_min_clients, config.share_cache_bytes)
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))
     app.on_shutdown.append(log_drain)
     app.cleanup_ctx.extend(

@@ -78,6 +78,8 @@ class ProxyConfig:
     max_decode_tokens: int | None = None
     max_client_decode_tokens: int | None = None
     max_answer_bytes: int = 16 * 1024 * 1024
+    share_min_clients: int = 2
+    share_cache_bytes: int = 32 * 1024 * 1024
     segment_cache_bytes: int = 64 * 1024 * 1024
     head_cache_bytes: int = 16 * 1024 * 1024
     chat_cache_bytes: int = 32 * 1024 * 1024
@@ -140,7 +142,7 @@ class ProxyConfig:
             "max_queue", "max_body_bytes", "max_prompt_chars", "max_messages", "max_segments",
             "segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "header_timeout_s",
             "body_timeout_s", "keepalive_timeout_s", "send_timeout_s", "max_connections",
-            "evidence_cache_bytes", "max_answer_bytes",
+            "evidence_cache_bytes", "max_answer_bytes", "share_min_clients", "share_cache_bytes",
             "backend_timeout_s",
         )  # fmt: skip
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
@@ -263,6 +265,10 @@ _HELP = {
     "multiply (ignore_eos, min_tokens, n > 1) (auto: the engine's KV pool; 429 above)",
     "max_answer_bytes": "largest answer the proxy assembles for a client that did not ask "
     "to stream (400 when a request cannot fit it)",
+    "share_min_clients": "a cached prefix a client did not send itself is reported to it "
+    "(cached_tokens) once this many other clients sent it (1: every prefix, for a deployment "
+    "of one tenant; docs/proxy.md)",
+    "share_cache_bytes": "bytes of the record of who sent which prompt prefix",
     "segment_cache_bytes": "bytes of segment token ids the serializer keeps (LRU)",
     "head_cache_bytes": "bytes of rendered system-prompt heads the serializer keeps (LRU)",
     "chat_cache_bytes": "bytes of chat pieces' token ids the tokenizer keeps (LRU)",

@@ -22,6 +22,7 @@ from backend_plugin.control_rpc import create_control_app
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.priority import MAX_EPOCH
 from prism_proxy.edge import state
+from prism_proxy.prompts.sharing import tenant_key
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app
 from prism_tokens.tokenizer import load_tokenizer
@@ -319,7 +320,10 @@ async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
     assert forwarded["rid"].startswith("prism-") and forwarded["tools"] == [tool]
     assert forwarded["messages"] == [{"role": "user", "content": "hi"}]
     token_path = seen["generate"]
-    assert token_path["extra_key"] == "tenant-a" and token_path["rid"].startswith("prism-")
+    # a cache partition the client chose is kept, inside its own (`prompts.sharing`)
+    partition = tenant_key("127.0.0.1", "tenant-a")
+    assert forwarded["extra_key"] == token_path["extra_key"] == partition
+    assert token_path["rid"].startswith("prism-")
     assert not {"priority", "store", "metadata", "model", "messages"} & set(token_path)
     assert "prompt_cache_key" not in token_path
 

@@ -66,7 +66,12 @@ async def test_non_streaming_answers_are_assembled_from_the_backend_stream(
         assert meta["finish_reason"] == expected["finish_reason"] == {"type": "length", "length": 9}
         for key in ("prompt_tokens", "completion_tokens"):
             assert meta[key] == expected[key]
-        assert meta["cached_tokens"] == len(ids) - 1  # the direct call cached the prompt
+        # the direct call cached the prompt, but that was no client of the proxy's: the
+        # proxy's client is not told (`prompts.sharing`) until the prompt is its own
+        assert meta["cached_tokens"] == 0
+        body = {"input_ids": ids, "sampling_params": sampling}
+        async with http.post(proxy.url + "/generate", json=body) as response:
+            assert (await response.json())["meta_info"]["cached_tokens"] == len(ids) - 1
 
         client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
         chat = await client.chat.completions.create(

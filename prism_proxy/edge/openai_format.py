@@ -63,6 +63,13 @@ class TokenUsage:
             int(details.get("cached_tokens") or 0),
         )
 
+    def told(self, visible_tokens: int | None) -> TokenUsage:
+        """What the client is told: cached tokens at most its visible prefix
+        (`prompts.sharing`; None: no bound)."""
+        if visible_tokens is None or self.cached_tokens <= visible_tokens:
+            return self
+        return TokenUsage(self.prompt_tokens, self.completion_tokens, visible_tokens)
+
     def to_openai(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -181,6 +188,8 @@ class ResponseFormat:
         self.include_usage = include_usage
         self.assembled = StreamAssembler()
         self._frame: tuple[bytes, bytes] | None = None
+        # the longest prefix the client may be told is cached (None: no bound)
+        self.visible_tokens: int | None = None
 
     def complete(self, result: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -255,7 +264,7 @@ class _OpenAIFormat(ResponseFormat):
             "logprobs": None,
             "finish_reason": finish_reason(meta_info) or "stop",
         }
-        usage = TokenUsage.from_meta(meta_info).to_openai()
+        usage = TokenUsage.from_meta(meta_info).told(self.visible_tokens).to_openai()
         return self._response(self.whole_object, [choice], usage)
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
@@ -265,7 +274,7 @@ class _OpenAIFormat(ResponseFormat):
     def end(self, meta_info: dict[str, Any]) -> list[bytes]:
         events = [self._event(self._piece(None), finish_reason(meta_info) or "stop")]
         if self.include_usage:
-            usage = TokenUsage.from_meta(meta_info).to_openai()
+            usage = TokenUsage.from_meta(meta_info).told(self.visible_tokens).to_openai()
             events.append(sse(self._response(self.chunk_object, [], usage)))
         return [*events, SSE_DONE]
 
@@ -303,7 +312,12 @@ class GenerateFormat(ResponseFormat):
     def _named(self, result: dict[str, Any]) -> dict[str, Any]:
         meta_info = result.get("meta_info")
         if isinstance(meta_info, dict):
-            result = {**result, "meta_info": {**meta_info, "id": self.completion_id}}
+            meta_info = {**meta_info, "id": self.completion_id}
+            cached, visible = meta_info.get("cached_tokens"), self.visible_tokens
+            if isinstance(cached, int) and visible is not None and cached > visible:
+                meta_info["cached_tokens"] = visible
+                meta_info.pop("cached_tokens_details", None)  # its parts add up to more
+            result = {**result, "meta_info": meta_info}
         return result
 
     def complete(self, result: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from prism_proxy.edge import state
 from prism_proxy.edge.admit import Admitted, new_rid, off_loop
 from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
 from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, ApiError, json_answer
+from prism_proxy.edge.intake import client_key
 from prism_proxy.edge.openai_format import (
     SSE_DONE,
     ResponseFormat,
@@ -46,6 +47,7 @@ from prism_proxy.edge.openai_format import (
 )
 from prism_proxy.prompts.conversation import dispatch_check
 from prism_proxy.prompts.jobs import TokenJob
+from prism_proxy.prompts.sharing import prefix_digests, tenant_key
 from prism_proxy.qas.types import QueuedRequest
 from prism_wire import CUSTOM_PARAMS_KEY, make_kv_hints
 
@@ -103,6 +105,7 @@ async def token_path(
     limit_bytes = app[state.CONFIG].max_answer_bytes
     if not stream:
         sampling_params = {**sampling_params, "stream_interval": ONE_CHUNK_AFTER_FIRST}
+    see = _sharing(request, fmt, extra_fields or {})
     async with Admitted(request, job.queued(rid, time.monotonic(), group)) as release:
         lane = release.lane.value
         payload = await off_loop(
@@ -113,6 +116,7 @@ async def token_path(
                 priorities=release.priorities,
                 sampling_params=sampling_params,
                 extra_fields=extra_fields,
+                see=see,
             ),
         )
         batches = backend.generate_batches(payload)
@@ -141,6 +145,26 @@ async def token_path(
         if fmt.assembled.size_bytes >= OFFLOAD_ANSWER_BYTES:
             return await asyncio.to_thread(json_answer, whole)
         return json_answer(whole)
+
+
+def _sharing(
+    request: web.Request, fmt: ResponseFormat, extra_fields: dict[str, Any]
+) -> Callable[[Sequence[int], list[int]], dict[str, Any]]:
+    """What a token-path request may learn of the cache (`prompts.sharing`): sent as
+    token ids, in the shared partition, told at most its visible prefix is cached; else
+    (a text prompt the engine tokenizes, a partition the client chose) in its client's
+    own partition."""
+    client = client_key(request)
+    sharing = request.app[state.SHARING]
+    chosen = extra_fields.get("extra_key")
+
+    def see(input_ids: Sequence[int], offsets: list[int]) -> dict[str, Any]:
+        if not input_ids or chosen is not None or extra_fields.get("cache_salt") is not None:
+            return {"extra_key": tenant_key(client, chosen)}
+        fmt.visible_tokens = sharing.see(client, prefix_digests(input_ids, offsets))
+        return {}
+
+    return see
 
 
 def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any]) -> None:
@@ -223,6 +247,9 @@ async def passthrough(
     rid = new_rid() if set_rid else None
     if rid is not None:
         body["rid"] = rid
+    # the engine renders or tokenizes it: the proxy cannot name its prefixes, so it is
+    # matched only against its own client's requests (`prompts.sharing`)
+    body["extra_key"] = tenant_key(client_key(request), body.get("extra_key"))
     arrival = time.monotonic()
     # agent sessions: chats that offer tools, whose answers may end in a tool call
     keeper = request.app.get(state.SESSIONS) if job is not None and body.get("tools") else None

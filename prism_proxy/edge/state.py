@@ -15,6 +15,7 @@ from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
+from prism_proxy.prompts.sharing import SharedPrefixes
 from prism_tokens.tokenizer import Tokenizer
 
 CONFIG = web.AppKey("config", ProxyConfig)
@@ -29,3 +30,4 @@ SESSIONS = web.AppKey("sessions", SessionKeeper)  # set only with `sessions` on
 EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents
 GRAMMARS = web.AppKey("grammars", GrammarGate)  # which grammars may reach the engine
 RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client decode shares
+SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients may see

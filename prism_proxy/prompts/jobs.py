@@ -62,9 +62,11 @@ class TokenJob:
         priorities: Mapping[str, float],
         sampling_params: dict[str, Any],
         extra_fields: Mapping[str, Any] | None = None,
+        see: Callable[[Sequence[int], list[int]], dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """The backend `/generate` body (minus `stream`) of this job released in
-        `order` with the dispatch priorities of its segments (SPEC §4)."""
+        `order` with the dispatch priorities of its segments (SPEC §4). `see(input_ids,
+        anchor offsets)` may add fields of its own (what clients share, `sharing`)."""
         dispatch = self.build(order)
         payload: dict[str, Any] = {
             **(extra_fields or {}),
@@ -76,6 +78,9 @@ class TokenJob:
             # SGLang 0.5.23 only accepts kv_hints as a versioned envelope (a bare
             # {"prism": ...} is a 400); the DART plugin and prism-sim read this form.
             payload["kv_hints"] = make_kv_hints(dispatch.anchors, priorities, message_id=rid)
+        if see is not None:
+            offsets = [a["offset"] for a in dispatch.anchors if a.get("offset")]
+            payload.update(see(payload.get("input_ids") or (), offsets))
         return payload
 
     def queued(

@@ -39,6 +39,7 @@ from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.edge.probes import add_probe_routes
 from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, listen
 from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
+from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.prompts.sharing import SharedPrefixes
@@ -129,6 +130,7 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
         tokenizer, config.segment_cache_bytes, config.head_cache_bytes
     )
     app[state.EVIDENCE] = BlockEvidence(config.evidence_cache_bytes)
+    app[state.RENDERING] = RenderingCheck(tokenizer, config.rendering_check_every)
     log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
     yield
 

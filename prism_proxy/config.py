@@ -79,6 +79,7 @@ class ProxyConfig:
     max_client_decode_tokens: int | None = None
     max_answer_bytes: int = 16 * 1024 * 1024
     share_min_clients: int = 2
+    rendering_check_every: int = 16
     share_cache_bytes: int = 32 * 1024 * 1024
     segment_cache_bytes: int = 64 * 1024 * 1024
     head_cache_bytes: int = 16 * 1024 * 1024
@@ -148,7 +149,9 @@ class ProxyConfig:
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("window_ms", "protect", "health_interval_s", "retry_after_s"):
+        for name in (
+            "window_ms", "protect", "health_interval_s", "retry_after_s", "rendering_check_every",
+        ):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in AUTOMATIC:
@@ -268,6 +271,8 @@ _HELP = {
     "share_min_clients": "a cached prefix a client did not send itself is reported to it "
     "(cached_tokens) once this many other clients sent it (1: every prefix, for a deployment "
     "of one tenant; docs/proxy.md)",
+    "rendering_check_every": "compare every Nth chat's prompt with the engine's own rendering "
+    "of it (prism:prompt_rendering_* metrics; 0: never)",
     "share_cache_bytes": "bytes of the record of who sent which prompt prefix",
     "segment_cache_bytes": "bytes of segment token ids the serializer keeps (LRU)",
     "head_cache_bytes": "bytes of rendered system-prompt heads the serializer keeps (LRU)",

@@ -51,6 +51,8 @@ class ProxyMetrics:
     extraction: Counter
     session_calls: Counter
     sessions_paused: Gauge
+    rendering_checks: Counter
+    rendering_drift: Histogram
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -158,6 +160,21 @@ class ProxyMetrics:
             sessions_paused=Gauge(
                 "prism:sessions_paused",
                 "Agent sessions paused on a tool call that the proxy remembers",
+                registry=r,
+            ),
+            rendering_checks=Counter(
+                "prism:prompt_rendering_checks",
+                "Sampled chats on the token path whose prompt ids were compared with the "
+                "engine's own rendering of the same chat (whole template, one tokenization): "
+                "the same ids, or different ones",
+                ["outcome"],
+                registry=r,
+            ),
+            rendering_drift=Histogram(
+                "prism:prompt_rendering_drift_tokens",
+                "By how many tokens a sampled chat's prompt is longer or shorter than the "
+                "engine's own rendering of it (absolute)",
+                buckets=(0, 1, 2, 3, 5, 8, 13, 21, 50, 100),
                 registry=r,
             ),
             extraction=Counter(

@@ -166,16 +166,19 @@ async def _chat_token_path(
 ) -> web.StreamResponse:
     tokenizer = request.app[state.TOKENIZER]
     serializer = request.app[state.SERIALIZER]
+    rendering = request.app[state.RENDERING]
+    drifts: list[tuple[bool, int]] = []
     finder = DocumentFinder(request, body.prism is not None)
 
     def build() -> TokenJob:
         if body.prism is not None:
             system, suffix = chat_defaults(body.messages)
             return hinted_job(serializer, body.prism, system=system, suffix=suffix, chat=True)
+        messages = body.forwarded(raw)["messages"]
         try:
             found = chat_job(
                 serializer,
-                body.forwarded(raw)["messages"],
+                messages,
                 layouts=finder.layouts,
                 reorder=finder.reorder,
                 evidence=finder.evidence,
@@ -185,11 +188,19 @@ async def _chat_token_path(
             ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
             return private_job({"input_ids": ids}, len(ids))
         finder.outcome, finder.layout = found.outcome, found.layout
+        if rendering.sampled():
+            ids = found.job.build(found.job.segments).prompt_fields.get("input_ids")
+            if ids is not None:
+                drifts.append(rendering.drift(messages, ids))
         return found.job
 
     try:
         job = await make_job(size, build)
         finder.count(request)
+        for differs, tokens in drifts:
+            metrics = request.app[state.METRICS]
+            metrics.child(metrics.rendering_checks, "differs" if differs else "same").inc()
+            metrics.rendering_drift.observe(abs(tokens))
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
         count_origin(request, "forwarded")

@@ -13,6 +13,7 @@ from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.metrics import ProxyMetrics
+from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.prompts.sharing import SharedPrefixes
@@ -31,3 +32,4 @@ EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are 
 GRAMMARS = web.AppKey("grammars", GrammarGate)  # which grammars may reach the engine
 RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client decode shares
 SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients may see
+RENDERING = web.AppKey("rendering", RenderingCheck)  # the token path against the engine's rendering

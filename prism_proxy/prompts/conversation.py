@@ -199,3 +199,32 @@ def chat_job(
             return ChatJob(job, finding.outcome, finding.layout)
     job = turns_job(find_turns(tokenizer, given, None))
     return ChatJob(job, "turns", "messages") if job.head_tokens else ChatJob(job, "none")
+
+
+class RenderingCheck:
+    """How far the token path's prompt is from the engine's own rendering of the same
+    chat (SGLang renders the whole template, then tokenizes it in one piece; the proxy
+    tokenizes piece by piece, so a token may form differently across a boundary).
+
+    Every `every`-th chat (0: none) is rendered whole as well, in the client's order;
+    `drift` returns (whether the ids differ, how many more tokens the proxy's prompt
+    has: negative when fewer), or None when not sampled."""
+
+    def __init__(self, tokenizer: Tokenizer, every: int) -> None:
+        self.tokenizer = tokenizer
+        self.every = every
+        self._seen = 0
+
+    def sampled(self) -> bool:
+        if self.every <= 0:
+            return False
+        self._seen += 1
+        return self._seen % self.every == 0
+
+    def drift(
+        self, messages: Sequence[Mapping[str, Any]], piecewise: Sequence[int]
+    ) -> tuple[bool, int]:
+        tokenizer = self.tokenizer
+        given = template_messages(messages, content_format(tokenizer.chat_template))
+        whole = tokenizer.encode_chat(tokenizer.render_chat(given))
+        return list(piecewise) != whole, len(piecewise) - len(whole)

@@ -12,6 +12,7 @@ reused across them, and reported once shared."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import httpx
@@ -94,12 +95,17 @@ async def test_the_code_comes_back_from_the_engine_but_not_through_the_proxy(
         answer = await victim.post(proxy.url + "/v1/chat/completions", json=body, timeout=60)
         assert answer.status_code == 200, answer.text
 
-    # straight to the engine: recovered
-    direct = extract(server.url, prefix, candidates, filler, "127.0.0.3", single=False)
+    # straight to the engine: recovered (the probes run in a thread: the proxy runs in
+    # this event loop)
+    direct = await asyncio.to_thread(
+        extract, server.url, prefix, candidates, filler, "127.0.0.3", single=False
+    )
     assert tokenizer.decode(direct).strip() == CODE
     # through the proxy, batches and single probes, another client: nothing
     for single in (False, True):
-        found = extract(proxy.url, prefix, candidates, filler, "127.0.0.4", single=single)
+        found = await asyncio.to_thread(
+            extract, proxy.url, prefix, candidates, filler, "127.0.0.4", single=single
+        )
         assert CODE[:2] not in tokenizer.decode(found), tokenizer.decode(found)
 
 
@@ -110,7 +116,9 @@ async def test_a_document_several_clients_send_is_reused_and_then_reported(
     server.fresh()
     proxy = await live_proxy_factory(server)
     document = ("<document>\nThe Halden archive opens at nine and closes at five, except on "
-                "the first Monday of each month, when it opens at noon.\n</document>")  # fmt: skip
+                "the first Monday of each month, when it opens at noon.\n</document>\n"
+                "<document>\nVisitors bring a reader's card; day cards are issued at the "
+                "front desk.\n</document>")  # fmt: skip
     told, reused = [], []
     for n, address in enumerate(("127.0.0.5", "127.0.0.6", "127.0.0.7")):
         question = f"{document}\n\nQuestion {n}: when does it open?"

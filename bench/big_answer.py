@@ -1,0 +1,158 @@
+"""What a big non-streamed answer costs the proxy: its memory, and `/health` latency
+seen from another process while the answer is made, per line, in one run.
+
+    python -m bench.big_answer [--engine sglang|sim] [--before DIR]
+
+Requests (non-streamed chats through the proxy, the engine's own endpoint answers
+them):
+* `huge`: `n = 16`, `max_tokens = 4000`, `top_logprobs = 20` (issue 34: a 103 MB answer
+  that grew the proxy by 911 MB and held `/health` for up to 3,967 ms);
+* `large`: `n = 4`, `max_tokens = 1000`, `top_logprobs = 20`, within the default bounds.
+
+Lines: `prism` (this checkout's proxy, defaults), and `prism-before` (the proxy of the
+checkout at `--before`, run the same way). A prober in a separate process asks the
+proxy's `/health` every 20 ms throughout; the proxy's RSS is read from /proc before,
+during (its peak) and after. Printed per line and request: the status, the answer's
+size, the proxy's RSS growth (peak over the start), and the largest and P99 `/health`
+latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from loadgen.processes import ServerProcess, run_server
+
+PROBE = r"""
+import sys, time, httpx
+url, out = sys.argv[1], sys.argv[2]
+lat = []
+with httpx.Client(timeout=30.0) as c:
+    while True:
+        t = time.monotonic()
+        try:
+            c.get(url + "/health")
+        except httpx.HTTPError:
+            break
+        lat.append(time.monotonic() - t)
+        with open(out, "w") as f:
+            f.write(" ".join(f"{x:.4f}" for x in lat[-5000:]))
+        time.sleep(0.02)
+"""
+
+REQUESTS = {
+    "huge": {"n": 16, "max_tokens": 4000, "top_logprobs": 20},
+    "large": {"n": 4, "max_tokens": 1000, "top_logprobs": 20},
+}
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure(proxy: ServerProcess, name: str, fields: dict, work: Path) -> dict:
+    out = work / f"probe-{name}-{time.monotonic_ns()}.txt"
+    prober = subprocess.Popen([sys.executable, "-c", PROBE, proxy.url, str(out)])
+    pid = proxy.process.pid
+    start = rss_bytes(pid)
+    peak = [start]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_bytes(pid))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    time.sleep(1.0)
+    body = {"model": "m", "temperature": 1.0, "logprobs": True, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell a story."}], **fields}  # fmt: skip
+    began = time.monotonic()
+    response = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=3600.0)
+    seconds = time.monotonic() - began
+    time.sleep(1.0)
+    done.set()
+    watcher.join()
+    prober.terminate()
+    prober.wait()
+    latencies = sorted(float(x) for x in out.read_text().split()) if out.exists() else [0.0]
+    return {
+        "status": response.status_code,
+        "answer_bytes": len(response.content),
+        "seconds": seconds,
+        "rss_start_mb": start / 2**20,
+        "rss_growth_mb": (peak[0] - start) / 2**20,
+        "health_max_ms": 1000 * latencies[-1],
+        "health_p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
+        "health_probes": len(latencies),
+        "error": response.json().get("error", {}).get("message") if response.status_code != 200
+        else None,
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def engine(kind: str, work: Path, sglang_python: str) -> Iterator[ServerProcess]:
+    if kind == "sglang":
+        args = ["--model", "tiny", "--max-total-tokens", "16384", "--eviction", "stock",
+                "--sglang-arg=--incremental-streaming-output"]  # fmt: skip
+        with run_server("sglang_cpu.serve", args, log_dir=work, name="sglang",
+                        python=sglang_python, startup_timeout_s=900.0) as server:  # fmt: skip
+            yield server
+    else:
+        with run_server("prism_sim", ["--log-level", "warning"], log_dir=work) as server:
+            yield server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=("sglang", "sim"), default="sglang")
+    parser.add_argument("--before", type=Path, default=None)
+    parser.add_argument("--sglang-python", default=".venv-sglang/bin/python")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="big-answer-"))
+    lines = ["prism"] + (["prism-before"] if args.before else [])
+    rows = []
+    with engine(args.engine, work, args.sglang_python) as server:
+        for line in lines:
+            proxy_args = ["serve", "--backend", server.url, "--tokenizer", "builtin",
+                          "--log-level", "warning"]  # fmt: skip
+            cwd = args.before if line == "prism-before" else None
+            with run_server("prism_proxy", proxy_args, log_dir=work, name=line, cwd=cwd) as proxy:
+                for name, fields in REQUESTS.items():
+                    row = {"line": line, "request": name, **measure(proxy, name, fields, work)}
+                    rows.append(row)
+                    print(f"  {line} {name}: {row}", file=sys.stderr, flush=True)
+    print(f"\nbig non-streamed answers through the proxy ({args.engine}); /health probed "
+          "every 20 ms from another process")  # fmt: skip
+    print("| line | request | status | answer | seconds | proxy RSS growth | /health max | "
+          "/health P99 |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['line']} | {r['request']} | {r['status']} | {r['answer_bytes'] / 1e6:.1f} MB "
+              f"| {r['seconds']:.1f} | {r['rss_growth_mb']:.0f} MB | {r['health_max_ms']:.0f} ms "
+              f"| {r['health_p99_ms']:.0f} ms |")  # fmt: skip
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "big_answer.json").write_text(json.dumps({"argv": sys.argv, "rows": rows},
+                                                             indent=1) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

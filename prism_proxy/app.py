@@ -42,7 +42,7 @@ from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
-from prism_proxy.prompts.sharing import SharedPrefixes
+from prism_proxy.prompts.sharing import OwnPrefixes, SharedPrefixes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import PendingResidency, ResidentSegments, UnionResidency
@@ -112,6 +112,7 @@ def cache_stats(app: web.Application) -> dict[str, CacheStats]:
     sharing = app.get(state.SHARING)
     if sharing is not None:
         stats["sharing"] = sharing.stats()
+        stats["own_prefixes"] = app[state.OWN].stats()
     admission = app.get(state.ADMISSION)
     view = admission.core.policy.cache_view if admission is not None else None
     if view is not None:
@@ -275,7 +276,8 @@ def create_app(config: ProxyConfig) -> web.Application:
     app[state.METRICS] = metrics = ProxyMetrics.create()
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()
-    app[state.SHARING] = SharedPrefixes(config.share_min_clients, config.share_cache_bytes)
+    app[state.SHARING] = SharedPrefixes(config.share_min_clients, config.share_cache_bytes // 2)
+    app[state.OWN] = OwnPrefixes(config.share_cache_bytes // 2)
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))
     app.on_shutdown.append(log_drain)
     app.cleanup_ctx.extend(

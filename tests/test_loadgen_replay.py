@@ -109,6 +109,9 @@ def test_replay_direct_to_sim(api: str, sim, trace_file: Path) -> None:
 
 def test_replay_through_proxy_cli(sim, trace_file: Path, tmp_path: Path) -> None:
     """`prism-loadgen replay --api prism` through a real proxy in front of the engine."""
+    # The direct replays above left the trace's prompts in the engine's cache: sent by
+    # no client of the proxy's, they would not be reported to this one (prompts.sharing)
+    asyncio.run(_post(sim.url + "/flush_cache"))
     args = ["serve", "--backend", sim.url, "--policy", "prism", "--log-level", "warning"]
     with run_server("prism_proxy", args, log_dir=tmp_path) as proxy:
         out = tmp_path / "results.json"
@@ -129,6 +132,13 @@ async def _get(url: str) -> str:
 
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         return await response.text()
+
+
+async def _post(url: str) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.post(url) as response:
+        assert response.status == 200, await response.text()
 
 
 def test_replay_unreachable_target(trace_file: Path, tmp_path: Path) -> None:

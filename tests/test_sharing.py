@@ -17,7 +17,10 @@ from prism_proxy.edge import state
 from prism_proxy.prompts.sharing import (
     BLOCK_TOKENS,
     RECORD_BYTES,
+    OwnPrefixes,
     SharedPrefixes,
+    common_prefix,
+    pack,
     prefix_digests,
     tenant_key,
 )
@@ -134,3 +137,45 @@ async def test_one_tenant_deployments_report_everything(proxy_factory: ProxyFact
     proxy = await proxy_factory(share_min_clients=1)
     await told_cached(proxy.url, "127.0.0.5", rag("Which bridge is older?"))
     assert await told_cached(proxy.url, "127.0.0.6", rag("Which is newer?")) > 40
+
+
+def test_a_clients_own_reuse_is_found_to_the_token() -> None:
+    """Its prompts with what was generated for them: a multi-turn chat re-sends the
+    answer the engine cached, and the client is told all of it."""
+    own = OwnPrefixes(capacity_bytes=1 << 20)
+    first = list(range(100))
+    own.record("a", first)  # as it is sent
+    assert own.own_prefix("a", [*first, 500, 501, 9]) == 100
+    own.record("a", [*first, 500, 501, 502])  # with what was generated for it
+    assert own.own_prefix("a", [*first, 500, 501, 9]) == 102
+    assert own.own_prefix("a", first[:50]) == 50
+    assert own.own_prefix("b", [*first, 500]) == 0  # not b's
+    assert common_prefix(pack([1, 2, 3]), pack([1, 2, 4])) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), max_size=30), max_size=25),
+       st.lists(st.integers(0, 5), max_size=30))  # fmt: skip
+def test_the_own_tree_answers_as_the_longest_common_start_with_any_prompt_sent(
+    sent: list[list[int]], probe: list[int]
+) -> None:
+    own = OwnPrefixes(capacity_bytes=1 << 24)
+    for ids in sent:
+        own.record("a", ids)
+
+    def lcp(a: list[int], b: list[int]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    assert own.own_prefix("a", probe) == max((lcp(probe, ids) for ids in sent), default=0)
+
+
+def test_the_own_tree_is_bounded_and_forgets_the_oldest_first() -> None:
+    own = OwnPrefixes(capacity_bytes=20_000)
+    for i in range(200):
+        own.record(f"c{i % 3}", [i, *range(1000, 1040)])
+    assert own.size_bytes <= 20_000
+    assert own.own_prefix("c1", [199, *range(1000, 1040)]) == 41  # the newest is kept
+    assert own.own_prefix("c0", [0, 1000]) == 0  # the oldest went

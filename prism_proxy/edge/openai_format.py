@@ -324,4 +324,5 @@ class GenerateFormat(ResponseFormat):
         return self._named(result)
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        self.assembled.feed(chunk)  # what was generated, for `prompts.sharing`
         return [sse(self._named(chunk))]

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -105,7 +105,7 @@ async def token_path(
     limit_bytes = app[state.CONFIG].max_answer_bytes
     if not stream:
         sampling_params = {**sampling_params, "stream_interval": ONE_CHUNK_AFTER_FIRST}
-    see = _sharing(request, fmt, extra_fields or {})
+    sharing = _Sharing(request, fmt, extra_fields or {})
     async with Admitted(request, job.queued(rid, time.monotonic(), group)) as release:
         lane = release.lane.value
         payload = await off_loop(
@@ -116,7 +116,7 @@ async def token_path(
                 priorities=release.priorities,
                 sampling_params=sampling_params,
                 extra_fields=extra_fields,
-                see=see,
+                see=sharing.see,
             ),
         )
         batches = backend.generate_batches(payload)
@@ -126,8 +126,11 @@ async def token_path(
                 if first is None:
                     raise BackendError(502, "backend stream ended without a chunk")
                 _first_token(request, rid, lane, first[0])
+                sharing.first_token()
                 if stream:
-                    return await _relay_stream(request, first, batches, fmt, lane, rid)
+                    response = await _relay_stream(request, first, batches, fmt, lane, rid)
+                    sharing.done()
+                    return response
                 assembled = fmt.assembled
                 for chunk in first:
                     assembled.feed(chunk)
@@ -141,30 +144,55 @@ async def token_path(
                 backend.abort(rid)  # the client left while the backend was working
                 raise
         _record_tokens(request, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
+        sharing.done()
         whole = fmt.whole()
         if fmt.assembled.size_bytes >= OFFLOAD_ANSWER_BYTES:
             return await asyncio.to_thread(json_answer, whole)
         return json_answer(whole)
 
 
-def _sharing(
-    request: web.Request, fmt: ResponseFormat, extra_fields: dict[str, Any]
-) -> Callable[[Sequence[int], list[int]], dict[str, Any]]:
+class _Sharing:
     """What a token-path request may learn of the cache (`prompts.sharing`): sent as
-    token ids, in the shared partition, told at most its visible prefix is cached; else
-    (a text prompt the engine tokenizes, a partition the client chose) in its client's
-    own partition."""
-    client = client_key(request)
-    sharing = request.app[state.SHARING]
-    chosen = extra_fields.get("extra_key")
+    token ids, in the shared partition, told at most its visible prefix is cached:
+    others' prefixes once several clients sent them (decided from what was recorded
+    before it was sent), and its own reuse exactly, looked up when its first token
+    comes back (the engine may have matched it against the client's requests sent
+    meanwhile; it is recorded then, so it never matches itself). Else (a text prompt
+    the engine tokenizes, a partition the client chose) in its client's own partition.
+    `see` runs where the payload is built (maybe a worker thread)."""
 
-    def see(input_ids: Sequence[int], offsets: list[int]) -> dict[str, Any]:
-        if not input_ids or chosen is not None or extra_fields.get("cache_salt") is not None:
-            return {"extra_key": tenant_key(client, chosen)}
-        fmt.visible_tokens = sharing.see(client, prefix_digests(input_ids, offsets))
+    __slots__ = ("client", "extra_fields", "fmt", "ids", "own", "shared", "shared_visible")
+
+    def __init__(
+        self, request: web.Request, fmt: ResponseFormat, extra_fields: dict[str, Any]
+    ) -> None:
+        self.client = client_key(request)
+        self.shared = request.app[state.SHARING]
+        self.own = request.app[state.OWN]
+        self.fmt = fmt
+        self.extra_fields = extra_fields
+        self.ids: Sequence[int] = ()
+        self.shared_visible = 0
+
+    def see(self, input_ids: Sequence[int], offsets: list[int]) -> dict[str, Any]:
+        chosen = self.extra_fields.get("extra_key")
+        if not input_ids or chosen is not None or self.extra_fields.get("cache_salt"):
+            return {"extra_key": tenant_key(self.client, chosen)}
+        self.shared_visible = self.shared.see(self.client, prefix_digests(input_ids, offsets))
+        self.fmt.visible_tokens = self.shared_visible
+        self.ids = input_ids
         return {}
 
-    return see
+    def first_token(self) -> None:
+        if self.ids:
+            own = self.own.own_prefix(self.client, self.ids)
+            self.fmt.visible_tokens = max(self.shared_visible, own)
+            self.own.record(self.client, self.ids)
+
+    def done(self) -> None:
+        generated = self.fmt.assembled.output_ids
+        if self.ids and generated:
+            self.own.record(self.client, [*self.ids, *generated])
 
 
 def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any]) -> None:

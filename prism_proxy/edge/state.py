@@ -16,7 +16,7 @@ from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
-from prism_proxy.prompts.sharing import SharedPrefixes
+from prism_proxy.prompts.sharing import OwnPrefixes, SharedPrefixes
 from prism_tokens.tokenizer import Tokenizer
 
 CONFIG = web.AppKey("config", ProxyConfig)
@@ -33,3 +33,4 @@ GRAMMARS = web.AppKey("grammars", GrammarGate)  # which grammars may reach the e
 RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client decode shares
 SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients may see
 RENDERING = web.AppKey("rendering", RenderingCheck)  # the token path against the engine's rendering
+OWN = web.AppKey("own", OwnPrefixes)  # what each client sent, for its own reuse

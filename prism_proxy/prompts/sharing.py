@@ -18,6 +18,11 @@ exactly like a wrong one to its sender (both are its own from then on). An attac
 controls more than `min_clients` identities can test one guess of a whole prefix per
 request (docs/proxy.md, "What clients share").
 
+Prefixes a client sent itself are also found exactly, to the token, in a radix tree of
+its prompts with their generated tokens (`OwnPrefixes`): the engine caches what it
+generated for a client too, and a multi-turn chat re-sends it, so a client is told all
+of its own reuse, not only up to the last boundary.
+
 What the proxy cannot name by token ids (a prompt the engine renders or tokenizes
 itself, or one in a cache partition the client chose) goes to a partition of its own
 client's instead (`tenant_key`), so nothing it matches there was sent by anyone else.
@@ -101,6 +106,136 @@ class SharedPrefixes:
     def stats(self) -> dict[str, int]:
         return {"entries": len(self._senders), "bytes": RECORD_BYTES * len(self._senders),
                 "capacity_bytes": RECORD_BYTES * self.capacity}  # fmt: skip
+
+
+def common_prefix(a: bytes, b: bytes, width: int = 4) -> int:
+    """Tokens two prompts (ids packed `width` bytes each) have in common at their start:
+    a binary search of slice comparisons, each at memcmp speed."""
+    low, high = 0, min(len(a), len(b)) // width
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[: mid * width] == b[: mid * width]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def pack(ids: Sequence[int]) -> bytes:
+    """Token ids as 4-byte integers (ids of any real vocabulary fit)."""
+    return array("i", ids).tobytes()
+
+
+# What a radix node costs besides its tokens (the object, its dict, the LRU entry).
+NODE_BYTES = 320
+
+
+class _Node:
+    __slots__ = ("children", "client", "key", "parent")
+
+    def __init__(self, key: bytes, parent: _Node | None, client: str) -> None:
+        self.key = key  # packed token ids after the parent's
+        self.parent = parent
+        self.client = client
+        self.children: dict[bytes, _Node] = {}
+
+
+class OwnPrefixes:
+    """Every prompt each client sent, with what was generated for it, as one radix tree
+    over token ids per client (sans-IO, bounded in bytes: the least recently added leaf
+    goes first). `own_prefix` is exact to the token: the engine caches what it generated
+    for a client too, and a multi-turn chat re-sends it."""
+
+    def __init__(self, capacity_bytes: int = 16 << 20) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.size_bytes = 0
+        self._roots: dict[str, _Node] = {}
+        self._leaves: OrderedDict[_Node, None] = OrderedDict()
+
+    def own_prefix(self, client: str, ids: Sequence[int]) -> int:
+        """The longest start of `ids` that the client sent (or was generated for it)."""
+        node = self._roots.get(client)
+        if node is None:
+            return 0
+        packed, pos = pack(ids), 0
+        while pos < len(packed):
+            child = node.children.get(packed[pos : pos + 4])
+            if child is None:
+                break
+            matched = common_prefix(packed[pos : pos + len(child.key)], child.key)
+            pos += 4 * matched
+            if 4 * matched < len(child.key):
+                break
+            node = child
+        return pos // 4
+
+    def record(self, client: str, ids: Sequence[int]) -> None:
+        """Add a prompt (or a prompt with its generated tokens)."""
+        packed = pack(ids)
+        node = self._roots.get(client)
+        if node is None:
+            node = self._roots[client] = _Node(b"", None, client)
+            self.size_bytes += NODE_BYTES
+        pos = 0
+        while pos < len(packed):
+            child = node.children.get(packed[pos : pos + 4])
+            if child is None:
+                leaf = _Node(packed[pos:], node, client)
+                if not node.children and node.parent is not None:
+                    self._leaves.pop(node, None)  # no longer a leaf
+                node.children[packed[pos : pos + 4]] = leaf
+                self._leaves[leaf] = None
+                self.size_bytes += NODE_BYTES + len(leaf.key)
+                break
+            matched = 4 * common_prefix(packed[pos : pos + len(child.key)], child.key)
+            if matched < len(child.key):
+                if pos + matched == len(packed):
+                    self._touch(child)
+                    break
+                child = self._split(child, matched)
+            pos += matched
+            node = child
+        else:
+            self._touch(node)
+        while self.size_bytes > self.capacity_bytes and self._leaves:
+            self._evict(next(iter(self._leaves)))
+
+    def _split(self, child: _Node, at: int) -> _Node:
+        """Cut `child` after `at` bytes; returns the new upper node."""
+        parent = child.parent
+        assert parent is not None
+        upper = _Node(child.key[:at], parent, child.client)
+        parent.children[child.key[:4]] = upper
+        child.key = child.key[at:]
+        child.parent = upper
+        upper.children[child.key[:4]] = child
+        self.size_bytes += NODE_BYTES
+        return upper
+
+    def _touch(self, node: _Node) -> None:
+        while node.children:  # the most recently added leaf under it
+            node = next(reversed(node.children.values()))
+        if node in self._leaves:
+            self._leaves.move_to_end(node)
+
+    def _evict(self, leaf: _Node) -> None:
+        del self._leaves[leaf]
+        parent = leaf.parent
+        assert parent is not None
+        del parent.children[leaf.key[:4]]
+        self.size_bytes -= NODE_BYTES + len(leaf.key)
+        if parent.children:
+            return
+        if parent.parent is None:  # a client with nothing left
+            del self._roots[parent.client]
+            self.size_bytes -= NODE_BYTES
+        else:
+            self._leaves[parent] = None
+            self._leaves.move_to_end(parent, last=False)  # old: it goes next
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": len(self._leaves), "bytes": self.size_bytes,
+                "capacity_bytes": self.capacity_bytes}  # fmt: skip
 
 
 def tenant_key(client: str, chosen: str | None = None) -> str:

@@ -79,6 +79,33 @@ def start_request(
         raise web.HTTPServiceUnavailable(text=str(exc)) from None
 
 
+class IncrementalText:
+    """A growing list of output ids to text, a few ids at a time, as SGLang's
+    detokenizer does (`DetokenizerManager`: decode from a read offset with a little
+    context before it, hold back an incomplete character): a stream costs the
+    tokenizer linear time, not quadratic. `text` is the whole decoded so far."""
+
+    def __init__(self, decode: Any) -> None:
+        self._decode = decode
+        self._prefix = 0
+        self._read = 0
+        self.text = ""
+
+    def delta(self, ids: list[int], final: bool = False) -> str:
+        """The text the ids added since the last call (empty while a character is
+        incomplete, unless `final`)."""
+        if len(ids) == self._read and not final:
+            return ""
+        window = self._decode(ids[self._prefix :])
+        before = self._decode(ids[self._prefix : self._read]) if self._read > self._prefix else ""
+        if window.endswith("\ufffd") and not final:
+            return ""
+        piece = window[len(before) :] if window.startswith(before) else window
+        self._prefix, self._read = self._read, len(ids)
+        self.text += piece
+        return piece
+
+
 async def open_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

@@ -21,6 +21,7 @@ from prism_sim.engine import VERSION, RequestHandle, SimEngine
 from prism_sim.http_common import (
     ENGINE_KEY,
     BadRequest,
+    IncrementalText,
     check_token_ids,
     encode,
     error_response,
@@ -128,15 +129,15 @@ async def _stream(
     response = await open_sse(request)
     incremental = engine.config.incremental_streaming_output
     sent_ids = 0
-    sent_text = ""
+    text = IncrementalText(engine.decode)
     async for req in handle.progress():
-        text = engine.decode(req.output_ids)
+        delta = text.delta(req.output_ids, final=req.finished)
         chunk = {
-            "text": text[len(sent_text) :] if incremental else text,
+            "text": delta if incremental else text.text,
             "output_ids": req.output_ids[sent_ids:] if incremental else list(req.output_ids),
             "meta_info": meta_info(engine, req),
         }
-        sent_ids, sent_text = len(req.output_ids), text
+        sent_ids = len(req.output_ids)
         await send_sse(response, chunk)
     await send_sse(response, "[DONE]")
     await response.write_eof()

@@ -18,6 +18,7 @@ from prism_sim.engine import RequestHandle, SimEngine
 from prism_sim.http_common import (
     ENGINE_KEY,
     BadRequest,
+    IncrementalText,
     check_token_ids,
     encode,
     error_response,
@@ -109,11 +110,10 @@ async def _stream_text(
     chat: bool,
 ) -> None:
     """One chunk per generated token; the last one carries the finish reason."""
-    sent = ""
+    text = IncrementalText(engine.decode)
     async for req in handle.progress():
-        text = engine.decode(req.output_ids)
-        delta, sent = text[len(sent) :], text
         reason = finish_reason_name(req)
+        delta = text.delta(req.output_ids, final=reason is not None)
         if chat:
             choice = {"index": 0, "delta": {"content": delta}, "logprobs": None}
         else:

@@ -9,7 +9,8 @@ distinct segments of random text (~240,000 characters each, about one token per
 character: the costliest text to keep) until `--megabytes` of segment text went up.
 The proxy tokenizes every segment at admission (its skeleton's token lengths), keeps
 the ids in its caches and forwards the request. Every cache is given `--cache-mib`
-(segments, heads, chat pieces and the QAS view), or each keeps its default.
+(every `*_cache_bytes` setting and the QAS view), or each keeps its default; the
+capacity compared against is what `/metrics` says the caches may hold.
 
 It prints the proxy's RSS (from /proc) after a warm-up and after the upload (each read
 after one request sent alone, so nothing is in flight and the proxy has given its free
@@ -27,7 +28,7 @@ import base64
 import random
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import httpx
@@ -83,11 +84,12 @@ def request_body(texts: Iterator[str], number: int) -> dict[str, object]:
     }
 
 
-def cache_bytes(metrics_text: str) -> float:
+def metric_sum(metrics_text: str, name: str) -> float:
+    """The sum of `name` over its labels (every cache the proxy exports)."""
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in metrics_text.splitlines()
-        if line.startswith("prism:cache_bytes{")
+        if line.startswith(name + "{")
     )
 
 
@@ -110,20 +112,11 @@ async def upload(proxy_url: str, megabytes: float, seed: int) -> dict[int, int]:
     return statuses
 
 
-CACHE_KEYS = ("segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "cache_view_bytes")
-
-
-def cache_capacity_bytes(cache_mib: int | None) -> int:
-    """What the proxy's caches may hold: `cache_mib` each, or their defaults."""
-    if cache_mib is not None:
-        return len(CACHE_KEYS) * cache_mib * MIB
-    config = ProxyConfig()
-    return (
-        config.segment_cache_bytes
-        + config.head_cache_bytes
-        + config.chat_cache_bytes
-        + config.qas.cache_view_bytes
-    )
+# Every setting that bounds one of the proxy's caches (`--cache-mib` sets each).
+CACHE_KEYS = (
+    *(field.name for field in fields(ProxyConfig) if field.name.endswith("_cache_bytes")),
+    "cache_view_bytes",
+)
 
 
 def proxy_args(sim: ServerProcess, cache_mib: int | None) -> list[str]:
@@ -145,13 +138,13 @@ def measure(megabytes: float, cache_mib: int | None, log_dir: Path, seed: int = 
         statuses = asyncio.run(upload(proxy.url, megabytes, seed))
         asyncio.run(upload(proxy.url, 0, seed + 3))
         after = rss_mb(proxy)
-        held = cache_bytes(httpx.get(proxy.url + "/metrics").text)
+        metrics = httpx.get(proxy.url + "/metrics").text
     return MemoryRun(
         uploaded_mb=megabytes,
         rss_warm_mb=warm,
         rss_after_mb=after,
-        cache_capacity_mb=cache_capacity_bytes(cache_mib) / 1e6,
-        cache_held_mb=held / 1e6,
+        cache_capacity_mb=metric_sum(metrics, "prism:cache_capacity_bytes") / 1e6,
+        cache_held_mb=metric_sum(metrics, "prism:cache_bytes") / 1e6,
         statuses=statuses,
     )
 

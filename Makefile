@@ -128,7 +128,16 @@ smollm2: sglang-venv
 test-sglang: sglang-venv smollm2
 	PRISM_REAL_MODEL=required $(SGL_PY) -m pytest -q -m sglang -p no:cacheprovider tests/sglang
 
-test: lint test-core test-sglang
+# lint, the core half and the SGLang half, each run even when another failed; the status
+# at the end fails naming every part that failed (each part builds its own environment).
+TEST_PARTS := lint test-core test-sglang
+test:
+	@failed=""; \
+	for part in $(TEST_PARTS); do \
+	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
+	echo "make test: passed ($(TEST_PARTS))"
 
 # fifo vs k-LPM vs PRISM on zipf_hotspot across the knee, simulated engine (docs/experiments.md).
 demo: venv

@@ -29,13 +29,22 @@ def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
 ProxyFactory = Callable[..., Awaitable[RunningProxy]]
 
 
+# An in-process proxy shares the test's event loop with the test's clients (a burst of
+# 2,000 of them): on a busy machine that loop can take seconds to get round to a
+# connection that is already made, and the product's 5 s connect limit then fires for
+# nothing the backend did. A liveness bound here, not a setting under test.
+CONNECT_TIMEOUT_S = 60.0
+
+
 def proxy_config(backend: str, **overrides: object) -> ProxyConfig:
-    """The tests' proxy settings: any free port, no periodic probes, a short drain."""
+    """The tests' proxy settings: any free port, no periodic probes, a short drain,
+    `CONNECT_TIMEOUT_S`."""
     settings: dict[str, object] = {
         "backend": backend,
         "port": 0,
         "health_interval_s": 0,
         "shutdown_timeout_s": 5.0,
+        "connect_timeout_s": CONNECT_TIMEOUT_S,
     }
     settings.update(overrides)
     return ProxyConfig(**settings)  # type: ignore[arg-type]
@@ -113,3 +122,19 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached before the deadline")
         await asyncio.sleep(0.01)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """`eventually` for synchronous tests (servers in other processes)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.05)
+
+
+def proxy_idle(url: str) -> bool:
+    """The proxy at `url` holds no request: none queued, none in flight (its `/health`).
+    A client may read a stream's last byte before the proxy's handler has returned."""
+    health = httpx.get(url + "/health", timeout=10.0).json()
+    return health["queue_depth"] == 0 and health["inflight"] == 0

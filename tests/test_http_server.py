@@ -249,7 +249,9 @@ async def test_unread_stream_is_aborted(sim_url) -> None:
             served.set_write_buffer_limits(high=16384)
             started = time.monotonic()
             writer.write(head("POST", CHAT_PATH, body_bytes=len(body)) + body)
-            await eventually(lambda: backend.aborts_sent == 1, timeout_s=limit_s + BOUND_S)
+            # Before the limit starts, the request is admitted and the engine fills the
+            # buffers (seconds on a busy machine): a liveness wait, then never early.
+            await eventually(lambda: backend.aborts_sent == 1, timeout_s=60.0)
             assert time.monotonic() - started >= limit_s - EARLY_S
         await eventually(lambda: gauges_zero(proxy) and all_closed(proxy))
         assert requests_counted(proxy, 499, lane="cold") == 1
@@ -270,7 +272,7 @@ async def test_connections_over_the_cap_get_503_and_close(sim_url) -> None:
                 assert answer.status == 503 and answer.error()["type"] == "service_unavailable"
                 assert answer.headers["connection"] == "close"
                 assert answer.headers["retry-after"] == "2"
-                assert elapsed < 1.0  # closed at once, not at a timeout
+                assert elapsed < BOUND_S  # closed at once, not at a timeout (60 s)
             assert open_connections(proxy) == 3
         await eventually(lambda: open_connections(proxy) == 0)
         async with aiohttp.ClientSession() as http, http.get(proxy.url + "/health") as response:
@@ -304,7 +306,7 @@ async def test_expect_100_continue_over_the_limit_is_413_at_once(sim_url) -> Non
     assert data.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in data
     answer = parse_answer(data)
     assert answer.error()["param"] == "body" and answer.headers["connection"] == "close"
-    assert elapsed < 2.0  # at once: the timeouts are 30 s
+    assert elapsed < BOUND_S  # at once: the timeouts are 30 s
 
 
 async def test_expect_100_continue_within_the_limit_is_served(sim_url) -> None:
@@ -326,7 +328,8 @@ async def test_expect_100_continue_within_the_limit_is_served(sim_url) -> None:
     ],
 )
 async def test_http09_is_not_answered(sim_url, request_bytes: bytes, answered_at_once) -> None:
-    limit_s = 1.0
+    # "at once" is told from "at the limit" by a limit far above BOUND_S
+    limit_s = 30.0 if answered_at_once else 1.0
     async with (
         running_proxy(sim_url, header_timeout_s=limit_s) as proxy,
         connection(proxy.url) as (reader, writer),
@@ -335,7 +338,7 @@ async def test_http09_is_not_answered(sim_url, request_bytes: bytes, answered_at
         data, elapsed = await read_to_close(reader)
     assert data == b""
     if answered_at_once:
-        assert elapsed < limit_s / 2
+        assert elapsed < BOUND_S
     else:
         assert limit_s - EARLY_S <= elapsed < limit_s + BOUND_S
 
@@ -352,7 +355,7 @@ async def test_an_upgrade_request_is_answered_then_the_connection_closes(sim_url
         writer.write(upgrade + slow)
         data, elapsed = await read_to_close(reader)
         assert parse_answer(data).status == 200 and data.count(b"HTTP/1.1 ") == 1
-        assert elapsed < 2.0  # closed after the answer, not at a timeout
+        assert elapsed < BOUND_S  # closed after the answer, not at a timeout (30 s)
         await eventually(lambda: all_closed(proxy))
 
 

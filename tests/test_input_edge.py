@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from hostile_bodies import ENGINE_KILLERS
-from proxy_support import loopback_app, recording_generate, running_proxy
+from proxy_support import eventually, loopback_app, recording_generate, running_proxy
 
 from backend_plugin.config import ControlConfig, ControlConfigError
 from backend_plugin.control_rpc import create_control_app
@@ -219,10 +219,8 @@ async def test_a_409_is_a_failure_and_the_proxy_resynchronises(sim_url, caplog) 
             async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
                 assert response.status == 200
             registry = proxy.app[state.METRICS].registry
-            for _ in range(200):  # the push runs in the background
-                if registry.get_sample_value("prism:control_rpc_pushes_total"):
-                    break
-                await asyncio.sleep(0.02)
+            # the push runs in the background
+            await eventually(lambda: registry.get_sample_value("prism:control_rpc_pushes_total"))
             assert registry.get_sample_value("prism:control_rpc_failures_total") >= 1
             assert registry.get_sample_value("prism:control_rpc_pushes_total") >= 1
             assert registry.get_sample_value("prism:control_rpc_up") == 1

@@ -17,6 +17,9 @@ sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
 
 NUM_REQUESTS = 2000
+# The burst, its clients and the proxy share one process: 228 s at a load of 13 on this
+# 2-core machine. Every request may take the whole budget (they all start at once).
+BUDGET_S = 900.0
 POOL = [f"passage {i}: " + " ".join(f"fact{i}x{j}" for j in range(12)) for i in range(12)]
 
 
@@ -67,11 +70,12 @@ def _ids_of(payload: bytes, stream: bool) -> list[str]:
     return sorted(ids)
 
 
+@pytest.mark.timeout(BUDGET_S + 60)
 async def test_burst_of_2000_concurrent_requests(proxy_factory: ProxyFactory, sim) -> None:
     proxy = await proxy_factory(max_inflight=64)
     finished_before = sim_metric(sim, "sglang:num_requests_total")
     connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=240)
+    timeout = aiohttp.ClientTimeout(total=BUDGET_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def call(i: int) -> tuple[int, int, list[str], str]:
@@ -89,15 +93,20 @@ async def test_burst_of_2000_concurrent_requests(proxy_factory: ProxyFactory, si
     registry = proxy.app[state.METRICS].registry
     assert registry.get_sample_value("prism:queue_depth") == 0
     assert registry.get_sample_value("prism:inflight_requests") == 0
-    ok = sum(
-        registry.get_sample_value(
-            "prism:requests_total", {"endpoint": e, "lane": lane, "status": "200"}
+
+    def ok() -> float:
+        return sum(
+            registry.get_sample_value(
+                "prism:requests_total", {"endpoint": e, "lane": lane, "status": "200"}
+            )
+            or 0
+            for e in ("chat", "completions", "generate")
+            for lane in ("hot", "cold")
         )
-        or 0
-        for e in ("chat", "completions", "generate")
-        for lane in ("hot", "cold")
-    )
-    assert ok == NUM_REQUESTS
+
+    # a streamed request is counted once its handler returns, after its last chunk
+    await eventually(lambda: ok() >= NUM_REQUESTS)
+    assert ok() == NUM_REQUESTS
     # The engine finished exactly one request per client request: none lost, none twice.
     assert sim_metric(sim, "sglang:num_requests_total") - finished_before == NUM_REQUESTS
     # Waves never exceeded the concurrency limit.

@@ -19,6 +19,8 @@ from prism_proxy.edge import state
 
 REQUESTS = 240
 SIM_ARGS = ["--speed", "10", "--log-level", "warning"]
+STARTUP_S = 60.0  # the engine's start-up bound (`wait_healthy`), before and mid-test
+HANG_S = 120.0  # no request takes longer, once the engine it waits for is up
 
 
 async def one_request(
@@ -67,7 +69,8 @@ async def client(http: aiohttp.ClientSession, url: str, rng: random.Random, numb
         await asyncio.sleep(rng.uniform(0.0, 0.2))
         task.cancel()
     try:
-        return await asyncio.wait_for(task, timeout=120.0)
+        # a request may be waiting for the engine's restart: its start-up is not a hang
+        return await asyncio.wait_for(task, timeout=STARTUP_S + HANG_S)
     except asyncio.CancelledError:
         return "client left"
 
@@ -77,7 +80,7 @@ async def test_aborts_and_a_backend_crash_lose_nothing(tmp_path) -> None:
     rng = random.Random(12)
     port = free_port()
     sim = spawn_server("prism_sim", SIM_ARGS, port=port, log_dir=tmp_path, name="sim-1")
-    wait_healthy(sim.url, sim.process, 60.0, "/health")
+    wait_healthy(sim.url, sim.process, STARTUP_S, "/health")
     try:
         async with (
             running_proxy(sim.url, health_interval_s=0.2, prefill_batch=4) as proxy,
@@ -94,7 +97,9 @@ async def test_aborts_and_a_backend_crash_lose_nothing(tmp_path) -> None:
                     sim = spawn_server(
                         "prism_sim", SIM_ARGS, port=port, log_dir=tmp_path, name="sim-2"
                     )
-                    await asyncio.to_thread(wait_healthy, sim.url, sim.process, 60.0, "/health")
+                    await asyncio.to_thread(
+                        wait_healthy, sim.url, sim.process, STARTUP_S, "/health"
+                    )
             outcomes = Counter(await asyncio.gather(*tasks))
             admission = proxy.app[state.ADMISSION]
             await eventually(

@@ -168,7 +168,8 @@ async def test_disconnect_mid_stream_aborts_at_backend(
     registry = proxy.app[state.METRICS].registry
     endpoint = "generate" if case == "generate" else "chat"
     labels = {"endpoint": endpoint, "lane": lane, "status": "499"}
-    assert registry.get_sample_value("prism:requests_total", labels) == 1
+    # counted when the cancelled handler's middleware unwinds, after the gauges fell
+    await eventually(lambda: registry.get_sample_value("prism:requests_total", labels) == 1)
 
 
 async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFactory, sim) -> None:
@@ -188,7 +189,11 @@ async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFact
         assert admission.inflight == 1  # only the holder was ever sent
         holder.close()
     await eventually(lambda: _gauges_zero(proxy))
-    assert proxy.app[state.BACKEND].aborts_sent == 1  # the holder's, not the leaver's
+    # An abort goes out in a task of its own; stopping the proxy waits for every such
+    # task, so the count read after it is final: one abort, the holder's, none for the
+    # leaver.
+    await proxy.stop()
+    assert proxy.app[state.BACKEND].aborts_sent == 1
     # The withdrawn request never reached the engine: nothing finished there normally.
     assert sim_metric(sim, "sglang:num_requests_total") == finished_before
 

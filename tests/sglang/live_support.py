@@ -29,13 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from proxy_support import CONNECT_TIMEOUT_S
 
 from loadgen.processes import ServerProcess, free_port, spawn_server, wait_healthy
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.config import ProxyConfig
 from sglang_cpu.model import ensure_tiny_model
 
-STARTUP_TIMEOUT_S = 240.0
+# Five servers start at once on two cores, beside whatever else runs: about 2 minutes
+# at a load of 5-12. A start-up bound (the fixture's own), outside every test's budget.
+STARTUP_TIMEOUT_S = 600.0
 TIGHT_TOKENS = 2048
 AMPLE_TOKENS = 16384
 
@@ -142,6 +145,7 @@ async def proxy_for(live: LiveServer, **overrides: Any) -> RunningProxy:
         "control_token": live.token,
         "health_interval_s": 0,
         "shutdown_timeout_s": 5.0,
+        "connect_timeout_s": CONNECT_TIMEOUT_S,  # proxy_support: the test's loop is shared
         **overrides,
     }
     return await start_proxy(ProxyConfig(**settings))

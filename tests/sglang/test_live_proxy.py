@@ -135,11 +135,15 @@ async def test_the_same_documents_twice_reuse_exactly_the_serialized_prefix(
     assert second.usage.prompt_tokens_details.cached_tokens == shared
 
     # The anchors reached DART through kv_hints; the proxy's pushes reached its RPC.
+    # A push goes out in the background after its wave, and the scheduler applies a
+    # table it took at its next tree operation: wait for both pushes to be taken, then
+    # give the scheduler that operation.
+    registry = proxy.app[state.METRICS].registry
+    await eventually(lambda: registry.get_sample_value("prism:control_rpc_pushes_total") >= 2)
+    live["ample"].generate([5, 6, 7])
     stats = live["ample"].stats()
     assert stats["anchors_resident"] >= 1 + len(DOCS)  # system head and both documents
     assert stats["epoch"] is not None and stats["table_size"] >= len(DOCS)
-    registry = proxy.app[state.METRICS].registry
-    assert registry.get_sample_value("prism:control_rpc_pushes_total") >= 2
 
 
 async def test_a_client_disconnect_aborts_the_request_inside_sglang(

@@ -51,6 +51,8 @@ class ProxyMetrics:
     extraction: Counter
     session_calls: Counter
     sessions_paused: Gauge
+    tokenizer_verified: Gauge
+    token_path_open: Gauge
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -158,6 +160,20 @@ class ProxyMetrics:
             sessions_paused=Gauge(
                 "prism:sessions_paused",
                 "Agent sessions paused on a tool call that the proxy remembers",
+                registry=r,
+            ),
+            tokenizer_verified=Gauge(
+                "prism:tokenizer_verified",
+                "The proxy's tokenizer against the engine's tokenization of probe texts and "
+                "chats: 1 match, 0 mismatch, -1 unverified (the engine cannot tokenize, or "
+                "did not answer the check)",
+                ["tokenizer"],
+                registry=r,
+            ),
+            token_path_open=Gauge(
+                "prism:token_path_open",
+                "1 while the proxy sends its own token ids (its tokenizer matched the "
+                "engine's or is used unverified), 0 while they are refused or forwarded",
                 registry=r,
             ),
             extraction=Counter(

@@ -120,6 +120,7 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     app[state.EVIDENCE] = BlockEvidence(config.evidence_cache_bytes)
     log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
     yield
+    await guard.close()
 
 
 async def control_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -36,9 +36,9 @@ async def _chat_ids(tokenizer: Tokenizer, body: TokenizeIn) -> list[int]:
         raise BadRequest("Messages cannot be empty.")
     if body.continue_final_message:
         raise BadRequest("continue_final_message: not served by the simulated engine")
-    if body.add_generation_prompt is None:
-        return await _encode(tokenizer, chat_text(tokenizer, body.raw), False)
-    text = chat_text(tokenizer, body.raw, add_generation_prompt=body.add_generation_prompt)
+    text = chat_text(tokenizer, body.raw, body.add_generation_prompt)
+    if body.add_generation_prompt is None:  # as a chat completion
+        return await _encode(tokenizer, text, False)
     add_special = "add_special_tokens" in body.model_fields_set and body.add_special_tokens
     return await _encode(tokenizer, text, add_special)
 

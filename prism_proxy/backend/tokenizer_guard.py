@@ -179,6 +179,14 @@ class TokenizerGuard:
             raise BackendError(self._failure.status, self._failure.message)
         return check.open
 
+    async def close(self) -> None:
+        """Stop a check still running (shutdown: the backend's session closes next)."""
+        running = self._running
+        if running is not None and not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
     # --- checks --------------------------------------------------------------------------
     async def refresh(self, server_info: dict[str, Any] | None = None) -> None:
         """Check again if the engine may have changed since the last check: it went down

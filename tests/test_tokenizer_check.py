@@ -26,12 +26,19 @@ from tokenizer_dirs import write_bpe_dir, write_wordpiece_dir
 
 from loadgen.processes import free_port
 from prism_proxy.app import start_proxy
-from prism_proxy.backend.tokenizer_guard import TokenizerCheck, TokenizerMismatch, TokenizerState
+from prism_proxy.backend.tokenizer_choice import TokenizerMismatch, TokenizerState
+from prism_proxy.backend.tokenizer_guard import TokenizerCheck
 from prism_proxy.edge import state
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
 from prism_tokens.builtin import CHATML_TEMPLATE, ensure_builtin
-from prism_tokens.tokenizer import BUILTIN, Tokenizer, default_cache_dir, load_model_dir
+from prism_tokens.tokenizer import (
+    BUILTIN,
+    Tokenizer,
+    default_cache_dir,
+    load_model_dir,
+    load_tokenizer,
+)
 from prism_tokens.verify import (
     PROBE_CHATS,
     PROBE_TEXTS,
@@ -84,8 +91,6 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _load(spec: str) -> Tokenizer:
-    from prism_tokens.tokenizer import load_tokenizer
-
     return load_tokenizer(spec)
 
 
@@ -171,6 +176,16 @@ def test_a_check_is_stale_when_the_engine_may_have_changed(state_, downs, seen, 
     check.record(state_, "", 0, 1.0)
     assert check.stale(downs, seen) is stale
     assert check.open is (state_ in (TokenizerState.MATCH, TokenizerState.UNVERIFIED))
+
+
+def test_the_mismatch_setting_takes_refuse_or_forward() -> None:
+    from prism_proxy.config import ConfigError, parse_serve_args
+
+    assert parse_serve_args([], environ={}).tokenizer_mismatch == "refuse"
+    env = {"PRISM_TOKENIZER_MISMATCH": "forward"}
+    assert parse_serve_args([], environ=env).tokenizer_mismatch == "forward"
+    with pytest.raises(ConfigError, match="tokenizer_mismatch"):
+        parse_serve_args(["--set", "tokenizer_mismatch=ignore"], environ={})
 
 
 # --- prism-sim's tokenize endpoints ---------------------------------------------------------

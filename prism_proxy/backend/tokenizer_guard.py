@@ -3,7 +3,7 @@
 The token path sends the engine token ids the proxy made; with another vocabulary or
 another chat template the engine would answer a prompt the client never wrote. So the
 proxy's tokenizer is checked against the engine's own tokenization of probe texts and
-chats (`prism_tokens.verify`), at start (`choose_tokenizer`) and again whenever the
+chats (`prism_tokens.verify`), at start (`tokenizer_choice.choose_tokenizer`) and again whenever the
 engine may have changed (`TokenizerGuard.refresh`: it went down, or its `/server_info`
 `startup_time` changed). The token path is open while the latest check matched, or
 could not be made because the engine cannot tokenize (`unverified`, only for a
@@ -18,37 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prism_proxy.backend.client import BackendClient, BackendError
-from prism_proxy.backend.engine_tokenizer import (
-    CannotAsk,
-    engine_tokenization,
-    engine_tokenizer_dirs,
-)
+from prism_proxy.backend.engine_tokenizer import CannotAsk, engine_tokenization
+from prism_proxy.backend.tokenizer_choice import Loader, TokenizerState, choose_tokenizer
 from prism_proxy.metrics import ProxyMetrics
 from prism_tokens.tokenizer import BUILTIN, Tokenizer
 from prism_tokens.verify import Tokenization, compare, tokenize_probes
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 _UNSEEN = object()  # no server info at hand: the engine's startup time is not known
-
-
-class TokenizerState(enum.IntEnum):
-    UNVERIFIED = -1
-    MISMATCH = 0
-    MATCH = 1
-
-
-class TokenizerMismatch(RuntimeError):
-    """The proxy cannot start: no tokenizer it has matches the engine's."""
 
 
 def tokenizer_label(name: str) -> str:
@@ -266,106 +250,3 @@ def log_change(
         log.error("tokenizer %s does not match %s: %s; %s", name, engine, detail, action)
     else:
         log.warning("tokenizer %s not checked yet: %s", name, detail)
-
-
-# --- at start ------------------------------------------------------------------------------
-Loader = Callable[[str], Tokenizer]
-
-
-@dataclass
-class Chosen:
-    """The tokenizer the proxy starts with, and its check's outcome."""
-
-    tokenizer: Tokenizer
-    ours: Tokenization
-    state: TokenizerState | None
-    detail: str
-    engine: str
-
-
-async def _load(load: Loader, spec: str) -> tuple[Tokenizer, Tokenization]:
-    def work() -> tuple[Tokenizer, Tokenization]:
-        tokenizer = load(spec)
-        return tokenizer, tokenize_probes(tokenizer)
-
-    return await asyncio.to_thread(work)
-
-
-async def choose_tokenizer(
-    spec: str, backend: BackendClient, *, forward: bool, load: Loader, timeout_s: float
-) -> Chosen:
-    """The tokenizer to start with: `spec` (a model directory or `builtin`) checked
-    against the engine, or for `auto` the first of the engine's tokenizer and model
-    directories (when readable here) and `builtin` that matches it. A mismatch raises
-    `TokenizerMismatch` naming what was tried, unless `forward`."""
-    if spec != AUTO:
-        return await _explicit(spec, backend, forward=forward, load=load, timeout_s=timeout_s)
-    try:
-        dirs, engine = await engine_tokenizer_dirs(backend, timeout_s)
-        theirs: Tokenization | None = await engine_tokenization(backend, timeout_s)
-        cannot = ""
-    except CannotAsk as exc:
-        theirs, cannot = None, str(exc)
-    except BackendError as exc:
-        raise RuntimeError(f"--tokenizer auto: cannot ask the backend: {exc.message}") from None
-    if theirs is None:
-        # today's rule without a check: the engine's own directory, read here
-        if not dirs:
-            raise TokenizerMismatch(
-                f"--tokenizer auto: the engine cannot tokenize for the check ({cannot}) "
-                f"and {engine} is not a directory readable here; pass --tokenizer DIR "
-                "(the engine's model directory)"
-            )
-        tokenizer, ours = await _load(load, dirs[0])
-        detail = f"the engine cannot tokenize ({cannot}); its own directory is used"
-        return Chosen(tokenizer, ours, TokenizerState.UNVERIFIED, detail, engine)
-    tried: list[str] = []
-    fallback: tuple[Tokenizer, Tokenization] | None = None
-    for candidate in [*dirs, BUILTIN]:
-        try:
-            tokenizer, ours = await _load(load, candidate)
-        except Exception as exc:  # a directory the tokenizers library cannot read
-            tried.append(f"{candidate}: cannot load ({exc})")
-            continue
-        verdict = compare(ours, theirs)
-        if verdict.matches:
-            return Chosen(tokenizer, ours, TokenizerState.MATCH, "", engine)
-        tried.append(f"{candidate}: {verdict.difference}")
-        fallback = fallback or (tokenizer, ours)
-    detail = "; ".join(tried)
-    if not forward or fallback is None:
-        raise TokenizerMismatch(
-            f"--tokenizer auto: no tokenizer the proxy can load matches {engine}. Tried "
-            f"{detail}. Pass --tokenizer DIR (the engine's model directory, readable here), "
-            "or --set tokenizer_mismatch=forward to serve every request through the "
-            "engine's own endpoints"
-        )
-    return Chosen(*fallback, TokenizerState.MISMATCH, detail, engine)
-
-
-async def _explicit(
-    spec: str, backend: BackendClient, *, forward: bool, load: Loader, timeout_s: float
-) -> Chosen:
-    tokenizer, ours = await _load(load, spec)
-    engine = "the engine's tokenizer"
-    with contextlib.suppress(BackendError):  # only for the messages
-        _, engine = await engine_tokenizer_dirs(backend, timeout_s)
-    try:
-        theirs = await engine_tokenization(backend, timeout_s)
-    except CannotAsk as exc:
-        detail = f"the engine cannot tokenize: {exc}"
-        return Chosen(tokenizer, ours, TokenizerState.UNVERIFIED, detail, engine)
-    except BackendError as exc:
-        detail = f"the engine did not answer the tokenizer check: {exc.message}"
-        return Chosen(tokenizer, ours, None, detail, engine)
-    verdict = compare(ours, theirs)
-    if verdict.matches:
-        return Chosen(tokenizer, ours, TokenizerState.MATCH, "", engine)
-    if not forward:
-        raise TokenizerMismatch(
-            f"--tokenizer {spec}: tokenizer {tokenizer.name!r} does not match {engine}: "
-            f"{verdict.difference}. Start without --tokenizer (auto: the engine's own), or "
-            "with the engine's model directory; --set tokenizer_mismatch=forward serves "
-            "every request through the engine's own endpoints instead"
-        )
-    return Chosen(tokenizer, ours, TokenizerState.MISMATCH, verdict.difference, engine)

@@ -24,7 +24,7 @@ from live_support import LiveServer
 from tokenizer_dirs import write_bpe_dir
 from tokenizer_support import CHAT, http_requests, plain_proxy, prompt_tokens, template_variant
 
-from prism_proxy.backend.tokenizer_guard import TokenizerMismatch, TokenizerState
+from prism_proxy.backend.tokenizer_choice import TokenizerMismatch, TokenizerState
 from prism_proxy.edge import state
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site

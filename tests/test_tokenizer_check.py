@@ -544,3 +544,9 @@ async def test_an_engine_failing_the_check_gets_no_ids_and_its_error_is_the_answ
             assert calls == ["/server_info"]
         finally:
             await proxy.stop()
+
+
+async def test_a_named_tokenizer_that_cannot_be_loaded_stops_the_start(tmp_path) -> None:
+    async with sim_at(0, _load("builtin"), Seen()) as url:
+        with pytest.raises(RuntimeError, match="cannot load it"):
+            await start_proxy(proxy_settings(url, tokenizer=str(tmp_path / "missing")))

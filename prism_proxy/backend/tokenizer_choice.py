@@ -79,7 +79,7 @@ async def choose_tokenizer(
     except BackendError as exc:
         raise RuntimeError(f"--tokenizer auto: cannot ask the backend: {exc.message}") from None
     if theirs is None:
-        # today's rule without a check: the engine's own directory, read here
+        # no check possible: only the engine's own directory is trusted
         if not dirs:
             raise TokenizerMismatch(
                 f"--tokenizer auto: the engine cannot tokenize for the check ({cannot}) "
@@ -107,8 +107,8 @@ async def choose_tokenizer(
         raise TokenizerMismatch(
             f"--tokenizer auto: no tokenizer the proxy can load matches {engine}. Tried "
             f"{detail}. Pass --tokenizer DIR (the engine's model directory, readable here), "
-            "or --set tokenizer_mismatch=forward to serve every request through the "
-            "engine's own endpoints"
+            "or --set tokenizer_mismatch=forward to serve requests through the engine's "
+            "own endpoints"
         )
     return Chosen(*fallback, TokenizerState.MISMATCH, detail, engine)
 
@@ -116,7 +116,10 @@ async def choose_tokenizer(
 async def _explicit(
     spec: str, backend: BackendClient, *, forward: bool, load: Loader, timeout_s: float
 ) -> Chosen:
-    tokenizer, ours = await _load(load, spec)
+    try:
+        tokenizer, ours = await _load(load, spec)
+    except Exception as exc:  # a missing directory, a file the library cannot read
+        raise RuntimeError(f"--tokenizer {spec}: cannot load it: {exc}") from None
     engine = "the engine's tokenizer"
     with contextlib.suppress(BackendError):  # only for the messages
         _, engine = await engine_tokenizer_dirs(backend, timeout_s)
@@ -136,6 +139,6 @@ async def _explicit(
             f"--tokenizer {spec}: tokenizer {tokenizer.name!r} does not match {engine}: "
             f"{verdict.difference}. Start without --tokenizer (auto: the engine's own), or "
             "with the engine's model directory; --set tokenizer_mismatch=forward serves "
-            "every request through the engine's own endpoints instead"
+            "requests through the engine's own endpoints instead"
         )
     return Chosen(tokenizer, ours, TokenizerState.MISMATCH, verdict.difference, engine)

@@ -151,7 +151,7 @@ class TokenizerGuard:
         """Why the token path is shut, for a client's 503 (no paths: the label)."""
         return (
             f"the proxy's tokenizer {self.label!r} does not match the engine's; requests "
-            "that need it are refused until the engine is served with its model again"
+            "that need it are refused while they differ"
         )
 
     async def token_path(self) -> bool:

@@ -86,7 +86,9 @@ def _direct(backend: str, log_dir: Path) -> Iterator[None]:
 def _prism(*flags: str) -> Callable[[str, Path], contextlib.AbstractContextManager]:
     @contextlib.contextmanager
     def start(backend: str, log_dir: Path) -> Iterator[ServerProcess]:
-        args = ["serve", "--backend", backend, "--log-level", "warning", *flags]
+        # the stub engine cannot tokenize: the tokenizer is named (used unverified)
+        args = ["serve", "--backend", backend, "--tokenizer", "builtin", "--log-level", "warning"]
+        args += flags
         with run_server("prism_proxy", args, log_dir=log_dir, name="prism") as server:
             yield server
 

@@ -92,7 +92,8 @@ def counted_run(tree: Path, backend: str, load: str, requests: int, log_dir: Pat
     command = [
         "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
         sys.executable, "-m", "prism_proxy", "serve", "--backend", backend,
-        "--port", str(port), "--policy", "fifo", "--window-ms", "0", "--log-level", "warning",
+        "--tokenizer", "builtin", "--port", str(port), "--policy", "fifo", "--window-ms", "0",
+        "--log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}  # `-m` also looks in the cwd first
     with log_path.open("wb") as log:

@@ -95,13 +95,14 @@ def main(argv: list[str] | None = None) -> None:
     py_spy = str(beside) if beside.exists() else shutil.which("py-spy")
     if py_spy is None:
         raise SystemExit("py-spy is not installed (it comes with the dev extras)")
-    flags = ["--policy", args.policy] + (["--window-ms", "0"] if args.policy == "fifo" else [])
+    flags = ["--log-level", "warning", "--policy", args.policy]
+    flags += ["--window-ms", "0"] if args.policy == "fifo" else []
     with (
         tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp,
         run_stub(Path(tmp), incremental=args.incremental) as stub,
         run_server(
             "prism_proxy",
-            ["serve", "--backend", stub.url, "--log-level", "warning", *flags],
+            ["serve", "--backend", stub.url, "--tokenizer", "builtin", *flags],
             log_dir=Path(tmp),
             name="prism",
         ) as proxy,

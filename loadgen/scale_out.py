@@ -132,8 +132,10 @@ def topology(
             yield front.url, nodes, KEY_MODES.get(policy, "none")
             return
         controls = ",".join(n.control_url for n in nodes)  # every replica's DART
-        proxy_args = ["serve", "--backend", front.url, "--log-level", "warning",
-                      "--control-url", controls, "--control-token", token, *front_args]  # fmt: skip
+        # the engines serve builtin; a gateway may not route the check (then unverified)
+        proxy_args = ["serve", "--backend", front.url, "--tokenizer", "builtin",
+                      "--log-level", "warning", "--control-url", controls,
+                      "--control-token", token, *front_args]  # fmt: skip
         proxy = stack.enter_context(run_server("prism_proxy", proxy_args, log_dir=log_dir))
         yield proxy.url, nodes, "none"
 

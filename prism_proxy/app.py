@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -26,9 +25,10 @@ from prism_proxy.admission.core import BackendLimits, PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, PushFn
 from prism_proxy.admission.sessions import Push, RetainPush, SessionKeeper
 from prism_proxy.api.grammars import GrammarGate
-from prism_proxy.backend.client import BackendClient, BackendError
+from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.residency_poller import ResidencyPoller
+from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig, parse_listen
 from prism_proxy.edge import state
 from prism_proxy.edge.bodies import JsonParser
@@ -46,7 +46,7 @@ from prism_proxy.prompts.sharing import OwnPrefixes, SharedPrefixes
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import PendingResidency, ResidentSegments, UnionResidency
-from prism_tokens.tokenizer import load_tokenizer
+from prism_tokens.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -79,23 +79,6 @@ async def parser_ctx(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(parser.close)
 
 
-async def resolve_tokenizer_spec(config: ProxyConfig, backend: BackendClient) -> str:
-    """`auto` → the backend's `model_path` when it is a local directory (else fail)."""
-    if config.tokenizer != "auto":
-        return config.tokenizer
-    try:
-        info = await backend.get_json("/model_info", timeout_s=config.connect_timeout_s + 5)
-    except BackendError as exc:
-        raise RuntimeError(f"--tokenizer auto: cannot ask the backend: {exc.message}") from None
-    path = info.get("model_path") if isinstance(info, dict) else None
-    if not isinstance(path, str) or not os.path.isdir(path):
-        raise RuntimeError(
-            f"--tokenizer auto: the backend's model_path {path!r} is not a local directory; "
-            "pass --tokenizer PATH (a model directory) or --tokenizer builtin"
-        )
-    return path
-
-
 def cache_stats(app: web.Application) -> dict[str, CacheStats]:
     """Entries, bytes and capacity (hits and misses where counted) of every cache the
     proxy keeps, once its resources are up (for `CacheCollector`)."""
@@ -121,12 +104,24 @@ def cache_stats(app: web.Application) -> dict[str, CacheStats]:
 
 
 async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The tokenizer, checked against the engine's (`backend.tokenizer_guard`): a
+    mismatch stops the start (RuntimeError) unless `tokenizer_mismatch` is `forward`."""
     config = app[state.CONFIG]
-    spec = await resolve_tokenizer_spec(config, app[state.BACKEND])
-    tokenizer = await asyncio.to_thread(
-        load_tokenizer, spec, chat_cache_bytes=config.chat_cache_bytes
+
+    def load(spec: str) -> Tokenizer:
+        return load_tokenizer(spec, chat_cache_bytes=config.chat_cache_bytes)
+
+    guard = await TokenizerGuard.start(
+        config.tokenizer,
+        app[state.BACKEND],
+        forward=config.tokenizer_mismatch == "forward",
+        metrics=app[state.METRICS],
+        load=load,
+        timeout_s=config.connect_timeout_s + 10.0,
     )
+    tokenizer = guard.tokenizer
     app[state.TOKENIZER] = tokenizer
+    app[state.TOKENIZER_GUARD] = guard
     app[state.SERIALIZER] = Serializer(
         tokenizer, config.segment_cache_bytes, config.head_cache_bytes
     )
@@ -134,6 +129,7 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
     app[state.RENDERING] = RenderingCheck(tokenizer, config.rendering_check_every)
     log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
     yield
+    await guard.close()
 
 
 async def control_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -229,6 +225,9 @@ async def probe_backend(app: web.Application) -> None:
     """One health probe; the backend's server info also sets the pacing limits."""
     info = await app[state.BACKEND].probe()
     if info is not None:
+        # the engine may have restarted (another startup time) or come back: check the
+        # tokenizer again before the token path sends ids
+        await app[state.TOKENIZER_GUARD].refresh(info)
         admission = app[state.ADMISSION]
         admission.learn_backend(BackendLimits.from_server_info(info))
         log.debug(
@@ -328,7 +327,11 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
     runner = ProxyRunner(
         app, policy, shutdown_timeout=config.shutdown_timeout_s, access_log=access_log
     )
-    await runner.setup()
+    try:
+        await runner.setup()
+    except BaseException:  # a resource failed to start: stop the ones that did
+        await runner.cleanup()
+        raise
     proxy = RunningProxy(runner, app, "")
     try:
         proxy.url = await listen(runner, config.host, config.port)

@@ -28,6 +28,7 @@ from prism_proxy.qas.policies import POLICIES
 POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot-style
 RESIDENCY_SOURCES = ("auto", "dart", "view")
 GRAMMAR_POLICIES = ("off", "checked", "on")
+TOKENIZER_MISMATCH = ("refuse", "forward")  # what a tokenizer unlike the engine's leads to
 ENV_PREFIX = "PRISM_"
 # Settings whose value may be automatic (None, written "auto").
 AUTOMATIC = (
@@ -62,7 +63,8 @@ class ProxyConfig:
     backend: str = "http://127.0.0.1:30000"
     host: str = "127.0.0.1"
     port: int = 8000
-    tokenizer: str = "builtin"
+    tokenizer: str = "auto"
+    tokenizer_mismatch: str = "refuse"
     policy: str = "prism"
     qas_variant: str = DEFAULT_QAS_VARIANT
     residency: str = "auto"
@@ -125,6 +127,11 @@ class ProxyConfig:
         if self.qas_variant not in QAS_VARIANTS:
             choices = tuple(QAS_VARIANTS)
             raise ConfigError(f"qas: unknown variant {self.qas_variant!r}; choose one of {choices}")
+        if self.tokenizer_mismatch not in TOKENIZER_MISMATCH:
+            raise ConfigError(
+                f"tokenizer_mismatch: unknown {self.tokenizer_mismatch!r}; choose one of "
+                f"{TOKENIZER_MISMATCH}"
+            )
         if self.residency not in RESIDENCY_SOURCES:
             raise ConfigError(
                 f"residency: unknown {self.residency!r}; choose one of {RESIDENCY_SOURCES}"
@@ -240,7 +247,12 @@ _HELP = {
     "backend": "base URL of the SGLang server or the simulated engine",
     "host": "address to listen on",
     "port": "port to listen on",
-    "tokenizer": "'builtin', a model directory, or 'auto' (the backend's model_path)",
+    "tokenizer": "'auto' (the engine's: its model directory when readable here, else "
+    "'builtin', whichever tokenizes as the engine does), 'builtin', or a model directory; "
+    "checked against the engine's own tokenization",
+    "tokenizer_mismatch": "when the tokenizer does not tokenize as the engine does: refuse "
+    "(the proxy does not start; at run time, requests that need it get 503) or forward "
+    "(they go to the engine's own endpoints)",
     "policy": f"admission policy: {'|'.join(POLICY_NAMES)}",
     "qas_variant": f"QAS variant of policy prism: {'|'.join(QAS_VARIANTS)} ('paper': the "
     "paper's QAS; explicit QAS parameters apply on top)",

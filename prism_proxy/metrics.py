@@ -53,6 +53,8 @@ class ProxyMetrics:
     sessions_paused: Gauge
     rendering_checks: Counter
     rendering_drift: Histogram
+    tokenizer_verified: Gauge
+    token_path_open: Gauge
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -175,6 +177,20 @@ class ProxyMetrics:
                 "By how many tokens a sampled chat's prompt is longer or shorter than the "
                 "engine's own rendering of it (absolute)",
                 buckets=(0, 1, 2, 3, 5, 8, 13, 21, 50, 100),
+                registry=r,
+            ),
+            tokenizer_verified=Gauge(
+                "prism:tokenizer_verified",
+                "The proxy's tokenizer against the engine's tokenization of probe texts and "
+                "chats: 1 match, 0 mismatch, -1 unverified (the engine cannot tokenize, or "
+                "did not answer the check)",
+                ["tokenizer"],
+                registry=r,
+            ),
+            token_path_open=Gauge(
+                "prism:token_path_open",
+                "1 while the proxy sends its own token ids (its tokenizer matched the "
+                "engine's or is used unverified), 0 while they are refused or forwarded",
                 registry=r,
             ),
             extraction=Counter(

@@ -107,3 +107,45 @@ class ChatCompletionIn(_Lenient):
 class AbortIn(_Lenient):
     rid: str = ""
     abort_all: bool = False
+
+
+class TokenizeIn(_Lenient):
+    """SGLang's `TokenizeRequest`: exactly one of `prompt` (a text or a list of texts)
+    and `messages` (rendered by the chat template, as a chat completion renders them
+    unless `add_generation_prompt` is given)."""
+
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceIn | None = None
+    continue_final_message: bool = False
+    add_special_tokens: bool = True
+    add_generation_prompt: bool | None = None
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_raw(cls, data: Any, handler: Any) -> TokenizeIn:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._raw = data
+        return model
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeIn:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("Exactly one of 'prompt' or 'messages' must be provided.")
+        return self
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        return self._raw
+
+
+class DetokenizeIn(_Lenient):
+    """SGLang's `DetokenizeRequest`."""
+
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool = True

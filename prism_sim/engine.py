@@ -225,6 +225,9 @@ class SimEngine:
         self.extension = core.extension
         self.model_name = config.served_model_name or self.profile.model_name
         self.model_path = config.tokenizer or self.profile.model_name
+        # SGLang's `/server_info` `startup_time`: a client sees from it that the engine
+        # restarted (the proxy then checks its tokenizer again).
+        self.startup_time = time.time()
         self.loop = EngineLoop(self.scheduler, speed=config.speed)
         self.metrics = EngineMetrics(self.scheduler, self.model_name, self.loop.now)
         core.finish_hooks.insert(0, self.metrics.observe_finished)

@@ -245,6 +245,7 @@ async def server_info(request: web.Request) -> web.Response:
         "incremental_streaming_output": cfg.incremental_streaming_output,
         "enable_metrics": True,
         "enable_cache_report": True,
+        "startup_time": engine.startup_time,
         "internal_states": [
             {
                 "num_running_reqs": sched.num_running,

@@ -31,6 +31,7 @@ from prism_sim.http_common import (
 from prism_sim.request import SimRequest
 from prism_sim.tool_calls import ForcedCall, call_id, forced_call, tool_call_json
 from prism_tokens.chat import content_format, template_messages, template_tools
+from prism_tokens.tokenizer import Tokenizer
 
 BodyT = TypeVar("BodyT", CompletionIn, ChatCompletionIn)
 
@@ -169,18 +170,31 @@ async def _completion_prompt(engine: SimEngine, body: CompletionIn) -> tuple[lis
     raise BadRequest("prompt must be a string, one string or a list of token ids")
 
 
-async def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[int], int | None]:
-    """The prompt as SGLang's endpoint renders it: the template given SGLang's message
-    and tool dumps (`prism_tokens.chat`), so tools and tool calls render too."""
-    tokenizer = engine.tokenizer
-    raw = body.raw
+def chat_text(
+    tokenizer: Tokenizer, raw: dict[str, Any], add_generation_prompt: bool | None = None
+) -> str:
+    """A chat body's prompt as SGLang's endpoint renders it: the template given SGLang's
+    message and tool dumps (`prism_tokens.chat`), so tools and tool calls render too.
+    `add_generation_prompt` None: as a chat completion, which opens the assistant's turn
+    and, like SGLang, makes a last assistant message with text content a user one."""
     try:
         fmt = content_format(tokenizer.chat_template)
         messages = template_messages(raw.get("messages") or [], fmt, final_assistant=True)
+        if add_generation_prompt is None:
+            add_generation_prompt = True
+            last = messages[-1] if messages else {}
+            if last.get("role") == "assistant" and isinstance(last.get("content"), str):
+                messages[-1] = {"role": "user", "content": last["content"]}
         tools = template_tools(raw.get("tools"), raw.get("tool_choice"))
-        text = tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools)
+        return tokenizer.render_chat(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools
+        )
     except ValueError as exc:
         raise BadRequest(f"chat template failed: {exc}") from None
+
+
+async def _chat_prompt(engine: SimEngine, body: ChatCompletionIn) -> tuple[list[int], int | None]:
+    text = chat_text(engine.tokenizer, body.raw)
     return await encode(engine, text), body.max_completion_tokens or body.max_tokens
 
 

@@ -38,7 +38,7 @@ async def test_stub_streams_cumulative_or_incremental_generate() -> None:
 async def test_proxy_relays_every_chunk_of_a_fast_stream() -> None:
     async with (
         loopback_app(create_app()) as backend,
-        running_proxy(backend, policy="fifo", window_ms=0) as proxy,
+        running_proxy(backend, policy="fifo", window_ms=0, tokenizer="builtin") as proxy,
         openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client,
     ):
         stream = await client.chat.completions.create(

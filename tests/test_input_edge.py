@@ -117,7 +117,7 @@ async def test_prompt_over_the_limit_is_413_and_nothing_is_queued(sim_url) -> No
 async def test_backend_errors_do_not_name_the_backend() -> None:
     dead = "http://127.0.0.1:9"  # discard port: nothing listens
     async with (
-        running_proxy(dead) as proxy,
+        running_proxy(dead, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
         http.post(proxy.url + "/v1/chat/completions", json=CHAT) as response,
     ):
@@ -148,7 +148,10 @@ async def test_backend_error_messages_never_name_its_model_path_or_address() -> 
     backend.router.add_post("/generate", generate)
     async with loopback_app(backend) as url:
         box["url"] = url
-        async with running_proxy(url) as proxy, aiohttp.ClientSession() as http:
+        async with (
+            running_proxy(url, tokenizer="builtin") as proxy,
+            aiohttp.ClientSession() as http,
+        ):
             for max_tokens, stream in ((1, False), (2, False), (2, True)):
                 body = {**CHAT, "max_tokens": max_tokens, "stream": stream}
                 async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
@@ -298,7 +301,7 @@ async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
     }
     async with (
         loopback_app(backend) as url,
-        running_proxy(url) as proxy,
+        running_proxy(url, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
     ):
         async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
@@ -414,7 +417,7 @@ async def test_info_answers_pass_only_allow_listed_fields_of_safe_shape() -> Non
     proxied = {}
     async with (
         loopback_app(backend) as url,
-        running_proxy(url) as proxy,
+        running_proxy(url, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
     ):
         for route in (*answers, "/loads"):

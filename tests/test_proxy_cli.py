@@ -93,20 +93,25 @@ def test_sigterm_drains_an_in_flight_stream(sim, tmp_path) -> None:
         assert proxy.process.wait(timeout=120) == 0
 
 
-def test_tokenizer_auto_needs_a_local_model_path(sim) -> None:
+def test_a_tokenizer_unlike_the_engines_stops_the_start(sim, tmp_path) -> None:
+    """The default sim serves the builtin tokenizer; a model directory with another
+    vocabulary is refused at start: exit code 1, the message names it."""
     import subprocess
     import sys
 
-    # The default sim reports a hub name ("Qwen/..."), not a local directory.
+    from tokenizer_dirs import write_bpe_dir
+
+    other = str(write_bpe_dir(tmp_path / "bpe"))
     result = subprocess.run(
         [sys.executable, "-m", "prism_proxy", "serve", "--backend", sim.url,
-         "--tokenizer", "auto", "--port", "0"],
+         "--tokenizer", other, "--port", "0"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )  # fmt: skip
     assert result.returncode == 1
-    assert "--tokenizer auto" in result.stderr and "not a local directory" in result.stderr
+    assert f"error: --tokenizer {other}: tokenizer {other!r} does not match" in result.stderr
+    assert "text probe" in result.stderr
 
 
 def test_tokenizer_auto_uses_the_backends_model_directory(tmp_path) -> None:

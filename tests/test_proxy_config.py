@@ -15,7 +15,7 @@ def test_defaults_without_any_source() -> None:
         8000,
         "prism",
         10.0,
-        "builtin",
+        "auto",
     )
     assert config.qas.q_cold == 2 and config.qas.f_front == 3
 

@@ -116,7 +116,10 @@ async def test_429_when_queue_full_then_recovers(proxy_factory: ProxyFactory, si
 
 async def test_502_when_backend_is_down() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with running_proxy(dead) as proxy, aiohttp.ClientSession() as session:
+    async with (
+        running_proxy(dead, tokenizer="builtin") as proxy,
+        aiohttp.ClientSession() as session,
+    ):
         for path, body in [
             ("/v1/chat/completions", CHAT),
             ("/v1/chat/completions", {**CHAT, "stream": True}),
@@ -200,8 +203,9 @@ async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFact
 
 @pytest.mark.parametrize(("backend_status", "proxy_status"), [(500, 502), (503, 503), (400, 400)])
 async def test_backend_errors_map_to_clear_statuses(backend_status, proxy_status) -> None:
-    """A backend answering with an error (here a loopback stub that always fails) is
-    tried once and reported with its message."""
+    """A backend answering with an error (here a loopback stub whose `/generate` always
+    fails, and which serves nothing else: no `/v1/tokenize`, so the named tokenizer is
+    used unverified) is tried once and reported with its message."""
     from aiohttp import web
 
     calls = []
@@ -211,9 +215,8 @@ async def test_backend_errors_map_to_clear_statuses(backend_status, proxy_status
         return web.json_response({"error": {"message": "engine exploded"}}, status=backend_status)
 
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", failing)
-    async with loopback_app(app) as url, running_proxy(url) as proxy:
-        calls.clear()  # the startup probe
+    app.router.add_post("/generate", failing)
+    async with loopback_app(app) as url, running_proxy(url, tokenizer="builtin") as proxy:
         async with (
             aiohttp.ClientSession() as session,
             session.post(proxy.url + "/v1/chat/completions", json=CHAT) as response,
@@ -261,6 +264,8 @@ async def test_client_fields_that_touch_other_requests_never_reach_the_backend(
     async def backend(request: web.Request) -> web.StreamResponse:
         if request.method != "POST":
             return web.json_response({"model_path": "stub"})
+        if request.path.endswith("/tokenize"):  # an engine that cannot tokenize
+            raise web.HTTPNotFound()
         body = await request.json()
         received.append(body)
         # /generate's shape; the passthrough paths relay whatever comes back
@@ -282,7 +287,7 @@ async def test_client_fields_that_touch_other_requests_never_reach_the_backend(
     hostile = {"rid": "prism-", "kv_hints": {"prism": {"anchors": []}}, "priority": 2**62}
     async with (
         loopback_app(app) as url,
-        running_proxy(url) as proxy,
+        running_proxy(url, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as session,
     ):
         for path, body in [
@@ -320,7 +325,7 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
     app.router.add_get("/server_info", server_info)
     async with (
         loopback_app(app) as url,
-        running_proxy(url, health_interval_s=0.02) as proxy,
+        running_proxy(url, health_interval_s=0.02, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as session,
     ):
         registry = proxy.app[state.METRICS].registry
@@ -363,7 +368,7 @@ async def test_error_chunk_in_a_backend_stream(chunks_before_error: int) -> None
     app.router.add_route("*", "/{tail:.*}", backend)
     async with (
         loopback_app(app) as url,
-        running_proxy(url) as proxy,
+        running_proxy(url, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as session,
         session.post(proxy.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
     ):

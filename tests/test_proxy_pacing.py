@@ -131,7 +131,7 @@ async def _held_proxy(
     backend = HeldBackend()
     async with (
         loopback_app(backend.app()) as url,
-        running_proxy(url, prefill_batch=prefill_batch, window_ms=0) as proxy,
+        running_proxy(url, prefill_batch=prefill_batch, window_ms=0, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
     ):
         yield backend, proxy, http

@@ -108,7 +108,7 @@ async def test_without_reordering_the_prompt_is_the_clients_own_text() -> None:
     backend.router.add_post("/generate", record)
     async with loopback_app(backend) as url:
         for layout in LAYOUTS:
-            async with running_proxy(url, extraction_reorder=False) as proxy:
+            async with running_proxy(url, extraction_reorder=False, tokenizer="builtin") as proxy:
                 chat = messages(layout, DOCS)
                 body = {"model": "m", "messages": chat, "max_tokens": 1}
                 async with httpx.AsyncClient() as http:

@@ -58,6 +58,10 @@ class BackendError(Exception):
         self.message = message
 
 
+class BackendAnswerError(BackendError):
+    """The backend answered 2xx, but not with the JSON asked for."""
+
+
 def _error_of(body: Any) -> str | None:
     """The message of an error object (`error` as text or `{message}`, or `message`, or
     `detail`, as SGLang and FastAPI spell them); None if it has none."""
@@ -151,6 +155,9 @@ class BackendClient:
         self._background: set[asyncio.Task[None]] = set()
         self.aborts_sent = 0
         self.up: bool | None = None  # unknown until the first exchange
+        # Times the backend was seen going down: after one, it may come back another
+        # engine (the proxy checks its tokenizer again, `backend.tokenizer_guard`).
+        self.downs = 0
         # What a client must never read in an error: where the backend lives and what it
         # serves from where (its model path); more is learned from its server info.
         self._private = _private_names(self.base_url, {})
@@ -170,6 +177,8 @@ class BackendClient:
 
     # --- helpers -------------------------------------------------------------------
     def _up(self, up: bool) -> None:
+        if not up and self.up is not False:
+            self.downs += 1
         if up != self.up:
             log.log(
                 logging.INFO if up else logging.WARNING,
@@ -292,6 +301,21 @@ class BackendClient:
             raise self._unreachable(exc) from exc
         except ValueError as exc:
             raise BackendError(502, f"backend sent invalid JSON on {path}: {exc}") from exc
+
+    async def post_json(self, path: str, body: dict[str, Any], timeout_s: float) -> Any:
+        """POST `body` to `path` and return the JSON answer (a small call, `timeout_s`
+        in all); BackendError for a failure, with the backend's own 4xx status."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self.session.post(
+                self.base_url + path, data=_encoded(body), headers=JSON_HEADERS, timeout=timeout
+            ) as response:
+                await self._check(response)
+                return await response.json(content_type=None)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise self._unreachable(exc) from exc
+        except ValueError as exc:
+            raise BackendAnswerError(502, f"backend sent invalid JSON on {path}: {exc}") from exc
 
     # --- abort and health ---------------------------------------------------------------
     def abort(self, rid: str) -> None:

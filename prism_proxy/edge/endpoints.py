@@ -20,9 +20,10 @@ from prism_proxy.api.models import (
     GenerateRequest,
     PromptSize,
 )
+from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.admit import make_job, new_rid, off_loop
-from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, json_answer
+from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, backend_failure, json_answer
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.openai_format import (
     ChatFormat,
@@ -105,6 +106,24 @@ class DocumentFinder:
         count_origin(request, self.outcome, self.layout)
 
 
+async def token_path_open(request: web.Request, hinted: bool) -> bool:
+    """Whether a request may take the token path: the proxy's tokenizer is the engine's
+    (checked again first when the engine may have changed, `TokenizerGuard`). When it
+    is not: False with `tokenizer_mismatch=forward` (the caller sends the request to the
+    engine's own endpoint), else 503 naming the tokenizer. A hinted request needs the
+    proxy's tokenizer whatever the mode: 503."""
+    guard = request.app[state.TOKENIZER_GUARD]
+    try:
+        if await guard.token_path():
+            return True
+    except BackendError as exc:
+        raise backend_failure(exc) from None
+    if guard.forward and not hinted:
+        count_origin(request, "forwarded")
+        return False
+    raise ApiError(503, guard.refusal(), kind="service_unavailable")
+
+
 def _chat_turns(
     tokenizer: Tokenizer, forwarded: dict[str, Any], last_message: bool
 ) -> TokenJob | None:
@@ -131,7 +150,9 @@ async def chat_relay(
     forwarded = body.forwarded(raw)
     tokenizer = request.app[state.TOKENIZER]
     job = None
-    if DocumentFinder(request, hinted=False).searching:
+    # the turns are the proxy's tokenization: only with the engine's tokenizer
+    open_ = request.app[state.TOKENIZER_GUARD].check.open
+    if open_ and DocumentFinder(request, hinted=False).searching:
         try:
             # a session's key is needed only where an answer may end in a tool call
             last = request.app[state.CONFIG].sessions and bool(forwarded.get("tools"))
@@ -164,6 +185,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _chat_token_path(
     request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any], size: PromptSize
 ) -> web.StreamResponse:
+    if not await token_path_open(request, body.prism is not None):
+        forwarded = body.forwarded(raw)
+        group = body.prompt_cache_key or ""
+        return await passthrough(
+            request, "/v1/chat/completions", forwarded, set_rid=True, group=group
+        )
     tokenizer = request.app[state.TOKENIZER]
     serializer = request.app[state.SERIALIZER]
     rendering = request.app[state.RENDERING]
@@ -241,6 +268,11 @@ async def _completions(
         return await passthrough(
             request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1, group=group
         )
+    if not await token_path_open(request, body.prism is not None):
+        group = body.prompt_cache_key or ""
+        return await passthrough(
+            request, "/v1/completions", body.forwarded(raw), set_rid=True, group=group
+        )
     prompt = body.single_prompt()
     serializer = request.app[state.SERIALIZER]
     finder = DocumentFinder(request, body.prism is not None)
@@ -286,6 +318,9 @@ async def _generate(
     if body.passthrough_reason() is not None:
         count_origin(request, "forwarded")
         return await passthrough(request, "/generate", body.forwarded(raw), set_rid=False)
+    if not await token_path_open(request, body.prism is not None):
+        # one prompt (batches are passthrough already), as the client wrote it
+        return await passthrough(request, "/generate", body.forwarded(raw), set_rid=True)
     serializer = request.app[state.SERIALIZER]
     finder = DocumentFinder(request, body.prism is not None)
 

@@ -101,16 +101,31 @@ def check_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
         )
 
 
+def _unknown_vocabulary(refusal: str) -> None:
+    """The proxy's tokenizer is not the engine's: the engine's vocabulary size is not
+    known, so token ids (an id outside kills the engine) cannot be let through."""
+    raise ApiError(
+        503,
+        f"{refusal}; token ids cannot be checked against the engine's vocabulary",
+        kind="service_unavailable",
+    )
+
+
 def check_served(request: web.Request, body: CheckedBody) -> None:
     """What types cannot say: every token id within the served vocabulary, `top_k`
     within it, and prompt logprobs within `MAX_PROMPT_LOGPROB_ENTRIES`."""
-    vocab_size = request.app[state.TOKENIZER].vocab_size
+    guard = request.app[state.TOKENIZER_GUARD]
+    vocab_size = guard.vocab_size
     try:
         for param, ids in body.token_ids():
+            if vocab_size is None:
+                _unknown_vocabulary(guard.refusal())
             check_ids(ids, vocab_size, param)
     except ValueError as exc:  # a logit_bias key that is no token id
         raise ApiError(400, str(exc), param="logit_bias") from None
     for param, top_k in body.top_ks():
+        if vocab_size is None:
+            _unknown_vocabulary(guard.refusal())
         if top_k > vocab_size:
             message = f"{param}: must be -1 or at most the vocabulary size {vocab_size}"
             raise ApiError(400, message, param=param)

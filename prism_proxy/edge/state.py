@@ -9,6 +9,7 @@ from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.api.grammars import GrammarGate
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
+from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.limits import ClientReservations
@@ -23,6 +24,8 @@ CONFIG = web.AppKey("config", ProxyConfig)
 METRICS = web.AppKey("metrics", ProxyMetrics)
 BACKEND = web.AppKey("backend", BackendClient)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+# whether the tokenizer is the engine's: the token path is shut while it is not
+TOKENIZER_GUARD = web.AppKey("tokenizer_guard", TokenizerGuard)
 SERIALIZER = web.AppKey("serializer", Serializer)
 CONTROLS = web.AppKey("controls", list[ControlClient])  # one per DART control RPC
 ADMISSION = web.AppKey("admission", AdmissionController)

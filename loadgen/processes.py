@@ -102,9 +102,11 @@ def spawn_server(
     name: str | None = None,
     env: dict[str, str] | None = None,
     python: str = sys.executable,
+    cwd: Path | None = None,
 ) -> ServerProcess:
     """Start `<python> -m <module> <args> --port P` (a free port when not given) with its
-    output in a log file; returns at once (see `run_server` for waiting and stopping)."""
+    output in a log file; returns at once (see `run_server` for waiting and stopping).
+    `cwd`: the directory to run in (`-m` imports the project from there first)."""
     port = port or free_port()
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +118,7 @@ def spawn_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
     return ServerProcess(process=process, url=f"http://127.0.0.1:{port}", log_path=log_path)
 
@@ -132,6 +135,7 @@ def run_server(
     startup_timeout_s: float = 60.0,
     env: dict[str, str] | None = None,
     python: str = sys.executable,
+    cwd: Path | None = None,
 ) -> Iterator[ServerProcess]:
     """Run `<python> -m <module> <args> --port P` until the block exits.
 
@@ -139,7 +143,7 @@ def run_server(
     `health_path` before the block starts. Output goes to a log file.
     """
     server = spawn_server(
-        module, args, port=port, log_dir=log_dir, name=name, env=env, python=python
+        module, args, port=port, log_dir=log_dir, name=name, env=env, python=python, cwd=cwd
     )
     try:
         wait_healthy(server.url, server.process, startup_timeout_s, health_path)

@@ -51,6 +51,7 @@ class ProxyMetrics:
     extraction: Counter
     session_calls: Counter
     sessions_paused: Gauge
+    sessions_retained: Gauge
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -158,6 +159,11 @@ class ProxyMetrics:
             sessions_paused=Gauge(
                 "prism:sessions_paused",
                 "Agent sessions paused on a tool call that the proxy remembers",
+                registry=r,
+            ),
+            sessions_retained=Gauge(
+                "prism:sessions_retained",
+                "Paused agent sessions DART keeps for their client (retention earned by returns)",
                 registry=r,
             ),
             extraction=Counter(

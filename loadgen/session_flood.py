@@ -173,10 +173,10 @@ async def _victim(
     stop: asyncio.Event,
     calls: list[Call],
 ) -> None:
-    n = 0
+    period = config.victim_period_s
     while not stop.is_set():
-        await asyncio.sleep(max(0.0, started + n * config.victim_period_s - time.monotonic()))
-        n += 1
+        # the next tick: one that passed during a slow call is skipped, not made up
+        await asyncio.sleep(period - (time.monotonic() - started) % period)
         call = Call(time.monotonic() - started)
         calls.append(call)
         try:

@@ -18,12 +18,12 @@ import pytest
 from proxy_support import eventually, running_proxy, sim_metric
 
 from backend_plugin.dart import DartCore, NodeMeta
-from backend_plugin.dart.priority import RetainUpdate
+from backend_plugin.dart.priority import PriorityUpdate, RetainUpdate
 from loadgen.processes import free_port, run_server
 from loadgen.textgen import random_words
 from prism_proxy.admission.credit import RetentionLedger
-from prism_proxy.admission.sessions import Push, SessionParams, SessionTable
-from prism_wire import AnchorKind
+from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionParams, SessionTable
+from prism_wire import MAX_RETAINED, AnchorKind
 
 
 # ---- the ledger ---------------------------------------------------------------------------
@@ -75,7 +75,9 @@ def test_sessions_that_never_return_are_never_retained() -> None:
     table = SessionTable(PARAMS)
     for n in range(200):
         now = n / 3
-        table.arrive(f"f{n}", ["tools", f"f{n}"], "flood", 1200, now, client="10.0.0.2")
+        arrival = table.arrive(f"f{n}", ["tools", f"f{n}"], "flood", 1200, now, "10.0.0.2")
+        # discarded on arrival: never ranked as a segment, not even before its end
+        assert arrival.push == Push(discard=(f"f{n}",))
         push = table.finish(f"f{n}", tool_call=True, now=now + 0.2)
         assert not push.retain and f"f{n}" in push.discard, n
     assert table.ledger.held(("10.0.0.2", "flood")) == 0
@@ -85,11 +87,13 @@ def test_sessions_that_never_return_are_never_retained() -> None:
 def test_returns_earn_retention_for_their_client_and_agent_type_only() -> None:
     table = SessionTable(PARAMS)
     # A's first pause: nothing came back yet
-    table.arrive("a1", ["a1"], "h", 1000, 0.0, client="A")
+    assert table.arrive("a1", ["a1"], "h", 1000, 0.0, client="A").push == Push(discard=("a1",))
     assert table.finish("a1", True, 1.0) == Push(discard=("a1",))
-    # it comes back 2 s later, within its 10 s TTL: A earns its 1,000 tokens
+    # it comes back 2 s later, within its 10 s TTL: A earns its 1,000 tokens; held while
+    # queued; its own new piece is discarded at once (1,400 tokens > 1,000 earned)
     back = table.arrive("a2", ["a1", "a2"], "h", 1400, 3.0, client="A")
-    assert back.continues and back.push.retain["a1"][1:] == (60.0, 1000)  # held while queued
+    assert back.continues
+    assert back.push == Push({"a1": (QUEUED_SCORE, 60.0, 1000)}, discard=("a2",))
     table.started("a2", 3.1)
     assert table.finish("a2", False, 4.0) == Push(discard=("a2",))  # ended: its own piece
     # A's next pauses are retained up to what came back (1,000 x 2^(-1/60) = 988.5)
@@ -102,10 +106,9 @@ def test_returns_earn_retention_for_their_client_and_agent_type_only() -> None:
     assert table.finish("d1", True, 4.0) == Push(discard=("d1",))
     table.arrive("e1", ["e1"], "h2", 100, 4.0, client="A")
     assert table.finish("e1", True, 4.0) == Push(discard=("e1",))
-    # b1 never comes back: at the first event after its TTL, DART is told to discard it
-    # (it had forgotten the retention by itself), and A pays its 600 tokens
-    lapsed = table.arrive("x", ["x"], "other", 10, 15.0, client="C")
-    assert lapsed.push == Push(discard=("b1",))
+    # b1 never comes back: DART forgets its retention at its TTL by itself, and A pays
+    # its 600 tokens at the first event after that
+    table.arrive("x", ["x"], "other", 10, 15.0, client="C")
     credit = table.ledger.credit(("A", "h"), 15.0)
     assert credit == pytest.approx(1000 * 0.5 ** (12 / 60) - 600)
 
@@ -118,7 +121,8 @@ def test_an_unearned_pause_never_takes_retention_from_an_earned_one() -> None:
     table.ledger.came_back(("A", "h"), 10_000, True, 0.0)
     table.arrive("a1", ["k"], "h", 700, 1.0, client="A")
     assert table.finish("a1", True, 1.0) == Push({"k": (1.0, 10.0, 700)})
-    table.arrive("f1", ["k"], "h", 700, 2.0, client="F")
+    # F's request is unearned: its pieces would be discarded, but k is A's retained key
+    assert table.arrive("f1", ["k"], "h", 700, 2.0, client="F").push == Push({"k": (1.0, 9.0, 700)})
     assert table.finish("f1", True, 2.0) == Push({"k": (1.0, 9.0, 700)})  # still A's
     back = table.arrive("a2", ["k", "a2"], "h", 900, 3.5, client="A")
     assert back.continues and back.program_start == 1.0  # A's own pause, not F's
@@ -135,27 +139,33 @@ def test_an_unearned_pause_never_takes_retention_from_an_earned_one() -> None:
 # ---- DART's discarded set -------------------------------------------------------------------
 def test_discarded_owners_rank_with_private_pieces_until_they_leave_the_tree() -> None:
     core = DartCore(capacity_tokens=1000)
-    seg = NodeMeta(AnchorKind.SEGMENT, "S")
+    core.inbox.submit(PriorityUpdate(1, {"other": 1.0}, protect=0))  # a table: segments rank 1
+    seg, later = NodeMeta(AnchorKind.SEGMENT, "S"), NodeMeta(AnchorKind.SEGMENT, "L")
     core.on_assign(None, seg, 100)
-    core.inbox.submit_retain(RetainUpdate({}, (), ("S", "gone")))
+    # "L" is discarded before its request reaches the tree (the proxy says so early)
+    core.inbox.submit_retain(RetainUpdate({}, (), ("S", "L")))
     core.begin_eviction()
-    # a resident owner is recorded; one not in the tree is not (nothing to rank)
-    assert core.stats().discarded == 1 and core.stats().discards == 1
+    assert core.stats().discarded == 2 and core.stats().discards == 2
     assert core.key(seg, 5.0) == (0, 0.0, 5.0) == core.key(None, 5.0)
-    # it stays discarded as long as it is resident (no expiry) ...
+    core.on_assign(None, later, 100)
+    assert core.key(later, 6.0) == (0, 0.0, 6.0)
+    # they stay discarded while resident (no expiry) ...
     core.clock = lambda: 1e9
     core.begin_eviction()
     assert core.key(seg, 5.0) == (0, 0.0, 5.0)
-    # ... and is forgotten when it leaves: content that comes back later starts afresh
+    # ... and are forgotten when they leave: content that comes back later starts afresh
     core.on_evicted(seg, 100)
-    core.on_assign(None, seg, 100)
-    assert core.stats().discarded == 0 and core.key(seg, 5.0) == (0, 0.0, 5.0)  # no table
+    assert core.stats().discarded == 1
     core.inbox.submit_retain(RetainUpdate({}, (), ("S",)))
-    core.begin_eviction()
-    # retaining it again takes it out of the discarded set
+    # retaining an owner takes it out of the discarded set
     core.inbox.submit_retain(RetainUpdate({"S": (1.0, 60.0, 100)}))
+    core.on_assign(None, seg, 100)
     core.begin_eviction()
-    assert core.stats().discarded == 0 and core.key(seg, 5.0) == (2, 1.0, 5.0)
+    assert core.stats().discarded == 1 and core.key(seg, 5.0) == (2, 1.0, 5.0)
+    # the set is bounded, the oldest word dropped first
+    core.inbox.submit_retain(RetainUpdate({}, (), tuple(f"x{n}" for n in range(MAX_RETAINED))))
+    core.begin_eviction()
+    assert core.stats().discarded == MAX_RETAINED and core.key(later, 6.0) == (1, 0.0, 6.0)
 
 
 # ---- through the proxy ----------------------------------------------------------------------

@@ -45,10 +45,10 @@ eviction pass) and are bounded to `MAX_RETAINED` (the lowest scores dropped firs
 retained leaf holds its whole path in the tree (only leaves are evicted), which is why
 the proxy names the path's last piece: that keeps one session's history without keeping
 every path through its shared head. Discarded owners (D_t: the own pieces of a finished
-session, and a paused one's that retention was not earned for) rank with private
-pieces, by last access, as LRU orders them, until they leave the tree (or are retained
-again): only resident owners are recorded, at most `MAX_RETAINED`, the oldest dropped
-first.
+session, and of one whose retention was not earned) rank with private pieces, by last
+access, as LRU orders them, until they leave the tree (or are retained again). The
+proxy may discard an owner before its request reaches the tree; it stays until it has
+been resident and left. At most `MAX_RETAINED`, the oldest dropped first.
 
 Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
 0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (system heads are left out: the
@@ -113,8 +113,8 @@ class DartStats:
     retained_tokens: int = 0  # resident tokens of their owners
     retain_entries: int = 0  # live entries, within the cap or not
     retain_fraction: float = DEFAULT_RETAIN_FRACTION
-    discarded: int = 0  # owners in D_t (resident, ranked with private pieces)
-    discards: int = 0  # owners ever put in D_t (a count)
+    discarded: int = 0  # owners in D_t (ranked with private pieces)
+    discards: int = 0  # discard words applied (a count)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -193,7 +193,7 @@ class DartCore:
         self._expiries: list[tuple[float, str]] = []
         # R_t, the entries within the cap: owner -> score (what the keys read)
         self._retaining: dict[str, float] = {}
-        # D_t: resident owners ranked with private pieces -> when discarded (in order)
+        # D_t: owners ranked with private pieces -> when discarded (oldest first)
         self._discarded: dict[str, float] = {}
         self._discards = 0
         self.set_capacity(capacity_tokens)
@@ -250,13 +250,11 @@ class DartCore:
             self._retained[owner] = (score, now + ttl, tokens)
             heapq.heappush(self._expiries, (now + ttl, owner))
             self._discarded.pop(owner, None)
-        resident = self._resident_tokens
         for owner in update.discard:
             self._retained.pop(owner, None)
             self._discarded.pop(owner, None)
-            if owner in resident:  # else there is nothing to rank
-                self._discarded[owner] = now
-                self._discards += 1
+            self._discarded[owner] = now  # the latest last (the bound drops the oldest)
+            self._discards += 1
         while len(self._discarded) > MAX_RETAINED:
             del self._discarded[next(iter(self._discarded))]
         excess = len(self._retained) - MAX_RETAINED
@@ -413,7 +411,7 @@ class DartCore:
             self._resident_tokens[owner] = left
         else:
             self._resident_tokens.pop(owner, None)
-            self._discarded.pop(owner, None)  # D_t holds resident owners only
+            self._discarded.pop(owner, None)  # it left the tree: D_t forgets it
         self._tokens_changed(owner, before, left)
         if (before > 0) != (left > 0) and not is_system_owner(owner):
             self.residency.record(owner, left > 0)

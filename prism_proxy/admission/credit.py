@@ -114,6 +114,10 @@ class RetentionLedger:
     def live_grants(self) -> int:
         return self._live
 
+    def affords(self, account: Account, tokens: int, now: float) -> bool:
+        """Whether a pause of `tokens` would be granted now."""
+        return self.held(account) + tokens <= self.credit(account, now)
+
     # ---- events ---------------------------------------------------------------------
     def grant(
         self, account: Account, key: str, tokens: int, ttl_s: float, now: float

@@ -39,11 +39,12 @@ of its sessions that came back within their TTL lately, less those it let lapse.
 that is not retained, like a short one and a finished session, is **discarded**: the
 session cut gave its last message an id (without sessions it is a private piece), and
 that id must not rank it above another client's private pieces, so it goes with them,
-by last access, as LRU would order it; so do its own earlier pieces. A retention whose
-TTL passes without a return is discarded the same way at the next event. A key that
-several sessions paused on (sessions of one task start alike) is retained while any of
-them holds a live grant, whoever else paused there: another client's unearned pause
-never takes it away.
+by last access, as LRU would order it; so do its own earlier pieces. A request whose
+account could not retain its pause has its pieces discarded when it arrives, so that
+they never rank as segments, not even between its end and DART hearing of it. A key
+that several sessions paused on (sessions of one task start alike) is retained while
+any of them holds a live grant, whoever else paused there: another client's unearned
+pause never takes it away.
 
 Which paused sessions go first when the pool runs short (`rank`): `recent` scores a
 pause by its time, so the longest-paused goes first. With heavy-tailed tool times the
@@ -216,7 +217,7 @@ class SessionTable:
         """A request from `client` with cut ids `keys` (in prompt order) and `tokens`
         prompt tokens beyond its head (what its path holds apart from the head it
         shares)."""
-        lapsed = self._lapse(now)
+        self.ledger.expire(now)
         account = (client, head)
         found: _Paused | None = None
         continued: str | None = None
@@ -234,9 +235,10 @@ class SessionTable:
         if found is None:
             self.new_programs += 1
             # a first call's pieces may be shared (sessions of one task start alike)
-            self._flight[rid] = _InFlight(keys, account, now, tokens, len(keys))
+            flight = _InFlight(keys, account, now, tokens, len(keys))
+            self._flight[rid] = flight
             self._bound_flight()
-            return Arrival(now, False, lapsed)
+            return Arrival(now, False, self._unearned(flight, now))
         # every return is observed, late ones too (paused sessions are remembered past
         # their TTL), or the quantile would only ever see delays below it
         delay = now - found.paused_at
@@ -244,25 +246,25 @@ class SessionTable:
         self.ledger.came_back(found.account, found.tokens, delay <= found.ttl_s, now)
         self.ledger.settle(found.grant)
         self.continued += 1
-        self._flight[rid] = _InFlight(
-            keys, account, found.program_start, tokens, found.own_from, continued
-        )
+        flight = _InFlight(keys, account, found.program_start, tokens, found.own_from, continued)
+        self._flight[rid] = flight
         self._bound_flight()
         hold = Push({continued: (QUEUED_SCORE, self.params.max_ttl_s, found.tokens)})
-        return Arrival(found.program_start, True, lapsed + hold)
+        return Arrival(found.program_start, True, hold + self._unearned(flight, now))
 
     def started(self, rid: str, now: float) -> Push:
         """The request's first token came back: its path is the engine's again."""
-        lapsed = self._lapse(now)
+        self.ledger.expire(now)
         flight = self._flight.get(rid)
         if flight is None or flight.continued is None:
-            return lapsed
+            return NOTHING
         key, flight.continued = flight.continued, None
-        return lapsed + self._key_state(key, now)
+        return self._key_state(key, now)
 
     def finish(self, rid: str, tool_call: bool, now: float) -> Push:
         """The request's answer ended (`tool_call`: in a tool call)."""
-        push = self._lapse(now)
+        self.ledger.expire(now)
+        push = NOTHING
         flight = self._flight.pop(rid, None)
         if flight is None:
             return push
@@ -291,11 +293,11 @@ class SessionTable:
 
     def forget(self, rid: str, now: float) -> Push:
         """The request failed or was withdrawn: no pause follows."""
-        lapsed = self._lapse(now)
+        self.ledger.expire(now)
         flight = self._flight.pop(rid, None)
         if flight is None or flight.continued is None:
-            return lapsed
-        return lapsed + self._key_state(flight.continued, now)
+            return NOTHING
+        return self._key_state(flight.continued, now)
 
     def expire(self, now: float) -> None:
         """Forget paused sessions gone for `REMEMBER_TTLS` x the longest TTL (DART forgot
@@ -344,15 +346,14 @@ class SessionTable:
             push += self._key_state(key, now)
         return push
 
-    def _lapse(self, now: float) -> Push:
-        """Grants whose TTL passed without a return: their keys are discarded unless
-        another live grant holds them (DART forgot the retention by itself)."""
-        keys = {grant.key: None for grant in self.ledger.expire(now)}
-        push = NOTHING
-        for key in keys:
-            if key in self._paused:
-                push += self._key_state(key, now)
-        return push
+    def _unearned(self, flight: _InFlight, now: float) -> Push:
+        """A request whose account could not retain its pause now: its own pieces are
+        discarded at once, before the engine holds them (a word sent at its end would
+        leave them ranked as segments until it arrives); a pause it earns meanwhile is
+        retained at `finish` all the same."""
+        if self.ledger.affords(flight.account, flight.tokens, now):
+            return NOTHING
+        return self._discard([k for k in flight.own() if k != flight.continued], now)
 
     def _bound_flight(self) -> None:
         while len(self._flight) > self.params.max_sessions:

@@ -85,6 +85,11 @@ TOOLS = [
     },
 ]
 VICTIM_QUESTION = "Which rule above applies to a late parcel? Answer in one word."
+VICTIM_SHAPES = {
+    "system": "a system prompt and a question; reusable prefix: the system turn",
+    "user": "one user message, a private piece; reusable prefix: all but the question",
+    "completion": "a /v1/completions prompt; reusable prefix: all but the question",
+}
 
 
 @dataclass(frozen=True)
@@ -430,7 +435,7 @@ def run_line(
 
 
 # ---- report --------------------------------------------------------------------------
-def report(results: list[dict[str, Any]], command: str, commit: str) -> str:
+def report(results: list[dict[str, Any]], command: str, commit: str, victim: str) -> str:
     rows = [
         "| line | before | during | after | during, prefix | flood tool calls "
         "| DART most retained |",
@@ -451,9 +456,9 @@ def report(results: list[dict[str, Any]], command: str, commit: str) -> str:
             "",
             f"`{command}` at {commit}",
             "",
-            f"Pool {first['pool']:,} KV tokens; the victim's prompt "
-            f"{first['victim_prompt_tokens']} tokens, its reusable prefix (system turn) "
-            f"{first['victim_prefix_tokens']}; the flood's prompts "
+            f"Pool {first['pool']:,} KV tokens; the victim's prompt (`{victim}`: "
+            f"{VICTIM_SHAPES[victim]}) {first['victim_prompt_tokens']} tokens, its "
+            f"reusable prefix {first['victim_prefix_tokens']}; the flood's prompts "
             f"{first['flood']['mean_prompt_tokens']} tokens on average, over "
             f"{first['flood']['seconds']} s. Victim's cached share (cached / prompt tokens):",
             "",
@@ -492,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sglang-python", default=sys.executable)
     for name, value in asdict(FloodConfig()).items():
         if name == "victim":
-            parser.add_argument("--victim", choices=("system", "user", "completion"), default=value)
+            parser.add_argument("--victim", choices=tuple(VICTIM_SHAPES), default=value)
             continue
         parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     args = parser.parse_args(argv)
@@ -528,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "\n"
     )
-    (out / "report.md").write_text(report(results, command, commit))
+    (out / "report.md").write_text(report(results, command, commit, config.victim))
     print(f"wrote {out / 'report.md'}")
     return 0
 

@@ -22,8 +22,9 @@ its reusable prefix (its system turn) that was cached. Lines:
                   the commit before a change), servers started there
 
 Engines: `sim` is prism-sim (real time, `--pool` KV tokens); `sglang` is the real,
-unmodified SGLang 0.5.23 on this CPU (`sglang_cpu.serve`, the tiny model with Qwen2.5's
-tool parser, `--pool` as `--max-total-tokens`), started with `--sglang-python`.
+unmodified SGLang 0.5.23 on this CPU (`sglang_cpu.serve`, the tiny model, `--pool` as
+`--max-total-tokens`, its tool calls as `SGLANG_TOOL_ARGS` says), started with
+`--sglang-python`.
 DART's `/prism/stats` is sampled every second: the most tokens it retained is reported.
 """
 
@@ -52,6 +53,13 @@ from loadgen.textgen import random_text
 from prism_tokens.tokenizer import Tokenizer, load_tokenizer
 
 LINES = ("lru", "dart-before", "dart")
+# SGLang's answer to `tool_choice: "required"` that a random-weight model can finish: the
+# JSON array of calls constrained by the tools' schemas (`get_json_schema_constraint`,
+# which prism-sim emulates), compact. The tiny model's own parser (qwen) constrains the
+# call with a structural tag instead, which lets the random model run on to the token
+# limit; a parser without structural tags (gemma4's) takes the JSON path, and the chat is
+# still rendered by the model's own template.
+SGLANG_TOOL_ARGS = "--tool-call-parser gemma4 --constrained-json-disable-any-whitespace"
 FLOOD_ADDRESS = "127.0.0.2"
 VICTIM_ADDRESS = "127.0.0.3"
 AGENT_SYSTEM = (
@@ -68,6 +76,7 @@ TOOLS = [
                 "type": "object",
                 "properties": {"region": {"type": "string", "enum": ["north", "south"]}},
                 "required": ["region"],
+                "additionalProperties": False,
             },
         },
     },
@@ -80,6 +89,7 @@ TOOLS = [
                 "type": "object",
                 "properties": {"urgent": {"type": "boolean"}},
                 "required": ["urgent"],
+                "additionalProperties": False,
             },
         },
     },
@@ -217,6 +227,7 @@ async def _flood_session(
             messages=messages,  # type: ignore[arg-type]
             tools=TOOLS,  # type: ignore[arg-type]
             tool_choice="required",
+            parallel_tool_calls=False,
             max_tokens=config.flood_max_tokens,
             stream=True,
             stream_options={"include_usage": True},
@@ -366,7 +377,13 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
             args += ["--control-port", str(control_port), "--control-token", token]
     else:
         module, python, startup = "sglang_cpu.serve", setup.sglang_python, 300.0
-        args = ["--max-total-tokens", str(setup.pool), "--eviction", eviction]
+        args = [
+            "--max-total-tokens",
+            str(setup.pool),
+            "--eviction",
+            eviction,
+            f"--sglang-arg={SGLANG_TOOL_ARGS}",
+        ]
         if control_port is not None:
             args += ["--control-port", str(control_port), "--control-token", token]
     with run_server(

@@ -376,7 +376,7 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
         if control_port is not None:
             args += ["--control-port", str(control_port), "--control-token", token]
     else:
-        module, python, startup = "sglang_cpu.serve", setup.sglang_python, 300.0
+        module, python, startup = "sglang_cpu.serve", setup.sglang_python, 900.0
         args = [
             "--max-total-tokens",
             str(setup.pool),

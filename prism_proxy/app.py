@@ -213,6 +213,7 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
         keeper = SessionKeeper(config.session_params(), retain_to_all(controls))
         app[state.SESSIONS] = keeper
         app[state.METRICS].sessions_paused.set_function(lambda: keeper.table.paused)
+        app[state.METRICS].sessions_retained.set_function(lambda: keeper.table.ledger.live_grants)
     tasks = [asyncio.create_task(admission.run(), name="prism-qas-loop")]
     for i, poller in enumerate(pollers):
         tasks.append(asyncio.create_task(poller.run(), name=f"prism-residency-{i}"))

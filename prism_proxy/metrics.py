@@ -55,6 +55,7 @@ class ProxyMetrics:
     rendering_drift: Histogram
     tokenizer_verified: Gauge
     token_path_open: Gauge
+    sessions_retained: Gauge
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -191,6 +192,11 @@ class ProxyMetrics:
                 "prism:token_path_open",
                 "1 while the proxy sends its own token ids (its tokenizer matched the "
                 "engine's or is used unverified), 0 while they are refused or forwarded",
+                registry=r,
+            ),
+            sessions_retained=Gauge(
+                "prism:sessions_retained",
+                "Paused agent sessions DART keeps for their client (retention earned by returns)",
                 registry=r,
             ),
             extraction=Counter(

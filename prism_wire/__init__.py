@@ -316,8 +316,6 @@ class PriorityBody(BaseModel):
 # Retention entries one DART holds at most; a push beyond it drops the lowest scores.
 MAX_RETAINED = 16384
 MAX_OWNER_CHARS = 256
-# How long a discarded owner stays marked to go first.
-DISCARD_TTL_S = 60.0
 # The longest time-to-live a retention may ask for.
 MAX_RETAIN_TTL_S = 3600.0
 
@@ -330,8 +328,9 @@ class RetainBody(BaseModel):
     path holds, for DART's cap on retention): DART evicts retained owners only after
     every unretained one, lower scores first, and forgets each entry `ttl_s` seconds
     after receiving it (its own clock: no clocks to agree on). `release` forgets entries at
-    once (the session came back). `discard` marks owners to evict before anything else,
-    for `DISCARD_TTL_S` (a finished session's own pieces: nobody will read them again).
+    once (the session came back). `discard` ranks resident owners with private pieces,
+    by last access, until they leave the tree (a finished session's own pieces, which
+    nobody will read again, and a paused one's whose retention was not earned).
     A retained leaf holds its whole path, so one entry keeps one session's history
     without keeping every path through a shared head.
     """

@@ -35,8 +35,15 @@ def tokenizer():
 
 
 # ---- the table ------------------------------------------------------------------------
+def earned(table: SessionTable, head: str, tokens: int = 100_000, client: str = "") -> None:
+    """Credit `(client, head)` with `tokens` of sessions that came back in time at t=0
+    (the rule itself is tested below, through the events)."""
+    table.ledger.came_back((client, head), tokens, True, now=0.0)
+
+
 def test_a_continuation_is_found_by_the_key_of_the_call_before() -> None:
     table = SessionTable(TableParams(min_tokens=0, default_ttl_s=7.0))
+    earned(table, "head")
     first = table.arrive("r1", ["a", "b"], "head", 500, now=1.0)
     assert not first.continues and first.program_start == 1.0 and not first.push
     assert table.finish("r1", tool_call=True, now=2.0) == Push({"b": (2.0, 7.0, 500)})
@@ -58,6 +65,7 @@ def test_sessions_paused_on_one_prefix_are_told_apart() -> None:
     """Two sessions of one task start with the same prompt: both pause under one key;
     each return takes one of them, and the key stays retained until both are back."""
     table = SessionTable(TableParams(min_tokens=0, default_ttl_s=10.0))
+    earned(table, "h")
     for rid, now in (("x0", 0.0), ("y0", 0.5)):
         table.arrive(rid, ["k"], "h", 500, now)
         table.finish(rid, True, now + 1)
@@ -89,8 +97,10 @@ def test_ttl_is_the_quantile_of_observed_returns_late_ones_included() -> None:
 
 def test_short_prompts_are_not_kept_and_everything_is_bounded() -> None:
     table = SessionTable(TableParams(min_tokens=300, max_sessions=3))
+    earned(table, "h")
     table.arrive("s", ["k"], "h", 200, 0.0)
-    assert not table.finish("s", True, 1.0)  # cheaper to prefill than to hold
+    # cheaper to prefill than to hold: ranked as its private piece would be
+    assert table.finish("s", True, 1.0) == Push(discard=("k",))
     released: list[str] = []
     for n in range(6):
         table.arrive(f"r{n}", [f"k{n}"], "h", 400, float(n))
@@ -219,9 +229,11 @@ def test_retention_keeps_paused_histories_that_lru_evicts(tokenizer) -> None:
 # ---- the real path --------------------------------------------------------------------------
 def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -> None:
     """`prism-proxy serve --set sessions=true` in front of `prism-sim --eviction dart` with
-    its control RPC, driven by the real `openai` client: the answer that ends in a tool
-    call makes DART retain the session's path; the continuation is recognised, and its
-    first token releases it."""
+    its control RPC, driven by the real `openai` client. A client's first pause is not
+    retained (nothing of its came back yet): DART is told to rank it with private pieces.
+    Its continuation is recognised, which earns the client retention: its next session's
+    pause (no longer than what came back: ~320 of ~400 tokens) is retained, and that
+    one's continuation releases it at its first token."""
     control_port = free_port()
     sim_args = ["--eviction", "dart", "--control-port", str(control_port),
                 "--control-token", TOKEN, "--speed", "50"]  # fmt: skip
@@ -235,10 +247,7 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
             },
         }
     ]
-    messages: list[dict] = [
-        {"role": "system", "content": "You are a careful agent. " * 40},
-        {"role": "user", "content": "Find order 7. " * 100},
-    ]
+    system = {"role": "system", "content": "You are a careful agent. " * 40}
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with run_server("prism_sim", sim_args, log_dir=tmp_path) as backend:
         control_url = f"http://127.0.0.1:{control_port}"
@@ -246,32 +255,54 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
                       "--control-token", TOKEN, "--set", "sessions=true"]  # fmt: skip
         with run_server("prism_proxy", proxy_args, log_dir=tmp_path) as proxy:
             client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
-            answer = client.chat.completions.create(
-                model="m", messages=messages, tools=tools, tool_choice="required", max_tokens=24
-            )
-            assert answer.choices[0].finish_reason == "tool_calls"
-            call = answer.choices[0].message.tool_calls[0]
 
-            def retained() -> int:
-                return httpx.get(control_url + "/prism/stats", headers=auth).json()["retained"]
+            def dart(name: str) -> int:
+                return httpx.get(control_url + "/prism/stats", headers=auth).json()[name]
 
-            _wait(lambda: retained() == 1)
-            assert "prism:sessions_paused 1.0" in httpx.get(proxy.url + "/metrics").text
-            messages += [
-                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                {"role": "tool", "tool_call_id": call.id, "content": "order 7 shipped " * 40},
-            ]
-            stream = client.chat.completions.create(
-                model="m", messages=messages, tools=tools, tool_choice="auto", max_tokens=8,
-                stream=True, stream_options={"include_usage": True},
-            )  # fmt: skip
-            usage = [c.usage for c in stream if c.usage is not None][-1]
-            assert usage.prompt_tokens_details.cached_tokens >= answer.usage.prompt_tokens
+            def call_and_continue(order: int, repeat: int, between) -> tuple:
+                messages: list[dict] = [
+                    system, {"role": "user", "content": f"Find order {order}. " * repeat}
+                ]  # fmt: skip
+                answer = client.chat.completions.create(
+                    model="m", messages=messages, tools=tools, tool_choice="required",
+                    max_tokens=24,
+                )  # fmt: skip
+                assert answer.choices[0].finish_reason == "tool_calls"
+                call = answer.choices[0].message.tool_calls[0]
+                between()
+                messages += [
+                    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                    {"role": "tool", "tool_call_id": call.id, "content": "shipped " * 40},
+                ]
+                stream = client.chat.completions.create(
+                    model="m", messages=messages, tools=tools, tool_choice="auto",
+                    max_tokens=8, stream=True, stream_options={"include_usage": True},
+                )  # fmt: skip
+                usage = [c.usage for c in stream if c.usage is not None][-1]
+                return answer.usage, usage
+
+            def unearned() -> None:
+                _wait(lambda: dart("discards") >= 1)  # the pause's word reached DART
+                assert dart("retained") == 0 and dart("retain_entries") == 0
+                metrics = httpx.get(proxy.url + "/metrics").text
+                assert "prism:sessions_paused 1.0" in metrics
+                assert "prism:sessions_retained 0.0" in metrics
+
+            call_and_continue(7, 100, unearned)
             metrics = httpx.get(proxy.url + "/metrics").text
             assert 'prism:session_calls_total{kind="continued"} 1.0' in metrics
-            assert 'prism:session_calls_total{kind="new"} 1.0' in metrics
+
+            def earned() -> None:
+                _wait(lambda: dart("retained") == 1)
+                assert "prism:sessions_retained 1.0" in httpx.get(proxy.url + "/metrics").text
+
+            first, after = call_and_continue(8, 80, earned)
+            assert after.prompt_tokens_details.cached_tokens >= first.prompt_tokens
+            metrics = httpx.get(proxy.url + "/metrics").text
+            assert 'prism:session_calls_total{kind="continued"} 2.0' in metrics
+            assert 'prism:session_calls_total{kind="new"} 2.0' in metrics
             # released at its first token; its own answer ended without a tool call
-            _wait(lambda: retained() == 0)
+            _wait(lambda: dart("retained") == 0)
             client.close()
 
 

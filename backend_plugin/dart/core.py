@@ -44,8 +44,11 @@ too, so retention cannot pin the pool. Entries expire by themselves (checked at 
 eviction pass) and are bounded to `MAX_RETAINED` (the lowest scores dropped first). A
 retained leaf holds its whole path in the tree (only leaves are evicted), which is why
 the proxy names the path's last piece: that keeps one session's history without keeping
-every path through its shared head. Discarded owners (D_t, the own pieces of a finished
-session) rank with private pieces, first to go, for `DISCARD_TTL_S`.
+every path through its shared head. Discarded owners (D_t: the own pieces of a finished
+session, and of one whose retention was not earned) rank with private pieces, by last
+access, as LRU orders them, until they leave the tree (or are retained again). The
+proxy may discard an owner before its request reaches the tree; it stays until it has
+been resident and left. At most `MAX_RETAINED`, the oldest dropped first.
 
 Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
 0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (system heads are left out: the
@@ -79,7 +82,6 @@ from backend_plugin.dart.priority import (
 )
 from backend_plugin.dart.residency import ResidencyLog
 from prism_wire import (
-    DISCARD_TTL_S,
     MAX_RETAINED,
     AnchorHints,
     ResidencySummary,
@@ -111,6 +113,8 @@ class DartStats:
     retained_tokens: int = 0  # resident tokens of their owners
     retain_entries: int = 0  # live entries, within the cap or not
     retain_fraction: float = DEFAULT_RETAIN_FRACTION
+    discarded: int = 0  # owners in D_t (ranked with private pieces)
+    discards: int = 0  # discard words applied (a count)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +138,8 @@ class DartStats:
             "retained_tokens": self.retained_tokens,
             "retain_entries": self.retain_entries,
             "retain_fraction": self.retain_fraction,
+            "discarded": self.discarded,
+            "discards": self.discards,
         }
 
 
@@ -187,8 +193,9 @@ class DartCore:
         self._expiries: list[tuple[float, str]] = []
         # R_t, the entries within the cap: owner -> score (what the keys read)
         self._retaining: dict[str, float] = {}
-        # D_t: owners to evict first (finished sessions' own pieces) -> expiry
+        # D_t: owners ranked with private pieces -> when discarded (oldest first)
         self._discarded: dict[str, float] = {}
+        self._discards = 0
         self.set_capacity(capacity_tokens)
 
     # ---- capacity -------------------------------------------------------------------
@@ -246,7 +253,8 @@ class DartCore:
         for owner in update.discard:
             self._retained.pop(owner, None)
             self._discarded.pop(owner, None)
-            self._discarded[owner] = now + DISCARD_TTL_S  # ordered by expiry
+            self._discarded[owner] = now  # the latest last (the bound drops the oldest)
+            self._discards += 1
         while len(self._discarded) > MAX_RETAINED:
             del self._discarded[next(iter(self._discarded))]
         excess = len(self._retained) - MAX_RETAINED
@@ -296,10 +304,6 @@ class DartCore:
                     changed = True
             if changed:
                 self._refresh_retention()
-        if self._discarded:
-            now = self.clock()
-            while self._discarded and next(iter(self._discarded.values())) <= now:
-                del self._discarded[next(iter(self._discarded))]
 
     @property
     def retained(self) -> Mapping[str, float]:
@@ -407,6 +411,7 @@ class DartCore:
             self._resident_tokens[owner] = left
         else:
             self._resident_tokens.pop(owner, None)
+            self._discarded.pop(owner, None)  # it left the tree: D_t forgets it
         self._tokens_changed(owner, before, left)
         if (before > 0) != (left > 0) and not is_system_owner(owner):
             self.residency.record(owner, left > 0)
@@ -414,6 +419,7 @@ class DartCore:
     def clear_residency(self) -> None:
         """The tree was emptied (flush)."""
         self._resident_tokens.clear()
+        self._discarded.clear()
         self._anchors_resident = 0
         self._protected, self._floor, self._dirty = frozenset(), None, False
         self.residency.clear()
@@ -468,4 +474,6 @@ class DartCore:
             retained_tokens=sum(resident.get(o, 0) for o in self._retaining),
             retain_entries=len(self._retained),
             retain_fraction=self.retain_fraction,
+            discarded=len(self._discarded),
+            discards=self._discards,
         )

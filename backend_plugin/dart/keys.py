@@ -7,15 +7,19 @@ count, and the current priority state. Keys of one policy are mutually comparabl
                 (1, P̂_t(seg(u)), last)   reusable node, not protected
                 (2, score(seg(u)), last)  reusable node whose owner is in R_t (retained)
                 (3, P̂_t(seg(u)), last)   reusable node whose segment is in F_t
-                an owner discarded (D_t: a finished session's own pieces) and not in
-                F_t ranks with private suffixes, (0, 0, last)
+                an owner discarded (D_t: a finished session's own pieces, a pause
+                its client did not earn retention for) and not in F_t ranks with
+                private suffixes, (0, 0, last)
                 no table yet -> (0, 0, last) for every node but retained ones, i.e.
                 exactly LRU when nothing is retained
                 R_t above every unprotected owner, demanded or not: measured on
                 agent_sessions, ranking what the last wave demanded (P̂_t > 0) above
                 R_t cost 1.4 points of hit rate and 1.1 s of P99 TTFT at half the pool
                 (a finished session's path stays in the table until the next wave).
-                R_t's cap (core.py) is what keeps a flood of sessions bounded.
+                What keeps a flood of sessions from buying this class is the
+                proxy: retention is earned by each client's returns
+                (prism_proxy/admission/credit.py); R_t's cap (core.py) bounds the
+                rest.
     lru         last
     lru+active  (a_t(seg(u)), last)
     lfu         (hit_count, last)

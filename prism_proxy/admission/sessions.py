@@ -26,10 +26,25 @@ a time-to-live, owners to release):
   engine's own queue, where nothing holds its path, and under pressure that is exactly
   when it would be evicted.)
 * `finish(rid, tool_call, now)`: an answer that ended in a tool call pauses the session
-  under the request's last key: DART keeps the path ending there for the TTL. An answer
-  without a tool call ends the session: its own pieces (every cut after its first
-  call's, which sessions of one task share) are discarded, evicted before anything
-  else: finished sessions go first.
+  under the request's last key: DART keeps the path ending there for the TTL, if the
+  session's account has earned it (below). An answer without a tool call ends the
+  session: its own pieces (every cut after its first call's, which sessions of one task
+  share) and its last message are discarded, evicted with private pieces: finished
+  sessions go first.
+
+**Retention is earned** (`credit.RetentionLedger`, SPEC §3). A session's account is its
+client (`client` of `arrive`: the edge's `client_key`) and its head. A pause is
+retained only while the tokens the account's retained pauses hold stay within the tokens
+of its sessions that came back within their TTL lately, less those it let lapse. A pause
+that is not retained, like a short one and a finished session, is **discarded**: the
+session cut gave its last message an id (without sessions it is a private piece), and
+that id must not rank it above another client's private pieces, so it goes with them,
+by last access, as LRU would order it; so do its own earlier pieces. A request whose
+account could not retain its pause has its pieces discarded when it arrives, so that
+they never rank as segments, not even between its end and DART hearing of it. A key
+that several sessions paused on (sessions of one task start alike) is retained while
+any of them holds a live grant, whoever else paused there: another client's unearned
+pause never takes it away.
 
 Which paused sessions go first when the pool runs short (`rank`): `recent` scores a
 pause by its time, so the longest-paused goes first. With heavy-tailed tool times the
@@ -47,7 +62,7 @@ most: DART forgets the entry by itself.
 
 Everything is bounded: `max_sessions` paused sessions and requests in flight (the oldest
 paused ones dropped first, with their retention released), `DELAY_WINDOW` delays per
-head and `MAX_HEADS` heads.
+head, `MAX_HEADS` heads and the ledger's `MAX_ACCOUNTS` accounts.
 """
 
 from __future__ import annotations
@@ -57,6 +72,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from prism_proxy.admission.credit import Account, Grant, RetentionLedger
 from prism_wire import MAX_RETAIN_TTL_S, MAX_RETAINED
 
 DELAY_WINDOW = 256
@@ -79,6 +95,7 @@ class SessionParams:
     min_tokens: int = 256
     max_sessions: int = MAX_RETAINED
     rank: str = "recent"  # recent: the latest paused kept first; program: the oldest program
+    credit_half_life_s: float = 60.0  # how long returns count towards retention (`credit`)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.ttl_quantile <= 1.0:
@@ -89,19 +106,36 @@ class SessionParams:
             raise ValueError("rank: recent or program")
         if self.max_sessions < 1 or self.min_samples < 1:
             raise ValueError("max_sessions and min_samples must be >= 1")
+        if self.credit_half_life_s <= 0:
+            raise ValueError("credit_half_life_s must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
 class Push:
-    """What to tell DART: owners to retain (`owner -> (score, ttl_s, path tokens)`) and to
-    release."""
+    """What to tell DART: owners to retain (`owner -> (score, ttl_s, path tokens)`), to
+    release, and to discard (evict with private pieces)."""
 
     retain: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     release: tuple[str, ...] = ()
-    discard: tuple[str, ...] = ()  # a finished session's own pieces: evict them first
+    discard: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.retain or self.release or self.discard)
+
+    def __add__(self, later: Push) -> Push:
+        """Both pushes, `later`'s word winning for an owner named in both."""
+        if not self:
+            return later
+        if not later:
+            return self
+        named = {*later.retain, *later.release, *later.discard}
+        retain = {o: e for o, e in self.retain.items() if o not in named}
+        retain.update(later.retain)
+        return Push(
+            retain,
+            (*(o for o in self.release if o not in named), *later.release),
+            (*(o for o in self.discard if o not in named), *later.discard),
+        )
 
 
 NOTHING = Push()
@@ -120,7 +154,7 @@ class Arrival:
 @dataclass(slots=True)
 class _InFlight:
     keys: tuple[str, ...]
-    head: str
+    account: Account
     program_start: float
     tokens: int
     own_from: int  # keys[own_from:] are the session's own (after its first call's)
@@ -130,15 +164,31 @@ class _InFlight:
     def key(self) -> str | None:
         return self.keys[-1] if self.keys else None
 
+    @property
+    def head(self) -> str:
+        return self.account[1]
+
+    def own(self) -> tuple[str, ...]:
+        """The pieces only this session has: its own, and its last message's."""
+        own = self.keys[self.own_from :]
+        if self.keys and not own:
+            own = self.keys[-1:]
+        return own
+
 
 @dataclass(slots=True)
 class _Paused:
-    head: str
+    account: Account
     program_start: float
     paused_at: float
     ttl_s: float
     tokens: int
     own_from: int
+    grant: Grant | None  # None: the account had not earned its retention
+
+    @property
+    def head(self) -> str:
+        return self.account[1]
 
 
 @dataclass
@@ -150,81 +200,104 @@ class SessionTable:
     _flight: OrderedDict[str, _InFlight] = field(default_factory=OrderedDict)
     _paused: OrderedDict[str, list[_Paused]] = field(default_factory=OrderedDict)
     _delays: OrderedDict[str, deque[float]] = field(default_factory=OrderedDict)
+    ledger: RetentionLedger = field(init=False)
     paused: int = 0
     continued: int = 0
     new_programs: int = 0
     retained: int = 0
+    unearned: int = 0
+
+    def __post_init__(self) -> None:
+        self.ledger = RetentionLedger(self.params.credit_half_life_s)
 
     # ---- events ---------------------------------------------------------------------
-    def arrive(self, rid: str, keys: Sequence[str], head: str, tokens: int, now: float) -> Arrival:
-        """A request with cut ids `keys` (in prompt order) and `tokens` prompt tokens
-        beyond its head (what its path holds apart from the head it shares)."""
+    def arrive(
+        self, rid: str, keys: Sequence[str], head: str, tokens: int, now: float, client: str = ""
+    ) -> Arrival:
+        """A request from `client` with cut ids `keys` (in prompt order) and `tokens`
+        prompt tokens beyond its head (what its path holds apart from the head it
+        shares)."""
+        self.ledger.expire(now)
+        account = (client, head)
         found: _Paused | None = None
         continued: str | None = None
         # The longest match, the latest call it continues, short of its own last key: a
         # request that ends where a paused one ended repeats it (another session of the
-        # same task), it does not continue it.
+        # same task), it does not continue it. A request continues only a session its
+        # own client paused (the oldest there): another's return is not this one's.
         for key in reversed(keys[:-1]):
             sessions = self._paused.get(key)
-            if sessions:
-                found, continued = self._take(key, sessions), key
+            mine = [i for i, p in enumerate(sessions or ()) if p.account[0] == client]
+            if sessions and mine:
+                found, continued = self._take(key, sessions, mine[0]), key
                 break
         keys = tuple(keys)
         if found is None:
             self.new_programs += 1
             # a first call's pieces may be shared (sessions of one task start alike)
-            self._flight[rid] = _InFlight(keys, head, now, tokens, len(keys))
+            flight = _InFlight(keys, account, now, tokens, len(keys))
+            self._flight[rid] = flight
             self._bound_flight()
-            return Arrival(now, False)
+            return Arrival(now, False, self._unearned(flight, now))
         # every return is observed, late ones too (paused sessions are remembered past
         # their TTL), or the quantile would only ever see delays below it
-        self._observe(found.head, now - found.paused_at)
+        delay = now - found.paused_at
+        self._observe(found.head, delay)
+        self.ledger.came_back(found.account, found.tokens, delay <= found.ttl_s, now)
+        self.ledger.settle(found.grant)
         self.continued += 1
-        self._flight[rid] = _InFlight(
-            keys, head, found.program_start, tokens, found.own_from, continued
-        )
+        flight = _InFlight(keys, account, found.program_start, tokens, found.own_from, continued)
+        self._flight[rid] = flight
         self._bound_flight()
         hold = Push({continued: (QUEUED_SCORE, self.params.max_ttl_s, found.tokens)})
-        return Arrival(found.program_start, True, hold)
+        return Arrival(found.program_start, True, hold + self._unearned(flight, now))
 
     def started(self, rid: str, now: float) -> Push:
         """The request's first token came back: its path is the engine's again."""
+        self.ledger.expire(now)
         flight = self._flight.get(rid)
         if flight is None or flight.continued is None:
             return NOTHING
         key, flight.continued = flight.continued, None
-        return self._after_leaving(key, now)
+        return self._key_state(key, now)
 
     def finish(self, rid: str, tool_call: bool, now: float) -> Push:
         """The request's answer ended (`tool_call`: in a tool call)."""
+        self.ledger.expire(now)
+        push = NOTHING
         flight = self._flight.pop(rid, None)
         if flight is None:
-            return NOTHING
-        push = self._after_leaving(flight.continued, now) if flight.continued else NOTHING
-        if not tool_call:  # the session ended: its own history will not be read again
-            own = flight.keys[flight.own_from :]
-            return Push(push.retain, push.release, own) if own else push
-        if flight.key is None or flight.tokens < self.params.min_tokens:
             return push
+        if flight.continued:
+            push += self._key_state(flight.continued, now)
+        if not tool_call or flight.key is None or flight.tokens < self.params.min_tokens:
+            # the session ended, or is too short to keep: its own pieces go first
+            return push + self._discard(flight.own(), now)
         ttl = self.ttl(flight.head)
+        grant = self.ledger.grant(flight.account, flight.key, flight.tokens, ttl, now)
         paused = _Paused(
-            flight.head, flight.program_start, now, ttl, flight.tokens, flight.own_from
+            flight.account, flight.program_start, now, ttl, flight.tokens, flight.own_from, grant
         )
         sessions = self._paused.pop(flight.key, [])
         sessions.append(paused)
         self._paused[flight.key] = sessions  # the most recent pause last
         self.paused += 1
-        self.retained += 1
+        if grant is None:
+            self.unearned += 1
+            push += self._discard(flight.own(), now)
+        else:
+            self.retained += 1
+            push += self._key_state(flight.key, now)
         dropped = self._bound_paused()
-        retain = {flight.key: (self._score(paused), ttl, flight.tokens)}
-        return Push(retain, (*push.release, *(k for k in dropped if k != flight.key)))
+        return push + Push(release=tuple(k for k in dropped if k != flight.key))
 
     def forget(self, rid: str, now: float) -> Push:
         """The request failed or was withdrawn: no pause follows."""
+        self.ledger.expire(now)
         flight = self._flight.pop(rid, None)
         if flight is None or flight.continued is None:
             return NOTHING
-        return self._after_leaving(flight.continued, now)
+        return self._key_state(flight.continued, now)
 
     def expire(self, now: float) -> None:
         """Forget paused sessions gone for `REMEMBER_TTLS` x the longest TTL (DART forgot
@@ -236,10 +309,12 @@ class SessionTable:
                 break  # keys are ordered by their latest pause
             del self._paused[key]
             self.paused -= len(sessions)
+            for session in sessions:
+                self.ledger.settle(session.grant)
 
     # ---- helpers ----------------------------------------------------------------------
-    def _take(self, key: str, sessions: list[_Paused]) -> _Paused:
-        found = sessions.pop(0)
+    def _take(self, key: str, sessions: list[_Paused], index: int = 0) -> _Paused:
+        found = sessions.pop(index)
         self.paused -= 1
         if not sessions:
             del self._paused[key]
@@ -248,19 +323,37 @@ class SessionTable:
     def _score(self, paused: _Paused) -> float:
         return -paused.program_start if self.params.rank == "program" else paused.paused_at
 
-    def _after_leaving(self, key: str | None, now: float) -> Push:
-        """A continuation of `key` no longer needs its hold: release it, or give it back
-        to the sessions still paused there."""
-        if key is None:
-            return NOTHING
+    def _key_state(self, key: str, now: float) -> Push:
+        """What DART should do with `key` now: retain it while a session paused there
+        holds a live grant, discard it while only unearned ones are paused there, else
+        release it (a continuation's path: the engine's again)."""
         sessions = self._paused.get(key)
         if not sessions:
             return Push(release=(key,))
-        latest = sessions[-1]
-        left = max(p.paused_at + p.ttl_s for p in sessions) - now
-        if left <= 0:
-            return Push(release=(key,))
+        live = [p for p in sessions if p.grant is not None and p.grant.live(now)]
+        if not live:
+            return Push(discard=(key,))
+        latest = live[-1]
+        left = max(p.paused_at + p.ttl_s for p in live) - now
         return Push({key: (self._score(latest), left, latest.tokens)})
+
+    def _discard(self, keys: Sequence[str], now: float) -> Push:
+        """Discard `keys`, but leave a key that a session paused there with a live grant
+        still holds (another session of the same task) as it is."""
+        held = [k for k in keys if k in self._paused]
+        push = Push(discard=tuple(k for k in keys if k not in self._paused))
+        for key in held:
+            push += self._key_state(key, now)
+        return push
+
+    def _unearned(self, flight: _InFlight, now: float) -> Push:
+        """A request whose account could not retain its pause now: its own pieces are
+        discarded at once, before the engine holds them (a word sent at its end would
+        leave them ranked as segments until it arrives); a pause it earns meanwhile is
+        retained at `finish` all the same."""
+        if self.ledger.affords(flight.account, flight.tokens, now):
+            return NOTHING
+        return self._discard([k for k in flight.own() if k != flight.continued], now)
 
     def _bound_flight(self) -> None:
         while len(self._flight) > self.params.max_sessions:
@@ -271,7 +364,7 @@ class SessionTable:
         emptied: list[str] = []
         while self.paused > self.params.max_sessions:
             key, sessions = next(iter(self._paused.items()))
-            self._take(key, sessions)
+            self.ledger.settle(self._take(key, sessions).grant)
             if key not in self._paused:
                 emptied.append(key)
         return emptied
@@ -303,6 +396,8 @@ class SessionTable:
             "continued": self.continued,
             "new_programs": self.new_programs,
             "retained": self.retained,
+            "unearned": self.unearned,
+            "holding": self.ledger.live_grants,
         }
 
 
@@ -324,12 +419,14 @@ class SessionKeeper:
         self.push = push
         self.clock = clock
 
-    def arrive(self, rid: str, keys: Sequence[str], head: str, tokens: int) -> float | None:
-        """A request with cut ids `keys`: its program's start if it continues a paused
-        session (None: a new program)."""
+    def arrive(
+        self, rid: str, keys: Sequence[str], head: str, tokens: int, client: str = ""
+    ) -> float | None:
+        """A request from `client` with cut ids `keys`: its program's start if it
+        continues a paused session (None: a new program)."""
         now = self.clock()
         self.table.expire(now)
-        found = self.table.arrive(rid, keys, head, tokens, now)
+        found = self.table.arrive(rid, keys, head, tokens, now, client)
         self._push(found.push)
         return found.program_start if found.continues else None
 

@@ -17,6 +17,7 @@ from prism_proxy.api.models import CheckedBody, DecodeAsk, PromptSize, describe_
 from prism_proxy.api.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, REFUSED
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge import state
+from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.bodies import BodyError, Caps, check_counts
 from prism_proxy.edge.errors import ApiError
 from prism_proxy.edge.limits import (
@@ -168,11 +169,6 @@ def check_prompt_size(request: web.Request, size: PromptSize) -> None:
             f"limit of {limit}",
             param="prompt",
         )
-
-
-def client_key(request: web.Request) -> str:
-    """Who sent the request, for per-client shares: its address (until API keys)."""
-    return request.remote or "unknown"
 
 
 def engine_size(request: web.Request) -> EngineSize:

@@ -17,7 +17,7 @@
   up front with a 400 that says to stream it, and one that outgrows the bound anyway is
   cut off with the same advice.
 
-The client is its address (`client_key`) until the proxy has API keys. Pure functions
+The client is its address (`accounts.client_key`) until the proxy has API keys. Pure functions
 and a sans-IO table; the edge applies them (`edge.intake`).
 """
 

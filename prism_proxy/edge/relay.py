@@ -10,9 +10,10 @@ A client that leaves while queued is withdrawn; one that leaves after its reques
 sent triggers `/abort_request`.
 
 With the session features on, a chat with tools (passthrough with turns) tells the
-proxy's `SessionKeeper` when it arrives (a continuation of a paused session is queued
-with its program's start), when its first chunk comes back, and how it ended: in a tool
-call (the session pauses and DART is asked to keep it) or not.
+proxy's `SessionKeeper` when it arrives, from which client (`accounts.client_key`: what
+a client's sessions earn is its own), when its first chunk comes back, and how it ended:
+in a tool call (the session pauses, and DART keeps it if its account earned that) or
+not. A continuation of a paused session is queued with its program's start.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
+from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import Admitted, new_rid, off_loop
 from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
 from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, ApiError, json_answer
-from prism_proxy.edge.intake import client_key
 from prism_proxy.edge.openai_format import (
     SSE_DONE,
     ResponseFormat,
@@ -302,7 +303,7 @@ def _session_arrival(
     start."""
     assert job is not None
     tokens = len(job.build(()).prompt_fields.get("input_ids", ())) - job.head_tokens
-    start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens)
+    start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens, client_key(request))
     metrics = request.app[state.METRICS]
     metrics.child(metrics.session_calls, "new" if start is None else "continued").inc()
     return queued if start is None else replace(queued, program_start=start)

@@ -138,7 +138,7 @@ async def test_one_client_past_its_share_gets_429_and_others_are_served() -> Non
     forced = {"model": "m", "messages": MSG, "max_tokens": 2_000, "min_tokens": 2_000}
     async with (
         loopback_app(backend) as url,
-        running_proxy(url, max_client_decode_tokens=3_000) as proxy,
+        running_proxy(url, max_client_decode_tokens=3_000, tokenizer="builtin") as proxy,
     ):
         reservations = proxy.app[state.RESERVATIONS]
         path = "/v1/chat/completions"

@@ -237,7 +237,7 @@ async def test_a_non_streamed_passthrough_leaves_pending_prefill_at_its_first_to
     backend = HeldChatBackend()
     async with (
         loopback_app(backend.app()) as url,
-        running_proxy(url, prefill_batch=1, window_ms=0) as proxy,
+        running_proxy(url, prefill_batch=1, window_ms=0, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
     ):
         admission = proxy.app[state.ADMISSION]
@@ -272,7 +272,7 @@ async def test_a_request_the_engine_cannot_stream_takes_no_place_in_pacing() -> 
     backend = HeldChatBackend()
     async with (
         loopback_app(backend.app()) as url,
-        running_proxy(url, prefill_batch=1, window_ms=0) as proxy,
+        running_proxy(url, prefill_batch=1, window_ms=0, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
     ):
         admission = proxy.app[state.ADMISSION]

@@ -19,7 +19,10 @@ Lines, each on a flushed engine:
   of an older commit), run the same way.
 
 Printed: the victim's P50 and P99 TTFT alone and beside the squat, the ratio of the two
-P99s per line, and how many squat and victim requests completed or failed.
+P99s per line, and how many squat and victim requests completed or failed. Beside the
+squat, the victim's calls are also split at the moment the last large prompt was
+answered: sent during the burst (they wait for prefill the engine runs whoever sent it,
+the `direct` line too) and after it (the logprob loops alone: what pacing decides).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ WORDS = ("river", "delta", "basin", "bank", "ford", "weir", "lock", "estuary", "
 @dataclass
 class Tally:
     ttfts_s: list[float] = field(default_factory=list)
+    sent_s: list[float] = field(default_factory=list)  # each TTFT's send, from the phase start
+    ended_s: list[float] = field(default_factory=list)  # each answer's end, from the phase start
     done: int = 0
     failed: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
@@ -65,7 +70,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def victim(client: httpx.AsyncClient, url: str, qps: float, until: float, seed: int) -> Tally:
+async def victim(
+    client: httpx.AsyncClient, url: str, qps: float, began: float, until: float, seed: int
+) -> Tally:
     """Streamed chats of one short prompt, Poisson arrivals; TTFT to the first content."""
     rng = random.Random(seed)
     tally = Tally()
@@ -87,6 +94,7 @@ async def victim(client: httpx.AsyncClient, url: str, qps: float, until: float, 
                     compact = line.replace(" ", "")
                     if not seen and '"content":"' in compact and '"content":""' not in compact:
                         tally.ttfts_s.append(time.monotonic() - start)
+                        tally.sent_s.append(start - began)
                         seen = True
             tally.done += 1
         except httpx.HTTPError:
@@ -106,6 +114,7 @@ async def squatter(
     until: float,
     body_of: Any,
     tally: Tally,
+    began: float,
     first: bool = False,
 ) -> None:
     """A closed loop: the next request when the last one ended (`first`: one request
@@ -116,6 +125,7 @@ async def squatter(
         n += 1
         try:
             r = await client.post(url + "/v1/chat/completions", json=body_of(n))
+            tally.ended_s.append(time.monotonic() - began)
             if r.status_code == 200:
                 tally.done += 1
             else:
@@ -148,30 +158,44 @@ def logprob_body(tokens: int) -> Any:
 async def phase(url: str, args: argparse.Namespace, squat: bool) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
-        until = time.monotonic() + args.seconds
+        began = time.monotonic()
+        until = began + args.seconds
         large, logprob = Tally(), Tally()
         loops = []
         if squat:
             once = time.monotonic()  # one request each: the loop ends after it
             loops += [
-                squatter(client, url, once, large_body(i, args.large_words), large, first=True)
+                squatter(client, url, once, large_body(i, args.large_words), large, began, True)
                 for i in range(args.large)
             ]
             loops += [
-                squatter(client, url, until, logprob_body(args.logprob_tokens), logprob)
+                squatter(client, url, until, logprob_body(args.logprob_tokens), logprob, began)
                 for _ in range(args.logprob)
             ]
         squat_task = asyncio.gather(*loops)
-        seen = await victim(client, url, args.victim_qps, until, args.seed)
+        seen = await victim(client, url, args.victim_qps, began, until, args.seed)
         await squat_task
     return {
         "victim_p50_s": percentile(seen.ttfts_s, 0.5),
         "victim_p99_s": percentile(seen.ttfts_s, 0.99),
+        "victim_ttfts_s": [
+            [round(a, 3), round(t, 4)] for a, t in zip(seen.sent_s, seen.ttfts_s, strict=True)
+        ],
+        "large_last_s": max(large.ended_s, default=0.0),
         "victim_done": seen.done, "victim_failed": seen.failed, "victim_statuses": seen.statuses,
         "large_done": large.done, "large_failed": large.failed, "large_statuses": large.statuses,
         "logprob_done": logprob.done, "logprob_failed": logprob.failed,
         "logprob_statuses": logprob.statuses,
     }  # fmt: skip
+
+
+def split_at_burst(squat: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """The victim's TTFTs sent while the large prompts were still unanswered (the burst:
+    prefill the engine runs whoever sends it), and after (the logprob loops alone)."""
+    end = squat["large_last_s"]
+    burst = [ttft for sent, ttft in squat["victim_ttfts_s"] if sent < end]
+    after = [ttft for sent, ttft in squat["victim_ttfts_s"] if sent >= end]
+    return burst, after
 
 
 @contextlib.contextmanager
@@ -207,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     with engine(args.engine, work, args.sglang_python) as server:
         for line in lines:
             httpx.post(server.url + "/flush_cache", timeout=30.0)
-            proxy_args = ["serve", "--backend", server.url, "--tokenizer", "builtin",
+            # prism-sim tokenizes with `builtin`; SGLang's model directory is local here
+            tokenizer = "builtin" if args.engine == "sim" else "auto"
+            proxy_args = ["serve", "--backend", server.url, "--tokenizer", tokenizer,
                           "--log-level", "warning"]  # fmt: skip
             cwd = args.before if line == "prism-before" else None
             with contextlib.ExitStack() as stack:
@@ -228,14 +254,19 @@ def main(argv: list[str] | None = None) -> int:
         f"prompts and {args.logprob} x {args.logprob_tokens}-token non-streamed logprob chats"
     )
     print("| line | victim P50 alone | P99 alone | P50 beside | P99 beside | P99 ratio | "
+          "burst: victims, max | after it: P99, ratio to alone | "
           "victim done/failed | large done/failed | logprob done/failed |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for line, r in results.items():
         solo, squat = r["solo"], r["squat"]
         ratio = squat["victim_p99_s"] / solo["victim_p99_s"]
+        burst, after = split_at_burst(squat)
+        after_p99 = percentile(after, 0.99)
         print(
             f"| {line} | {solo['victim_p50_s']:.3f} s | {solo['victim_p99_s']:.3f} s | "
             f"{squat['victim_p50_s']:.3f} s | {squat['victim_p99_s']:.3f} s | {ratio:.2f} | "
+            f"{len(burst)}, {max(burst, default=float('nan')):.3f} s | "
+            f"{after_p99:.3f} s, {after_p99 / solo['victim_p99_s']:.2f} | "
             f"{squat['victim_done']}/{squat['victim_failed']} | "
             f"{squat['large_done']}/{squat['large_failed']} | "
             f"{squat['logprob_done']}/{squat['logprob_failed']} {squat['logprob_statuses'] or ''} |"

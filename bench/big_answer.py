@@ -20,18 +20,17 @@ latency.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
+from bench.engines import engine, proxy_args
 from loadgen.processes import ServerProcess, run_server
 
 PROBE = r"""
@@ -105,19 +104,6 @@ def measure(proxy: ServerProcess, name: str, fields: dict, work: Path) -> dict:
     }  # fmt: skip
 
 
-@contextlib.contextmanager
-def engine(kind: str, work: Path, sglang_python: str) -> Iterator[ServerProcess]:
-    if kind == "sglang":
-        args = ["--model", "tiny", "--max-total-tokens", "16384", "--eviction", "stock",
-                "--sglang-arg=--incremental-streaming-output"]  # fmt: skip
-        with run_server("sglang_cpu.serve", args, log_dir=work, name="sglang",
-                        python=sglang_python, startup_timeout_s=900.0) as server:  # fmt: skip
-            yield server
-    else:
-        with run_server("prism_sim", ["--log-level", "warning"], log_dir=work) as server:
-            yield server
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("sglang", "sim"), default="sglang")
@@ -130,10 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with engine(args.engine, work, args.sglang_python) as server:
         for line in lines:
-            proxy_args = ["serve", "--backend", server.url, "--tokenizer", "builtin",
-                          "--log-level", "warning"]  # fmt: skip
+            serve = proxy_args(args.engine, server.url)
             cwd = args.before if line == "prism-before" else None
-            with run_server("prism_proxy", proxy_args, log_dir=work, name=line, cwd=cwd) as proxy:
+            with run_server("prism_proxy", serve, log_dir=work, name=line, cwd=cwd) as proxy:
                 for name, fields in REQUESTS.items():
                     row = {"line": line, "request": name, **measure(proxy, name, fields, work)}
                     rows.append(row)

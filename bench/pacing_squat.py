@@ -36,14 +36,14 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from loadgen.processes import ServerProcess, run_server
+from bench.engines import engine, proxy_args
+from loadgen.processes import run_server
 
 SYSTEM = "You answer questions about rivers in one short sentence."
 WORDS = ("river", "delta", "basin", "bank", "ford", "weir", "lock", "estuary", "meander")
@@ -198,19 +198,6 @@ def split_at_burst(squat: dict[str, Any]) -> tuple[list[float], list[float]]:
     return burst, after
 
 
-@contextlib.contextmanager
-def engine(kind: str, log_dir: Path, sglang_python: str) -> Iterator[ServerProcess]:
-    if kind == "sglang":
-        args = ["--model", "tiny", "--max-total-tokens", "16384", "--eviction", "stock",
-                "--sglang-arg=--incremental-streaming-output"]  # fmt: skip
-        with run_server("sglang_cpu.serve", args, log_dir=log_dir, name="sglang",
-                        python=sglang_python, startup_timeout_s=600.0) as server:  # fmt: skip
-            yield server
-    else:
-        with run_server("prism_sim", ["--log-level", "warning"], log_dir=log_dir) as server:
-            yield server
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("sglang", "sim"), default="sglang")
@@ -231,16 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     with engine(args.engine, work, args.sglang_python) as server:
         for line in lines:
             httpx.post(server.url + "/flush_cache", timeout=30.0)
-            # prism-sim tokenizes with `builtin`; SGLang's model directory is local here
-            tokenizer = "builtin" if args.engine == "sim" else "auto"
-            proxy_args = ["serve", "--backend", server.url, "--tokenizer", tokenizer,
-                          "--log-level", "warning"]  # fmt: skip
+            serve = proxy_args(args.engine, server.url)
             cwd = args.before if line == "prism-before" else None
             with contextlib.ExitStack() as stack:
                 url = server.url
                 if line != "direct":
                     proxy = stack.enter_context(
-                        run_server("prism_proxy", proxy_args, log_dir=work, name=line, cwd=cwd)
+                        run_server("prism_proxy", serve, log_dir=work, name=line, cwd=cwd)
                     )
                     url = proxy.url
                 solo = asyncio.run(phase(url, args, squat=False))

@@ -89,7 +89,8 @@ def measure(proxy: ServerProcess, name: str, fields: dict, work: Path) -> dict:
     watcher.join()
     prober.terminate()
     prober.wait()
-    latencies = sorted(float(x) for x in out.read_text().split()) if out.exists() else [0.0]
+    text = out.read_text() if out.exists() else ""
+    latencies = sorted(float(x) for x in text.split()) or [float("nan")]  # no probe answered
     return {
         "status": response.status_code,
         "answer_bytes": len(response.content),

@@ -7,7 +7,9 @@ Requests (non-streamed chats through the proxy, the engine's own endpoint answer
 them):
 * `huge`: `n = 16`, `max_tokens = 4000`, `top_logprobs = 20` (issue 34: a 103 MB answer
   that grew the proxy by 911 MB and held `/health` for up to 3,967 ms);
-* `large`: `n = 4`, `max_tokens = 1000`, `top_logprobs = 20`, within the default bounds.
+* `large`: `n = 4`, `max_tokens = 1000`, `top_logprobs = 20`, within the default bounds;
+* `large-streamed`: the same, streamed (the proxy relays it, assembles nothing): what
+  `/health` does beside the same engine work when no answer is assembled.
 
 Lines: `prism` (this checkout's proxy, defaults), and `prism-before` (the proxy of the
 checkout at `--before`, run the same way). A prober in a separate process asks the
@@ -53,6 +55,9 @@ with httpx.Client(timeout=30.0) as c:
 REQUESTS = {
     "huge": {"n": 16, "max_tokens": 4000, "top_logprobs": 20},
     "large": {"n": 4, "max_tokens": 1000, "top_logprobs": 20},
+    # the same answer streamed: relayed as it comes, nothing assembled (the control for
+    # what the machine's load alone does to `/health`)
+    "large-streamed": {"n": 4, "max_tokens": 1000, "top_logprobs": 20, "stream": True},
 }
 
 

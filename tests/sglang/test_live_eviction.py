@@ -162,7 +162,9 @@ async def test_backend_killed_mid_stream_ends_the_stream_and_leaks_nothing(
     last in this module: it stops `tight_lru` for good.)"""
     live_server = live["tight_lru"]
     live_server.fresh()
-    proxy = await live_proxy_factory(live_server)
+    # a long stream on a 2,048-token pool: above the default bound on one request's
+    # decode (a quarter of the pool, edge.limits), which this test does not test
+    proxy = await live_proxy_factory(live_server, max_decode_tokens=2048)
     body = {
         "model": "m",
         "messages": [{"role": "user", "content": "Tell a long story."}],

@@ -11,9 +11,8 @@ import httpx
 import openai
 import orjson
 import pytest
-from live_support import LiveServer, eventually
+from live_support import AMPLE_TOKENS, LiveServer, eventually
 
-from prism_proxy.admission.core import BackendLimits
 from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.edge import state
 from prism_proxy.prompts.serializer import Serializer
@@ -179,7 +178,12 @@ async def test_prefill_pacing_reads_the_real_server_info(proxy) -> None:
     pacing = proxy.app[state.ADMISSION].pacing
     # SGLang on this CPU: chunked_prefill_size 4096, max_running_requests resolved to 2048
     # (`internal_states[0].effective_max_running_requests_per_dp`; the argument is null).
-    assert pacing.backend == BackendLimits(4096, 2048)
+    # and its pool (`max_total_num_tokens`, what --max-total-tokens asked) and the longest
+    # request it takes (`max_req_input_len`), which bound a request's decode (edge.limits)
+    limits = pacing.backend
+    assert (limits.prefill_budget_tokens, limits.max_running_requests) == (4096, 2048)
+    assert limits.kv_pool_tokens == AMPLE_TOKENS
+    assert limits.context_tokens is not None and 0 < limits.context_tokens <= AMPLE_TOKENS
     assert pacing.prefill_batch == 4 and pacing.backstop == 2048
 
 

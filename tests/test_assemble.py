@@ -62,6 +62,25 @@ def test_a_chat_stream_with_two_choices_logprobs_and_a_tool_call() -> None:
     assert second["logprobs"] is None and second["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize(
+    ("pieces", "kept"),
+    [(['{"q": ', '"x"}'], True), (['{"q": ', '"x'], False), (['[{"name"'], False), ([""], False)],
+)
+def test_a_tool_call_cut_off_by_the_token_limit_is_left_out(pieces: list[str], kept: bool) -> None:
+    """SGLang's non-streamed chat parses the whole text and leaves out a call the token
+    limit cut off; its stream has already sent that call's start. Whole JSON is kept."""
+    answer = OpenAIAnswer("chat", 1 << 20)
+    head = {"id": "call_1", "index": 0, "type": "function",
+            "function": {"name": "get", "arguments": ""}}  # fmt: skip
+    answer.feed(chat_chunk(0, {"role": "assistant", "content": "", "tool_calls": [head]}))
+    for piece in pieces:
+        answer.feed(chat_chunk(0, {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
+    answer.feed(chat_chunk(0, {}, finish="length"))
+    message = orjson.loads(answer.result())["choices"][0]["message"]
+    assert ("tool_calls" in message) is kept
+    assert message["content"] == ""
+
+
 def test_a_completion_stream_joins_its_logprob_lists() -> None:
     answer = OpenAIAnswer("completion", 1 << 20)
     for text, offset in (("ab", 0), ("cd", 2)):

@@ -7,7 +7,9 @@ non-streamed endpoint would have answered (SGLang 0.5.23's `ChatCompletionRespon
 and `CompletionResponse`, and `/generate`'s result or list of results):
 
     chat        choices[i].message: role, content, reasoning_content, tool_calls (the
-                deltas of one call joined by its index), logprobs.content, finish_reason,
+                deltas of one call joined by its index; a call cut off by the token
+                limit, its arguments not whole JSON, is dropped, as SGLang's
+                non-streamed parser drops it), logprobs.content, finish_reason,
                 matched_stop; usage from the closing usage chunk
     completion  choices[i]: text, logprobs (each list joined), finish_reason, matched_stop
     /generate   each prompt's text, output_ids and meta_info (`StreamAssembler`), the
@@ -27,6 +29,16 @@ from typing import Any, Literal
 import orjson
 
 from prism_proxy.edge.openai_format import StreamAssembler, json_bytes
+
+
+def _complete(arguments: str) -> bool:
+    """Whether a tool call's arguments are whole JSON (a call the token limit cut off
+    streams its start; SGLang's non-streamed answer leaves such a call out)."""
+    try:
+        orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 class AnswerTooLarge(Exception):
@@ -174,15 +186,18 @@ class OpenAIAnswer:
                         "".join(choice.reasoning) if choice.reasoning is not None else None
                     ),
                 }
-                if choice.calls:
-                    message["tool_calls"] = [
-                        {
-                            "id": call["id"], "index": call["index"], "type": call["type"],
-                            "function": {"name": call["name"],
-                                         "arguments": "".join(call["arguments"])},
-                        }
-                        for _, call in sorted(choice.calls.items())
-                    ]  # fmt: skip
+                calls = [
+                    {
+                        "id": call["id"], "index": call["index"], "type": call["type"],
+                        "function": {"name": call["name"],
+                                     "arguments": "".join(call["arguments"])},
+                    }
+                    for _, call in sorted(choice.calls.items())
+                ]  # fmt: skip
+                if choice.finish_reason == "length":
+                    calls = [call for call in calls if _complete(call["function"]["arguments"])]
+                if calls:
+                    message["tool_calls"] = calls
                 logprobs: Any = None
                 if choice.logprobs is not None:
                     slot = _SLOT.format(index)

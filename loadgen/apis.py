@@ -31,7 +31,20 @@ from prism_proxy.prompts.serializer import Serializer
 
 API_NAMES = ("prism", "openai", "sglang", "native")
 LAYOUTS = ("blank", "xml", "numbered", "markdown", "dashed")  # in the user message
-CHAT_LAYOUTS = (*LAYOUTS, "tool")  # `tool`: in a tool result (`tool_messages`)
+# More numbered styles, each documents labelled in the client's order then a blank line:
+# `numbered-<style>` (the label, "{n}" the number; `own-line`: the label on a line of
+# its own).
+NUMBERED_STYLES = {
+    "numbered": "[{n}] ",
+    "numbered-paren": "({n}) ",
+    "numbered-dot": "{n}. ",
+    "numbered-document": "Document {n}: ",
+    "numbered-document-bracket": "Document [{n}]: ",
+    "numbered-source": "Source {n}: ",
+    "numbered-context": "Context {n}: ",
+    "numbered-own-line": "Document {n}:\n",
+}
+CHAT_LAYOUTS = (*LAYOUTS, *list(NUMBERED_STYLES)[1:], "tool")  # `tool`: `tool_messages`
 # The retrieval step of the `tool` layout: the same call in every request (no
 # arguments), so what precedes the documents is shared as the system prompt is.
 RETRIEVAL_CALL = {
@@ -50,8 +63,12 @@ def user_text(request: TraceRequest, layout: str = "blank") -> str:
     if layout == "xml":
         body = "".join(f"<document>\n{text}\n</document>\n" for text in docs)
         return f"{body}\n{question}"
-    if layout == "numbered":
-        return "".join(f"[{n}] {text}\n\n" for n, text in enumerate(docs, 1)) + question
+    if layout in NUMBERED_STYLES:
+        label = NUMBERED_STYLES[layout]
+        body = "".join(
+            label.replace("{n}", str(n)) + f"{text}\n\n" for n, text in enumerate(docs, 1)
+        )
+        return body + question
     if layout == "markdown":
         sections = "".join(f"## {segment.id}\n{segment.text}\n\n" for segment in request.segments)
         return sections + question
@@ -63,7 +80,8 @@ def user_text(request: TraceRequest, layout: str = "blank") -> str:
             "Given the context information and not prior knowledge, answer the query.\n"
             f"Query: {question}\nAnswer: "
         )
-    raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    known = ", ".join(c for c in CHAT_LAYOUTS if c != "tool")
+    raise ValueError(f"unknown layout {layout!r}; expected one of {known}")
 
 
 @dataclass(frozen=True)

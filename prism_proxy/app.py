@@ -43,6 +43,7 @@ from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.prompts.sharing import OwnPrefixes, SharedPrefixes
+from prism_proxy.prompts.tool_results import ToolResults
 from prism_proxy.qas.policies import SchedulingPolicy, make_policy
 from prism_proxy.qas.prism import PrismPolicy
 from prism_proxy.qas.residency import PendingResidency, ResidentSegments, UnionResidency
@@ -92,6 +93,9 @@ def cache_stats(app: web.Application) -> dict[str, CacheStats]:
     evidence = app.get(state.EVIDENCE)
     if evidence is not None:
         stats["evidence"] = evidence.stats()
+    tool_results = app.get(state.TOOL_RESULTS)
+    if tool_results is not None:
+        stats["tool_results"] = tool_results.stats()
     sharing = app.get(state.SHARING)
     if sharing is not None:
         stats["sharing"] = sharing.stats()
@@ -126,6 +130,7 @@ async def tokenizer_ctx(app: web.Application) -> AsyncIterator[None]:
         tokenizer, config.segment_cache_bytes, config.head_cache_bytes
     )
     app[state.EVIDENCE] = BlockEvidence(config.evidence_cache_bytes)
+    app[state.TOOL_RESULTS] = ToolResults(config.evidence_cache_bytes)
     app[state.RENDERING] = RenderingCheck(tokenizer, config.rendering_check_every)
     log.info("tokenizer %s (vocab %d)", tokenizer.name, tokenizer.vocab_size)
     yield

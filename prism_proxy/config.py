@@ -304,7 +304,8 @@ _HELP = {
     "extraction_reorder": "may documents found in requests without hints be reordered "
     "(where their boundaries are justified)",
     "evidence_cache_bytes": "bytes of the record of which blank-line blocks travel apart "
-    "(documents) or together (paragraphs of one)",
+    "(documents) or together (blocks of one); as much again for the order each tool "
+    "result was first served in",
     "metrics_listen": "HOST:PORT of an admin listener serving /metrics, which then leaves "
     "the client port (port 0: any free port; unset: /metrics on the client port)",
     "control_url": "base URL of the DART control RPC, or several comma-separated (one per "

@@ -180,7 +180,9 @@ def _documents(
                 "id": segment.id.removeprefix("\x00"),
                 "label": prompt.label(position),
                 "text": segment.text,
-                "movable": prompt.reorder and segment.id not in prompt.fixed,
+                "movable": finding.outcome == "found" and segment.id not in prompt.fixed,
+                # travels with the document before it (one document's blocks)
+                "glued": segment.id in prompt.glued,
             }
             for position, segment in enumerate(prompt.segments, 1)
         ],

@@ -378,7 +378,23 @@ PARAGRAPH = st.lists(LINE, min_size=1, max_size=3).map("\n".join)
 @given(
     docs=st.lists(LINE, min_size=2, max_size=8),
     label=st.sampled_from(
-        ["[{n}] ", "[{n}]: ", "Document {n}: ", "Source {n}: ", "({n}) ", "{n}. "]
+        [
+            "[{n}] ",
+            "[{n}]: ",
+            "Document {n}: ",
+            "Source {n}: ",
+            "({n}) ",
+            "{n}. ",
+            "{n}) ",
+            "Document [{n}]: ",
+            "Context {n}: ",
+            "Passage {n} - ",
+            "**Source {n}:** ",
+            "Chunk #{n}: ",
+            "Search result {n}: ",
+            "doc {n}. ",
+            "<{n}> ",
+        ]
     ),
     joiner=st.sampled_from(["\n", "\n\n"]),
     preamble=st.sampled_from(["", "Answer from these sources:\n", "Sources:\n\n"]),
@@ -502,3 +518,32 @@ def test_bad_input(name: str, text: str, expected: str | None) -> None:
     found = extract(text)
     check(text, found)
     assert (found and found.layout) == expected, name
+
+
+@pytest.mark.parametrize(
+    "label", ["Document {n}:", "[{n}]", "Source [{n}]", "**Context {n}**", "Retrieved passage {n}:"]
+)
+def test_a_label_on_its_own_line(label: str) -> None:
+    docs = ["The Osse flows north.", "Two bridges cross it.", "The mill is old."]
+    body = "".join(f"{label.format(n=i)}\n{doc}\n\n" for i, doc in enumerate(docs, 1))
+    text = "Answer from these:\n\n" + body + "Which bridge?"
+    found = extract(text)
+    check(text, found)
+    assert found is not None and found.layout == "numbered"
+    assert found.label_format == label
+    assert [d.strip() for d in found.documents] == docs
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Step 1: open the file\nStep 2: read it\n\nWhat next?",  # steps keep their order
+        "Question 1: a\nQuestion 2: b\n\nAnswer both.",
+        "1 apple\n2 pears\n\nHow many?",  # a bare number without punctuation
+        "[1) a\n[2) b\n\nQ",  # unpaired brackets
+        "**Document 1: a\n**Document 2: b\n\nQ",  # unpaired emphasis
+    ],
+)
+def test_labels_that_do_not_name_documents_are_text(text: str) -> None:
+    found = extract(text, ["numbered"])
+    assert found is None

@@ -45,6 +45,7 @@ from haystack_offline import Document as HaystackDocument
 from langchain_classic.chains.combine_documents import create_stuff_documents_chain
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.documents import Document
+from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_openai import ChatOpenAI
 from langsmith import tracing_context
@@ -165,12 +166,18 @@ async def proxy_counts(proxy: RunningProxy) -> Counts:
 Ask = Callable[[list[str], str], tuple[int, int] | None]
 
 
-async def second_call_reuse(proxy: RunningProxy, ask: Ask) -> Counts:
-    """Ask about `DOCS`, then about the same documents in the reverse order (the
+# Second calls: the same documents in another order. `rotated` keeps runs of the first
+# order together (the first call's evidence glues them), `shuffled` keeps no pair.
+ORDERS = {"rotated": [1, 2, 3, 0], "shuffled": [2, 0, 3, 1]}
+order_param = pytest.mark.parametrize("order", list(ORDERS))
+
+
+async def second_call_reuse(proxy: RunningProxy, ask: Ask, order: str) -> Counts:
+    """Ask about `DOCS`, then about the same documents in another `order` (the
     framework's own blocking call, in a thread: the proxy runs on this event loop)."""
     await asyncio.to_thread(ask, DOCS, FIRST_QUESTION)
     before = await proxy_counts(proxy)
-    usage = await asyncio.to_thread(ask, DOCS[::-1], SECOND_QUESTION)
+    usage = await asyncio.to_thread(ask, [DOCS[i] for i in ORDERS[order]], SECOND_QUESTION)
     after = await proxy_counts(proxy)
     if usage is None:
         usage = (
@@ -180,14 +187,14 @@ async def second_call_reuse(proxy: RunningProxy, ask: Ask) -> Counts:
     return Counts(*usage, found=after.found)
 
 
-def assert_documents_reused(reuse: Counts, layout: str) -> None:
+def assert_documents_reused(reuse: Counts, layout: str, share: float) -> None:
     assert reuse.found == {layout: 2}, reuse
     # The proxy serves the second call's documents in the order the engine cached (the
     # first call's), so its prompt is token for token the first's up to the question:
     # the chat template's head, the template's text before the documents, and the
-    # documents. These alone are 246 tokens (builtin tokenizer) of prompts of 293 to
-    # 449 tokens, more than half of each; measured: 94-96 % of the prompt cached.
-    assert reuse.cached_tokens >= 0.5 * reuse.prompt_tokens, reuse
+    # documents. `share`: what the issue asks of each framework (70 % LangChain and
+    # Haystack, 60 % LlamaIndex, whose prompts carry more text after the documents).
+    assert reuse.cached_tokens >= share * reuse.prompt_tokens, reuse
 
 
 # --- (a) LangChain -----------------------------------------------------------------------
@@ -215,6 +222,7 @@ DOCUMENTS_THEN_QUESTION = ChatPromptTemplate.from_messages(
 )
 
 
+@order_param
 @pytest.mark.parametrize(
     ("prompt", "layout"),
     [
@@ -224,7 +232,7 @@ DOCUMENTS_THEN_QUESTION = ChatPromptTemplate.from_messages(
     ],
 )
 async def test_langchain_stuff_documents_chain(
-    proxy_factory: ProxyFactory, prompt: ChatPromptTemplate, layout: str
+    proxy_factory: ProxyFactory, prompt: ChatPromptTemplate, layout: str, order: str
 ) -> None:
     proxy = await proxy_factory()
     llm = ChatOpenAI(
@@ -241,19 +249,57 @@ async def test_langchain_stuff_documents_chain(
         reported = usage.usage_metadata["m"]
         return reported["input_tokens"], reported["input_token_details"]["cache_read"]
 
-    assert_documents_reused(await second_call_reuse(proxy, ask), layout)
+    assert_documents_reused(await second_call_reuse(proxy, ask, order), layout, 0.7)
+
+
+# LangChain's RAG tutorial (its agent-free chain): the instruction, a blank line, then
+# the retrieved documents' page_content joined by blank lines, all in the system
+# message; the conversation's question after it.
+RAG_TUTORIAL_SYSTEM = (
+    "You are an assistant for question-answering tasks. "
+    "Use the following pieces of retrieved context to answer "
+    "the question. If you don't know the answer, say that you "
+    "don't know. Use three sentences maximum and keep the "
+    "answer concise."
+    "\n\n"
+)
+
+
+@order_param
+async def test_langchain_rag_tutorial(proxy_factory: ProxyFactory, order: str) -> None:
+    proxy = await proxy_factory()
+    llm = ChatOpenAI(
+        base_url=proxy.url + "/v1", api_key="x", model="m", max_tokens=MAX_TOKENS, max_retries=0
+    )
+
+    def ask(docs: list[str], question: str) -> tuple[int, int]:
+        documents = [Document(page_content=d) for d in docs]
+        docs_content = "\n\n".join(doc.page_content for doc in documents)
+        messages = [SystemMessage(RAG_TUTORIAL_SYSTEM + docs_content), HumanMessage(question)]
+        with tracing_context(enabled=False):
+            reply = llm.invoke(messages)
+        usage = reply.usage_metadata
+        assert usage is not None
+        return usage["input_tokens"], usage["input_token_details"]["cache_read"]
+
+    assert_documents_reused(await second_call_reuse(proxy, ask, order), "blank", 0.7)
 
 
 # --- (b) LlamaIndex ----------------------------------------------------------------------
 
 
+@order_param
+@pytest.mark.parametrize("metadata", [False, True], ids=["text", "metadata"])
 async def test_llama_index_text_qa(
-    proxy_factory: ProxyFactory, monkeypatch: pytest.MonkeyPatch
+    proxy_factory: ProxyFactory, monkeypatch: pytest.MonkeyPatch, order: str, metadata: bool
 ) -> None:
     """The compact response synthesizer over given nodes (no index, no embeddings): a
     chat model gets LlamaIndex's default text-QA prompt (a system message, then the
-    context between dashed rules and the query). Its response has no usage: the proxy's
-    metrics count the second call."""
+    context between dashed rules and the query). With `metadata`, each node carries a
+    file path as a directory reader sets it, and the prompt renders it as LlamaIndex
+    does by default (`MetadataMode.LLM`: the "file_path: ..." line, a blank line, the
+    text), so each document is two blank-line blocks. Its response has no usage: the
+    proxy's metrics count the second call."""
     # Unset, llama-index-core points tiktoken at the cl100k_base file in its own wheel.
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
     proxy = await proxy_factory()
@@ -268,10 +314,19 @@ async def test_llama_index_text_qa(
     synthesizer = get_response_synthesizer(llm=llm, response_mode="compact")
 
     def ask(docs: list[str], question: str) -> None:
-        nodes = [NodeWithScore(node=TextNode(text=d), score=1.0) for d in docs]
+        nodes = [
+            NodeWithScore(
+                node=TextNode(
+                    text=d,
+                    metadata={"file_path": f"data/bridges/{DOCS.index(d)}.txt"} if metadata else {},
+                ),
+                score=1.0,
+            )
+            for d in docs
+        ]
         synthesizer.synthesize(question, nodes=nodes)
 
-    assert_documents_reused(await second_call_reuse(proxy, ask), "dashed")
+    assert_documents_reused(await second_call_reuse(proxy, ask, order), "dashed", 0.6)
 
 
 # --- (c) Haystack ------------------------------------------------------------------------
@@ -282,6 +337,20 @@ Given the following information, answer the question.
 
 Context:
 {% for document in documents %}
+    {{ document.content }}
+{% endfor %}
+
+Question: {{question}}
+Answer:
+"""
+# The tutorial's template with each document's meta, as its later chapters write it.
+WITH_META = """
+Given the following information, answer the question.
+
+Context:
+{% for document in documents %}
+    Title: {{ document.meta['title'] }}
+
     {{ document.content }}
 {% endfor %}
 
@@ -327,21 +396,27 @@ def haystack_pipeline(proxy: RunningProxy, messages: list[tuple[str, str]]) -> P
         # Haystack's tutorial: the instruction and "Context:" are blank-line blocks that
         # always travel together (fixed, in front); the documents move.
         pytest.param([("user", GIVEN_THE_FOLLOWING)], id="tutorial"),
+        # and with each document's title, a block of its own before the text
+        pytest.param([("user", WITH_META)], id="tutorial-meta"),
     ],
 )
+@order_param
 async def test_haystack_prompt_builder_pipeline(
-    proxy_factory: ProxyFactory, messages: list[tuple[str, str]]
+    proxy_factory: ProxyFactory, messages: list[tuple[str, str]], order: str
 ) -> None:
     proxy = await proxy_factory()
     pipeline = haystack_pipeline(proxy, messages)
 
     def ask(docs: list[str], question: str) -> tuple[int, int]:
-        documents = [HaystackDocument(content=d) for d in docs]
+        documents = [
+            HaystackDocument(content=d, meta={"title": d.split(" is ")[0].split(" carries")[0]})
+            for d in docs
+        ]
         result = pipeline.run({"prompt_builder": {"documents": documents, "question": question}})
         usage = result["llm"]["replies"][0].meta["usage"]
         return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
-    assert_documents_reused(await second_call_reuse(proxy, ask), "blank")
+    assert_documents_reused(await second_call_reuse(proxy, ask, order), "blank", 0.7)
 
 
 # --- (d) OpenAI Agents SDK ---------------------------------------------------------------

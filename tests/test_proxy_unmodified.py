@@ -38,6 +38,10 @@ DOCS = [
     "to let tall ships pass on the Thames below the city.",
 ]
 QUESTION = "Which bridge is the oldest?"
+EXTRA_DOC = (
+    "The Golden Gate Bridge spans the strait between San Francisco Bay and the Pacific "
+    "Ocean; its main span of 1,280 metres was the longest in the world in 1937."
+)
 
 
 def user_text(layout: str, docs: list[str]) -> str:
@@ -96,6 +100,29 @@ async def test_the_same_documents_in_another_order_reuse_the_cache(
         counts = extraction_counts((await http.get(proxy.url + "/metrics")).text)
     found = sum(n for (outcome, name), n in counts.items() if name == layout)
     assert found == 2, counts
+
+
+@pytest.mark.parametrize("at", [0, 2, 3], ids=["first", "middle", "last"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_a_retrieval_that_adds_a_document_reuses_the_ones_cached(
+    proxy_factory: ProxyFactory, layout: str, at: int
+) -> None:
+    """Two calls over the same three documents in the same order (two questions about
+    one retrieval), then a third whose set adds a new document at `at`, the known ones
+    in another order: the three known documents come from the cache, served along the
+    arrangement cached, and the new one after them."""
+    proxy = await proxy_factory()
+    known, new = DOCS[:3], EXTRA_DOC
+    third = [known[1], known[2], known[0]]
+    third.insert(at, new)
+    async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        for docs in (known, known, third):
+            answer = await client.chat.completions.create(
+                model="m", messages=messages(layout, docs), max_tokens=2
+            )
+    assert answer.usage is not None
+    cached = answer.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 0.6 * answer.usage.prompt_tokens, (cached, answer.usage.prompt_tokens)
 
 
 async def test_without_reordering_the_prompt_is_the_clients_own_text() -> None:

@@ -110,7 +110,9 @@ class SegmentedPrompt(BaseModel):
     own, so that documents a client joined with "\n\n" keep their own tokens at any
     position; `fixed` lists segments whose boundaries are not certain: they keep their
     relative order, after the others, but for the `pinned` ones (a leading run of fixed
-    segments known to stay in front, such as an instruction), which stay in front.
+    segments known to stay in front, such as an instruction), which stay in front;
+    `glued` segments travel with the segment before them in request order (blocks of
+    one document: served right after it, never split from it).
     `user`, when set (chat mode, no `system`), says the segments are in the system
     message (`preamble` and `suffix` its text before and after them), and is the user
     message that follows.
@@ -128,6 +130,7 @@ class SegmentedPrompt(BaseModel):
     joiner: str | None = None
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
+    glued: frozenset[str] = frozenset()
     user: str | None = None
 
     _check_system = field_validator("system", "suffix", "preamble", "user")(_check_piece)

@@ -22,6 +22,7 @@ from prism_proxy.api.models import (
 )
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
+from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import make_job, new_rid, off_loop
 from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, backend_failure, json_answer
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
@@ -44,6 +45,7 @@ from prism_proxy.prompts.jobs import (
     private_job,
     segmented_job,
 )
+from prism_proxy.prompts.tool_results import arrange_tool_messages
 from prism_tokens.chat import NotRenderable, content_format, template_messages, template_tools
 from prism_tokens.tokenizer import ChatTemplateError, Tokenizer
 
@@ -73,7 +75,8 @@ class DocumentFinder:
 
     def __init__(self, request: web.Request, hinted: bool) -> None:
         config = request.app[state.CONFIG]
-        self.evidence = request.app[state.EVIDENCE]
+        # one client's arrangements never cut another's documents
+        self.evidence = request.app[state.EVIDENCE].scoped(client_key(request))
         self.reorder = config.extraction_reorder
         self.layouts = config.extraction_layouts
         opt = request.headers.get(EXTRACT_HEADER)
@@ -150,9 +153,21 @@ async def chat_relay(
     forwarded = body.forwarded(raw)
     tokenizer = request.app[state.TOKENIZER]
     job = None
+    finder = DocumentFinder(request, hinted=False)
+    if finder.searching:  # documents in tool results, in the order of their first sighting
+        results = request.app[state.TOOL_RESULTS]
+        await off_loop(
+            size,
+            lambda: arrange_tool_messages(
+                forwarded["messages"],
+                layouts=finder.layouts,
+                evidence=finder.evidence,
+                results=results,
+            ),
+        )
     # the turns are the proxy's tokenization: only with the engine's tokenizer
     open_ = request.app[state.TOKENIZER_GUARD].check.open
-    if open_ and DocumentFinder(request, hinted=False).searching:
+    if open_ and finder.searching:
         try:
             # a session's key is needed only where an answer may end in a tool call
             last = request.app[state.CONFIG].sessions and bool(forwarded.get("tools"))

@@ -18,6 +18,7 @@ from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.prompts.sharing import OwnPrefixes, SharedPrefixes
+from prism_proxy.prompts.tool_results import ToolResults
 from prism_tokens.tokenizer import Tokenizer
 
 CONFIG = web.AppKey("config", ProxyConfig)
@@ -32,6 +33,7 @@ ADMISSION = web.AppKey("admission", AdmissionController)
 PARSER = web.AppKey("parser", JsonParser)
 SESSIONS = web.AppKey("sessions", SessionKeeper)  # set only with `sessions` on
 EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents
+TOOL_RESULTS = web.AppKey("tool_results", ToolResults)  # the order tool results were served in
 GRAMMARS = web.AppKey("grammars", GrammarGate)  # which grammars may reach the engine
 RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client decode shares
 SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients may see

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
 from prism_proxy.prompts.jobs import Dispatch, TokenJob, find_documents, private_job, segmented_job
 from prism_proxy.prompts.serializer import Serializer, prefix_key_of
 from prism_tokens.chat import content_format, template_messages
@@ -171,7 +171,7 @@ def chat_job(
     *,
     layouts: Sequence[str],
     reorder: bool,
-    evidence: BlockEvidence,
+    evidence: BlockEvidence | ScopedEvidence,
 ) -> ChatJob:
     """How the proxy serves a text chat without hints (`messages` as forwarded):
     documents found in a single turn's user message, or else in its system message

@@ -1,33 +1,41 @@
-"""Which blank-line blocks are documents on their own, from evidence across requests
+"""Where blank-line blocks may be cut apart, from evidence across one client's requests
 (SPEC §1: documents "are reorderable only where their boundaries are certain, from the
 layout itself or from evidence across requests").
 
-Blank lines separate documents (LangChain's stuff-documents join) but also the
-paragraphs of one document, so a block may move only once requests have shown it to be
-a unit. `BlockEvidence` remembers, for each block, the neighbours it was first seen
-between, and whether it has since been seen after a different predecessor or before a
-different successor (None, the list's end, counts as a neighbour). The rule, `is_unit`,
-asks for both sides, and for neither current neighbour to be glued to it:
+Blank lines separate documents (LangChain's stuff-documents join) but also a
+document's own blocks (a metadata line, a title, paragraphs), so a request's blocks
+move only as **units**: runs of blocks the evidence never saw apart. `BlockEvidence`
+remembers, for each block, the neighbours it was first seen between, and whether it has
+since been seen after a different predecessor or before a different successor (None,
+the list's start or end, counts as a neighbour). Between two consecutive blocks X, Y of
+a request each side says `apart` (X was followed by another block, or Y preceded by
+another), `together` (always next to each other so far) or nothing (never seen):
 
-    requests  [X P1 P2 Y]  [P1 P2 Z]  [W P1 P2]     (P1 P2: one two-paragraph document)
-    P1: predecessor varied (X, None, W), successor always P2  -> not a unit
-    P2: predecessor always P1,           successor varied     -> not a unit
-    X, Y, Z, W once each                                      -> not units (no evidence)
+    X says      Y says      boundary
+    together    any         glued          (a footer X always had, a header Y always had)
+    apart       apart       cut
+    apart       nothing     cut, unless X is a heading (a short line without a full
+                            stop: a title, "file_path: a.txt"), which keeps its new text
+    nothing     apart       cut
+    nothing     nothing     glued          (two new blocks: nothing says they are two)
 
-    requests  [A B C]  [C A B]  [B C A]                        (three documents shuffled)
-    A, B, C: both sides varied, no neighbour always next to them -> units from the
-    fourth request on
+    requests  [A B C]  [C A B]                 (three documents, the second in another order)
+    second:   C|A cut (C ended the list, A began it), A|B glued: units [C] [A B],
+              which the policy serves along the arrangement cached: A B C
+    requests  [X P1 P2 Y]  [P1 P2 Z]  [W P1 P2]   (P1 P2: one two-paragraph document)
+    P1|P2 glued every time: the document is never split
 
-Asking for either side alone would make P1 and P2 units as soon as their document
-moved, and let reordering split it. The glue check keeps a paragraph that follows
-several documents (a shared footer) with the one it follows now when that one has only
-ever been followed by it.
+So the first repeat of the same blocks in another order can be served as the first
+request was (its units are runs of that arrangement), and a new block between known ones
+is a unit of its own. The request's leading units whose first block has only ever opened
+the list (an instruction) stay in front; its trailing ones whose last block has only
+ever closed it stay at the end.
 
-Evidence counts the requests seen before the one being observed (on request, this one
-too for a block's own variation). A block's identity is its text without its trailing
-separator, so the same block before "\n\n" or before a closing rule's "\n" is one
-block. Records live in a `ByteLRU` (bounded in bytes, least recently used evicted
-first); a forgotten block starts over.
+Evidence is kept per client (`scoped`): one client's arrangements never cut another's
+documents. A block's identity is its text without its trailing separator (and the
+client), so the same block before "\n\n" or before a closing rule's "\n" is one block.
+Records live in a `ByteLRU` (bounded in bytes, least recently used evicted first); a
+forgotten block starts over.
 """
 
 from __future__ import annotations
@@ -55,14 +63,22 @@ class BlockRecord(NamedTuple):
 class Judgement(NamedTuple):
     """What the evidence says of one request's blocks, in prompt order."""
 
-    units: tuple[bool, ...]  # documents of their own: they may move
+    glued: tuple[bool, ...]  # travels with the block before it (the first: False)
     known: tuple[bool, ...]  # seen in an earlier request
+    opens: tuple[bool, ...]  # known, and only ever seen first in its list
+    closes: tuple[bool, ...]  # known, and only ever seen last in its list
+
+    def units(self) -> list[range]:
+        """The request's units: runs of glued blocks, as index ranges."""
+        starts = [i for i, glued in enumerate(self.glued) if not glued]
+        return [range(a, b) for a, b in zip(starts, [*starts[1:], len(self.glued)], strict=True)]
 
 
-def block_key(block: str) -> bytes:
-    """A block's identity: 16-byte BLAKE2b of its text without trailing whitespace."""
+def block_key(block: str, scope: bytes = b"") -> bytes:
+    """A block's identity: 16-byte BLAKE2b of its text without trailing whitespace,
+    keyed by the client's `scope`."""
     data = block.rstrip().encode("utf-8", "surrogatepass")  # JSON may carry lone surrogates
-    return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
+    return hashlib.blake2b(data, digest_size=KEY_BYTES, key=scope[:64]).digest()
 
 
 def seen_with(
@@ -77,21 +93,55 @@ def seen_with(
     )
 
 
-def is_unit(
-    record: BlockRecord | None,
-    key: bytes,
+# A heading: at most this many lines and characters, not ending as a sentence does.
+HEADING_LINES = 3
+HEADING_CHARS = 200
+_SENTENCE_ENDS = tuple(".!?:;\"'”)]")
+
+
+def is_heading(block: str) -> bool:
+    """Whether `block` reads as a heading of what follows it (a title, metadata lines
+    such as "file_path: a.txt"): short, and not ending as a sentence or a list's
+    introduction ("Context:") does."""
+    text = block.strip()
+    return (
+        0 < len(text) <= HEADING_CHARS
+        and text.count("\n") < HEADING_LINES
+        and not text.endswith(_SENTENCE_ENDS)
+    )
+
+
+def _side(record: BlockRecord | None, neighbour: bytes, *, after: bool) -> bool | None:
+    """What one side of a boundary says: True apart, False together, None unknown.
+    `record` is the block before the boundary (`after`: its successor is `neighbour`)
+    or after it (its predecessor is `neighbour`)."""
+    if record is None:
+        return None
+    first, varied = (
+        (record.successor, record.successor_varied)
+        if after
+        else (record.predecessor, record.predecessor_varied)
+    )
+    return varied or first != neighbour
+
+
+def is_cut(
     before: BlockRecord | None,
+    before_key: bytes,
     after: BlockRecord | None,
+    after_key: bytes,
+    before_is_heading: bool,
 ) -> bool:
-    """Whether the block `key` (its `record`) is a document on its own between its
-    current neighbours (their records; None at the list's ends or when unknown): it has
-    been seen after two different predecessors and before two different successors, and
-    neither neighbour has always been seen next to it."""
-    if record is None or not (record.predecessor_varied and record.successor_varied):
+    """Whether the boundary between two consecutive blocks is certain (module doc)."""
+    left = _side(before, after_key, after=True)
+    right = _side(after, before_key, after=False)
+    if left is False or right is False:
         return False
-    if before is not None and before.successor == key and not before.successor_varied:
-        return False
-    return not (after is not None and after.predecessor == key and not after.predecessor_varied)
+    if left and right:
+        return True
+    if left:
+        return not before_is_heading
+    return bool(right)
 
 
 def _record_size(key: bytes, record: BlockRecord) -> int:
@@ -100,69 +150,80 @@ def _record_size(key: bytes, record: BlockRecord) -> int:
 
 
 class BlockEvidence:
-    """Neighbour records of blank-line blocks, bounded in bytes; thread-safe."""
+    """Neighbour records of blank-line blocks, bounded in bytes; thread-safe. `scoped`
+    gives one client's view of it."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self._records: ByteLRU[bytes, BlockRecord] = ByteLRU(capacity_bytes, _record_size)
         self._lock = threading.Lock()  # one request's read-then-record is atomic
         self.requests = 0
         self.blocks = 0
-        self.units = 0
+        self.cuts = 0
 
-    def observe(
-        self, blocks: Sequence[str], *, count_this_request: bool = False
-    ) -> tuple[bool, ...]:
-        """For each of one request's blocks (in prompt order), whether it is a unit
-        given the requests observed before; then record this request. With
-        `count_this_request`, this request counts towards the block's own variation
-        (two documents swapped between two requests are units at the second), never
-        towards its neighbours' glue."""
-        return self.judge(blocks, count_this_request=count_this_request).units
+    def scoped(self, client: str) -> ScopedEvidence:
+        """The evidence of one client's requests only."""
+        return ScopedEvidence(self, client.encode("utf-8", "surrogatepass"))
 
-    def judge(self, blocks: Sequence[str], *, count_this_request: bool = False) -> Judgement:
-        """`observe`, also saying which blocks earlier requests had shown (`known`): a
-        known block that is no unit has stayed where it was (an instruction, a
-        heading), an unknown one is merely new."""
-        keys = [block_key(block) for block in blocks]
+    def judge(self, blocks: Sequence[str], scope: bytes = b"") -> Judgement:
+        """What the requests observed before say of `blocks` (one request's, in prompt
+        order); then record this request."""
+        keys = [block_key(block, scope) for block in blocks]
         last = len(keys) - 1
         with self._lock:
             records = [self._records.get(key) for key in keys]
+            glued = [False] + [
+                not is_cut(
+                    records[i - 1], keys[i - 1], records[i], keys[i], is_heading(blocks[i - 1])
+                )
+                for i in range(1, len(keys))
+            ]
             updated: dict[bytes, BlockRecord] = {}
             for i, key in enumerate(keys):
                 predecessor = keys[i - 1] if i > 0 else None
                 successor = keys[i + 1] if i < last else None
                 updated[key] = seen_with(updated.get(key, records[i]), predecessor, successor)
-            # Glue is evidence from earlier requests only: a neighbour first seen now
-            # has only ever been next to this block, which says nothing yet.
-            own = [updated[key] for key in keys] if count_this_request else records
-            units = tuple(
-                is_unit(
-                    own[i],
-                    key,
-                    records[i - 1] if i > 0 else None,
-                    records[i + 1] if i < last else None,
-                )
-                for i, key in enumerate(keys)
-            )
             for key, record in updated.items():
                 self._records.put(key, record)
             self.requests += 1
             self.blocks += len(keys)
-            self.units += sum(units)
-        return Judgement(units, tuple(record is not None for record in records))
+            self.cuts += glued.count(False) - 1 if keys else 0
+        return Judgement(
+            tuple(glued),
+            tuple(r is not None for r in records),
+            tuple(
+                r is not None and r.predecessor is None and not r.predecessor_varied
+                for r in records
+            ),
+            tuple(
+                r is not None and r.successor is None and not r.successor_varied for r in records
+            ),
+        )
 
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
-            self.requests = self.blocks = self.units = 0
+            self.requests = self.blocks = self.cuts = 0
 
     def stats(self) -> dict[str, int]:
         """The record map's entries, bytes, capacity, hits and misses; requests and
-        blocks observed and the blocks answered as units."""
+        blocks observed and the boundaries found certain."""
         with self._lock:
             return {
                 **self._records.stats(),
                 "requests": self.requests,
                 "blocks": self.blocks,
-                "units": self.units,
+                "cuts": self.cuts,
             }
+
+
+class ScopedEvidence:
+    """One client's evidence: `judge` as `BlockEvidence.judge` within its scope."""
+
+    __slots__ = ("evidence", "scope")
+
+    def __init__(self, evidence: BlockEvidence, scope: bytes) -> None:
+        self.evidence = evidence
+        self.scope = hashlib.blake2b(scope, digest_size=32).digest()
+
+    def judge(self, blocks: Sequence[str]) -> Judgement:
+        return self.evidence.judge(blocks, self.scope)

@@ -32,11 +32,17 @@ Layouts, tried in this order (the first that fits wins):
   certain layout (xml, numbered, markdown) that covers the whole block is used as such;
   otherwise the documents are the block's blank-line blocks (certain=False), or one
   document (certain) when it has no blank line.
-* `numbered`: lines starting with a marker numbered 1, 2, 3, ... in one style: `[n] `,
-  `[n]: `, `Document|Doc|Source|Passage|Context n: ` (any case), `(n) `, `n. `. The
-  styles are tried in that order; a style with fewer than two markers is not the layout,
-  one with two or more must number them 1..k with one label format (else: None, a
-  numbering collision). A document runs from after its label to the next label's line.
+* `numbered`: lines starting with a label numbered 1, 2, 3, ... in one format: a
+  number, bare (`n. `, `n) `, `n: `), in brackets (`[n]`, `(n)`, `<n>`, `#n`) or
+  after a word naming a document (`Document n:`, `Source [n]`, `Search result n -`,
+  `Chunk #n`: `DOCUMENT_NOUNS`, any case, an optional word before it), optionally in
+  markdown emphasis (`**Document n:**`), followed by a space or the line's end (a
+  label on its own line). Families are tried in order: a document word or a bracket,
+  then a parenthesis, then a bare number (so a numbered list of instructions before
+  `[1]` documents stays text). In the first family with two or more labels of one
+  format, the formats numbered exactly 1..k compete and the one that starts first
+  (the outermost list) wins; if none is, there is a numbering collision (None). A
+  document runs from after its label to the next label's line.
 * `markdown`: ATX headers `## `..`###### ` outside fenced code; the documents are the
   headers of one level L, each running to the next. L is the level with the most headers
   among those with no shallower header (`# ` included) between their first and last;
@@ -120,14 +126,65 @@ _XML_TAG = re.compile(
     r"([^<>]{0,4096})>"
 )
 _NUMBER = "[1-9][0-9]{0,5}"
-_NUMBERED_STYLES = ("bracket", "word", "paren", "dot")  # in order of preference
+# Nouns that name a retrieved document in a numbered label ("Document 1:", "Search
+# result [2]", "Chunk #3"); sequences whose order means something (steps, questions,
+# examples, rules) are deliberately not among them.
+DOCUMENT_NOUNS = (
+    "document",
+    "doc",
+    "source",
+    "passage",
+    "context",
+    "chunk",
+    "result",
+    "reference",
+    "ref",
+    "excerpt",
+    "snippet",
+    "article",
+    "citation",
+    "evidence",
+    "record",
+    "entry",
+    "page",
+    "file",
+    "node",
+    "text",
+    "fact",
+    "paragraph",
+    "content",
+    "information",
+)
 _NUMBERED_MARKER = re.compile(
-    rf"^(?=[\[(0-9DSPCdspc])(?:\[(?P<bracket>{_NUMBER})\]:? ?"
-    rf"|(?i:Document|Doc|Source|Passage|Context) (?P<word>{_NUMBER}): ?"
-    rf"|\((?P<paren>{_NUMBER})\) "
-    rf"|(?P<dot>{_NUMBER})\. )",
+    r"^(?=[\[(#<*_0-9A-Za-z])"
+    r"(?P<em>\*\*|__|\*)?"
+    r"(?P<word>(?:[A-Za-z]{1,24}+ )?(?i:" + "|".join(DOCUMENT_NOUNS) + r")s?[ \t]?)?"
+    r"(?P<open>[\[(#<])?"
+    rf"(?P<number>{_NUMBER})"
+    r"(?(open)(?P<close>[\])>])?)"
+    r"(?P<punct>[:.)]|[ \t]?[-–—](?=[ \t]))?"
+    r"(?P<em2>\*\*|__|\*)?"
+    r"(?:[ \t]+|(?=\n)|\Z)",
     re.M,
 )
+_PAIRS = {"[": "]", "(": ")", "<": ">", "#": None, None: None}
+
+
+def _marker_family(marker: re.Match[str]) -> int | None:
+    """How strongly a label says "document": 0 a document noun or a bracket ("Source
+    1:", "[1]", "#1"), 1 a parenthesis ("(1)"), 2 a bare number ("1.", "1)"); None when
+    the label is not well formed (unpaired brackets or emphasis, a bare number without
+    punctuation)."""
+    opened, closed = marker.group("open"), marker.group("close")
+    if _PAIRS[opened] != closed or marker.group("em") != marker.group("em2"):
+        return None
+    if marker.group("word") or opened in ("[", "#", "<"):
+        return 0
+    if opened == "(":
+        return 1
+    return 2 if marker.group("punct") in (".", ")", ":") else None
+
+
 # Known tags or headers per allowed document past which a text is not a layout.
 MAX_MARKUP_PER_DOCUMENT = 64
 
@@ -287,26 +344,35 @@ def _crosses(
 def _numbered(
     text: str, min_documents: int, max_documents: int, _: Collection[str]
 ) -> Extraction | None:
-    styles: dict[str, list[re.Match[str]]] = {style: [] for style in _NUMBERED_STYLES}
+    # label format (the label with "{n}") -> its markers, by family
+    families: list[dict[str, list[re.Match[str]]]] = [{}, {}, {}]
     for marker in _NUMBERED_MARKER.finditer(text):
-        found = styles[marker.lastgroup or ""]
+        family = _marker_family(marker)
+        if family is None:
+            continue
+        start, (number_start, number_end) = marker.start(), marker.span("number")
+        label = marker.group(0)
+        form = label[: number_start - start] + "{n}" + label[number_end - start :]
+        found = families[family].setdefault(form, [])
         if len(found) <= max_documents:  # one more tells "too many"
             found.append(marker)
-    for style in _NUMBERED_STYLES:
-        markers = styles[style]
-        if len(markers) < 2 and not (markers and min_documents == 1):
+    for formats in families:
+        listed = {
+            form: markers
+            for form, markers in formats.items()
+            if len(markers) >= 2 or (markers and min_documents == 1)
+        }
+        if not listed:
             continue  # a lone marker is text
-        if not min_documents <= len(markers) <= max_documents:
-            return None
-        formats = set()
-        for i, marker in enumerate(markers, 1):
-            if marker.group(style) != str(i):
-                return None  # a number skipped or repeated
-            start, number_start, number_end = marker.start(), *marker.span(style)
-            label = marker.group(0)
-            formats.add(label[: number_start - start] + "{n}" + label[number_end - start :])
-        if len(formats) != 1:
-            return None
+        numbered = [
+            (markers[0].start(), form, markers)
+            for form, markers in listed.items()
+            if min_documents <= len(markers) <= max_documents
+            and all(m.group("number") == str(i) for i, m in enumerate(markers, 1))
+        ]
+        if not numbered:
+            return None  # a number skipped or repeated, or too many: a collision
+        _, form, markers = min(numbered, key=lambda item: item[0])  # the outermost list
         documents = [
             text[marker.end() : following.start()] for marker, following in pairwise(markers)
         ]
@@ -316,9 +382,7 @@ def _numbered(
             return None
         labels = tuple(marker.group(0) for marker in markers)
         preamble = text[: markers[0].start()]
-        return Extraction(
-            "numbered", preamble, tuple(documents), text[end:], labels, formats.pop(), True
-        )
+        return Extraction("numbered", preamble, tuple(documents), text[end:], labels, form, True)
     return None
 
 

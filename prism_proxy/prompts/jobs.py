@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from prism_proxy.api.models import ChatMessage, PrismHint
 from prism_proxy.api.segments import Segment, SegmentedPrompt, format_validation_error
-from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
 from prism_proxy.prompts.extraction import extract
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.types import QueuedRequest
@@ -53,6 +53,7 @@ class TokenJob:
     build: Callable[[Sequence[str]], Dispatch]
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
+    glued: frozenset[str] = frozenset()
 
     def payload(
         self,
@@ -98,6 +99,7 @@ class TokenJob:
             segment_tokens=self.segment_tokens,
             fixed=self.fixed,
             pinned=self.pinned,
+            glued=self.glued,
             group=group,
             program_start=program_start,
         )
@@ -142,6 +144,7 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
         ),
         fixed=prompt.fixed,
         pinned=prompt.pinned,
+        glued=prompt.glued,
         head_tokens=head_tokens,
         segment_tokens=tuple(lengths.values()),
         build=build,
@@ -204,8 +207,12 @@ class Finding:
 
     @property
     def outcome(self) -> str:
-        movable = self.prompt.reorder and len(self.prompt.fixed) < len(self.prompt.segments)
-        return "found" if movable else "found-ordered"
+        prompt = self.prompt
+        units = sum(
+            1 for s in prompt.segments if s.id not in prompt.fixed and s.id not in prompt.glued
+        )
+        movable = units > 1 or (units == 1 and bool(prompt.fixed))
+        return "found" if prompt.reorder and movable else "found-ordered"
 
 
 def document_id(text: str) -> str:
@@ -222,7 +229,7 @@ def find_documents(
     system: str | None,
     layouts: Collection[str],
     reorder: bool,
-    evidence: BlockEvidence,
+    evidence: BlockEvidence | ScopedEvidence,
     user: str | None = None,
 ) -> Finding | None:
     """The documents in one message's (or one prompt's) `text` as a `SegmentedPrompt`,
@@ -233,9 +240,11 @@ def find_documents(
     The text inside each document is never changed: served in the client's order, the
     prompt reads exactly as the client wrote it. Documents may move where their
     boundaries are justified: by the layout itself (tags, numbered labels, headers),
-    or, for blocks split at blank lines, by evidence (`BlockEvidence`: a block seen next
-    to other neighbours on both sides, across requests, is a document of its own; blocks
-    that always travel together never are); the others are `fixed`. A numbered layout's
+    or, for blocks split at blank lines, by evidence across the client's requests
+    (`prompts.evidence`): blocks move only as units, runs the evidence never saw apart
+    (`glued`), so a document of several blocks is never split; leading units that only
+    ever opened the list stay in front (`pinned`), trailing ones that only ever closed
+    it at the end (`fixed`). A numbered layout's
     labels follow the positions served ("[1] " is always the first document the model
     reads), so the same document under another number is the same segment. Documents
     joined by one separator keep it between them as a `joiner`, so a document's tokens
@@ -246,6 +255,10 @@ def find_documents(
     found = extract(text, layouts)
     if found is None:
         return None
+    if user is not None and found.layout == "blank" and found.suffix.strip():
+        # In the system message no question follows the documents: its last block is
+        # one of them (LangChain's RAG tutorial: the instruction, then the documents).
+        found = replace(found, documents=(*found.documents, found.suffix), suffix="")
     documents, joiner, suffix = list(found.documents), None, found.suffix
     trailing = [d[len(d.rstrip()) :] for d in documents]
     if len(set(trailing[:-1])) <= 1:
@@ -257,19 +270,27 @@ def find_documents(
     ids = [document_id(document.rstrip()) for document in documents]
     if len(set(ids)) != len(ids):
         return None  # a document repeated within the request: nothing to gain, and ambiguous
-    fixed: frozenset[str] = frozenset()
+    fixed: list[str] = []
     pinned: list[str] = []
+    glued: frozenset[str] = frozenset()
     if not found.certain:
-        # this request's own arrangement counts too: a block seen in two requests next
-        # to other neighbours is a document of its own
-        judged = evidence.judge(found.documents, count_this_request=True)
-        fixed = frozenset(i for i, unit in zip(ids, judged.units, strict=True) if not unit)
-        # Known blocks that never moved, before the first that may: they stay in front
-        # (an instruction, "Context:"); a new block there is merely unknown.
-        for segment_id, unit, known in zip(ids, judged.units, judged.known, strict=True):
-            if unit or not known:
+        judged = evidence.judge(found.documents)
+        units = judged.units()
+        glued = frozenset(i for i, g in zip(ids, judged.glued, strict=True) if g)
+        # Leading units that only ever opened the list stay in front (an instruction,
+        # "Context:"); trailing ones that only ever closed it stay at the end.
+        lead_end = 0
+        for unit in units:
+            if not judged.opens[unit.start]:
                 break
-            pinned.append(segment_id)
+            lead_end = unit.stop
+        tail_start = len(ids)
+        for unit in reversed(units):
+            if unit.start < lead_end or not judged.closes[unit.stop - 1]:
+                break
+            tail_start = unit.start
+        pinned = ids[:lead_end]
+        fixed = pinned + ids[tail_start:]
     try:
         prompt = SegmentedPrompt(
             system=system,
@@ -283,8 +304,9 @@ def find_documents(
             joiner=joiner,
             label_format=found.label_format,
             reorder=reorder,
-            fixed=fixed,
+            fixed=frozenset(fixed),
             pinned=frozenset(pinned),
+            glued=glued,
             user=user,
         )
     except ValidationError:

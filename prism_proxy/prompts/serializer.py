@@ -37,6 +37,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Literal
 
 from prism_proxy.api.segments import SEGMENT_SEPARATOR, SegmentedPrompt
@@ -238,6 +239,11 @@ class Serializer:
             kept = [s for s in chosen if s in prompt.fixed]
             if kept != [s for s in ids if s in prompt.fixed]:
                 raise SerializationError("order: fixed segments must keep their order")
+        if prompt.glued:
+            previous = {b: a for a, b in pairwise(ids)}
+            served_next = dict(pairwise(chosen))
+            if any(served_next.get(previous.get(s)) != s for s in prompt.glued):
+                raise SerializationError("order: a glued segment must follow the segment before it")
         return chosen
 
     def serialize(

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from prism_proxy.qas.counters import SegmentCounters
 from prism_proxy.qas.params import QasParams
-from prism_proxy.qas.residency import CacheView
+from prism_proxy.qas.residency import CacheView, ViewNode
 from prism_proxy.qas.types import (
     ActiveRequest,
     BucketView,
@@ -167,26 +167,31 @@ class ContextPilotStylePolicy:
         self.cache_view = CacheView(params.cache_view_tokens, params.cache_view_bytes)
 
     def cached_first(self, request: QueuedRequest) -> tuple[str, ...]:
-        """Segments along the view's most recently used path first, the rest in order."""
+        """Units along the view's most recently used path first, the rest in order."""
         if not request.reorder:
             return tuple(request.segments)
-        lead, movable, fixed = request.split_fixed()
+        lead, units, fixed = request.split_fixed()
+        movable = [s for unit in units for s in unit]
         if lead:
             return (*lead, *movable, *fixed)  # the view's paths start after the head
         node = self.cache_view.head_node(request)
-        remaining = dict.fromkeys(movable)
+        remaining = {unit[0]: unit for unit in units}
         front: list[str] = []
         while node is not None and remaining:
-            candidates = [
-                child
-                for key, child in node.children.items()
-                if key.startswith("seg:") and key[4:] in remaining
-            ]
-            node = max(candidates, key=lambda c: c.last_used, default=None)
-            if node is not None:
-                front.append(node.key[4:])
-                del remaining[node.key[4:]]
-        return (*front, *remaining, *fixed)
+            best: tuple[str, ViewNode, int] | None = None
+            for key, first in node.children.items():
+                unit = remaining.get(key[4:]) if key.startswith("seg:") else None
+                child: ViewNode | None = first if unit is not None else None
+                for segment in (unit or ())[1:]:
+                    child = child.children.get("seg:" + segment) if child is not None else None
+                if child is not None and (best is None or first.last_used > best[2]):
+                    best = (key[4:], child, first.last_used)
+            if best is None:
+                break
+            front.extend(remaining.pop(best[0]))
+            node = best[1]
+        rest = [s for unit in remaining.values() for s in unit]
+        return (*front, *rest, *fixed)
 
     def plan_round(
         self,

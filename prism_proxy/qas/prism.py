@@ -39,6 +39,11 @@ GROUP_PREFIX = "\x00group:"
 PATH_SEARCH_NODES = 64
 
 
+def _expand(heads: Sequence[str], by_head: dict[str, tuple[str, ...]]) -> list[str]:
+    """Unit heads in order → their units' segments in order."""
+    return [segment for head in heads for segment in by_head[head]]
+
+
 class PrismPolicy:
     """QAS: counters → front alignment → signatures → buckets → scores → wave.
 
@@ -69,32 +74,42 @@ class PrismPolicy:
         priority: Callable[[str], float],
         resident: frozenset[str],
     ) -> tuple[str, ...]:
-        """Π*_i: the cached path, then front alignment of the rest."""
+        """Π*_i: the cached path, then front alignment of the rest, moving whole units
+        (a segment and the ones glued to it)."""
         params = self.params
         if not request.reorder:
             return tuple(request.segments)
-        lead, movable, fixed = request.split_fixed()
+        lead, units, fixed = request.split_fixed()
+        by_head = {unit[0]: unit for unit in units}
+
+        def unit_priority(head: str) -> float:
+            return max(priority(s) for s in by_head[head])
+
+        heads = list(by_head)
         if not resident or self.paths is None:
-            front = front_align(movable, priority, params.f_front, params.canonical_ties)
-            return (*lead, *front, *fixed)
-        path = self.cached_path(request, priority, resident, movable, lead)
-        rest = [s for s in movable if s not in path] if path else movable
-        front_size = max(params.f_front - len(path), sum(1 for s in rest if s in resident))
-        aligned = front_align(rest, priority, front_size, params.canonical_ties)
-        return (*lead, *path, *aligned, *fixed)
+            front = front_align(heads, unit_priority, params.f_front, params.canonical_ties)
+            return (*lead, *_expand(front, by_head), *fixed)
+        path = self.cached_path(request, priority, resident, units, lead)
+        on_path = set(path)
+        rest = [h for h in heads if h not in on_path]
+        in_front = sum(1 for h in rest if all(s in resident for s in by_head[h]))
+        front_size = max(params.f_front - len(path), in_front)
+        aligned = front_align(rest, unit_priority, front_size, params.canonical_ties)
+        return (*lead, *path, *_expand(aligned, by_head), *fixed)
 
     def cached_path(
         self,
         request: QueuedRequest,
         priority: Callable[[str], float],
         resident: frozenset[str],
-        movable: Sequence[str] | None = None,
+        units: Sequence[tuple[str, ...]] | None = None,
         lead: Sequence[str] = (),
     ) -> tuple[str, ...]:
-        """The longest (in tokens) dispatched run of the request's resident segments
+        """The longest (in tokens) dispatched run of the request's resident units
         after its head (and its `lead`, the segments that stay in front); equal lengths
         go to higher priorities, then more recent paths. A depth-first search over the
-        view, bounded to `PATH_SEARCH_NODES` nodes."""
+        view, bounded to `PATH_SEARCH_NODES` nodes. `units` default to the request's
+        segments one by one."""
         assert self.paths is not None
         head = self.paths.head_node(request)
         for segment in lead:
@@ -102,9 +117,9 @@ class PrismPolicy:
         if head is None:
             return ()
         tokens = {s: request.segment_length(i) for i, s in enumerate(request.segments)}
-        candidates = [
-            s for s in (request.segments if movable is None else movable) if s in resident
-        ]
+        if units is None:
+            units = [(s,) for s in request.segments]
+        candidates = [u for u in units if all(s in resident for s in u)]
         best: tuple[tuple[int, float, int], tuple[str, ...]] = ((0, 0.0, 0), ())
         budget = PATH_SEARCH_NODES
         stack: list[tuple[CacheViewNode, tuple[str, ...], int, float]] = [(head, (), 0, 0.0)]
@@ -114,13 +129,16 @@ class PrismPolicy:
             key = (length, score, node.last_used)
             if key > best[0]:
                 best = (key, path)
-            for segment in candidates:
-                if segment in path:
+            for unit in candidates:
+                if unit[0] in path:
                     continue
-                child = node.children.get("seg:" + segment)
+                child: CacheViewNode | None = node
+                for segment in unit:
+                    child = child.children.get("seg:" + segment) if child is not None else None
                 if child is not None:
-                    longer = length + tokens[segment]
-                    stack.append((child, (*path, segment), longer, score + priority(segment)))
+                    longer = length + sum(tokens[s] for s in unit)
+                    gained = score + sum(priority(s) for s in unit)
+                    stack.append((child, (*path, *unit), longer, gained))
         return best[1]
 
     def continuations(

@@ -35,7 +35,8 @@ class QueuedRequest:
 
     `fixed` (segments found in an unmodified client's text whose boundaries the proxy
     could not justify) keep their relative order, and a leading run of `pinned` ones
-    their place in front (`split_fixed`).
+    their place in front; `glued` ones travel with the segment before them in request
+    order (blocks of one document), so the others move as units (`split_fixed`).
 
     `head` names the request's system head for DART's table (its entry is
     keyed `counters.head_key(head)`): the `prefix_key` when the head has tokens, None
@@ -60,27 +61,36 @@ class QueuedRequest:
     deadline: float = math.inf
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
+    glued: frozenset[str] = frozenset()
     group: str = ""
     program_start: float | None = None
 
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]
 
-    def split_fixed(self) -> tuple[list[str], list[str], list[str]]:
-        """(lead, movable, rest) segments in request order. A reorderable request's
-        `fixed` segments (boundaries the proxy could not justify) keep their order: the
-        leading `pinned` ones stay in front (an instruction, "Context:"), the others
-        follow the movable ones, which a policy may order as it likes."""
-        if not self.fixed:
-            return [], list(self.segments), []
+    def split_fixed(self) -> tuple[list[str], list[tuple[str, ...]], list[str]]:
+        """(lead, units, rest) in request order. A reorderable request's `fixed`
+        segments (boundaries the proxy could not justify) keep their order: the leading
+        `pinned` ones stay in front (an instruction, "Context:"), the others follow the
+        movable ones, which a policy may order as it likes as whole units (a segment and
+        the `glued` ones after it)."""
         lead: list[str] = []
-        for segment in self.segments:
-            if segment not in self.pinned:
-                break
-            lead.append(segment)
+        if self.fixed:
+            for segment in self.segments:
+                if segment not in self.pinned:
+                    break
+                lead.append(segment)
         others = self.segments[len(lead) :]
-        movable = [s for s in others if s not in self.fixed]
-        return lead, movable, [s for s in others if s in self.fixed]
+        units: list[list[str]] = []
+        previous = None
+        for segment in others:
+            if segment not in self.fixed:
+                if units and segment in self.glued and units[-1][-1] == previous:
+                    units[-1].append(segment)
+                else:
+                    units.append([segment])
+            previous = segment
+        return lead, [tuple(u) for u in units], [s for s in others if s in self.fixed]
 
     @property
     def head(self) -> str | None:

@@ -1,9 +1,12 @@
-"""A real framework client, unmodified, through the proxy to a real, unmodified SGLang
-0.5.23 on this CPU: LangChain's `ChatOpenAI` in a stuff-documents chain, with
-its documents in the user message and with its retrieval-QA chat prompt (documents in
-the system message). The second call sends the same documents in reverse order; the
-proxy finds them, serves them in the order the engine cached, and SGLang reports the
-reuse in `cached_tokens`. (tests/test_frameworks.py runs all four frameworks against
+"""Real framework clients, unmodified, through the proxy to a real, unmodified SGLang
+0.5.23 on this CPU: LangChain's `ChatOpenAI` in a stuff-documents chain (documents in
+the user message; its retrieval-QA chat prompt, documents in the system message) and as
+its RAG tutorial calls it (the instruction and the documents joined by blank lines in
+the system message); LlamaIndex's compact synthesizer with its default text-QA prompt,
+nodes carrying a file path. The second call sends the same documents in another order;
+the proxy finds them, serves them in the order the engine cached, and SGLang reports
+the reuse in `cached_tokens` (LlamaIndex's response has none: the proxy's own count of
+SGLang's reports). (tests/test_frameworks.py runs all four frameworks against
 prism-sim.)"""
 
 from __future__ import annotations
@@ -25,14 +28,21 @@ DOCS = [
 ]
 
 
+# the second call's order: runs of the first kept together, or no pair kept
+ORDERS = {"rotated": [1, 2, 0], "shuffled": [1, 0, 2]}
+
+
 @pytest.fixture
 async def proxy(live: dict[str, LiveServer], live_proxy_factory):
     live["ample"].fresh()
     return await live_proxy_factory(live["ample"])
 
 
-@pytest.mark.parametrize("where", ["user", "system"])
-async def test_langchain_reuses_the_documents_in_another_order(proxy, where: str) -> None:
+@pytest.mark.parametrize("order", list(ORDERS))
+@pytest.mark.parametrize("where", ["user", "system", "rag-tutorial"])
+async def test_langchain_reuses_the_documents_in_another_order(
+    proxy, where: str, order: str
+) -> None:
     from langchain_classic.chains.combine_documents import create_stuff_documents_chain
     from langchain_core.callbacks import UsageMetadataCallbackHandler
     from langchain_core.documents import Document
@@ -45,12 +55,23 @@ async def test_langchain_reuses_the_documents_in_another_order(proxy, where: str
             ("system", "Answer the question from the documents in the user's message."),
             ("human", "{context}\n\nQuestion: {input}"),
         ]
-    else:  # LangChain's retrieval-QA chat prompt
+    elif where == "system":  # LangChain's retrieval-QA chat prompt
         messages = [
             (
                 "system",
                 "Answer any use questions based solely on the context below:\n\n"
                 "<context>\n{context}\n</context>",
+            ),
+            ("human", "{input}"),
+        ]
+    else:  # its RAG tutorial: no tags, the documents after the instruction
+        messages = [
+            (
+                "system",
+                "You are an assistant for question-answering tasks. Use the following "
+                "pieces of retrieved context to answer the question. If you don't know "
+                "the answer, say that you don't know. Use three sentences maximum and "
+                "keep the answer concise.\n\n{context}",
             ),
             ("human", "{input}"),
         ]
@@ -68,7 +89,63 @@ async def test_langchain_reuses_the_documents_in_another_order(proxy, where: str
         return reported["input_tokens"], reported["input_token_details"]["cache_read"]
 
     await asyncio.to_thread(ask, DOCS, "Where does the Osse flow?")
-    prompt, cached = await asyncio.to_thread(ask, DOCS[::-1], "When was the Rowe bridge built?")
+    second = [DOCS[i] for i in ORDERS[order]]
+    prompt, cached = await asyncio.to_thread(ask, second, "When was the Rowe bridge built?")
     # the head, the text before the documents and the three documents came from
     # SGLang's cache; the question and what follows it did not
     assert cached >= 0.7 * prompt, (prompt, cached)
+
+
+async def proxy_tokens(proxy) -> tuple[int, int]:
+    """(prompt, cached) tokens the proxy counted from SGLang's reports."""
+    import httpx
+
+    prompt = cached = 0
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(proxy.url + "/metrics")).text
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("prism:prompt_tokens_total"):
+            prompt += int(float(value))
+        elif name.startswith("prism:cached_tokens_total"):
+            cached += int(float(value))
+    return prompt, cached
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+async def test_llama_index_reuses_the_documents_in_another_order(
+    proxy, order: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.schema import NodeWithScore, TextNode
+    from llama_index.llms.openai_like import OpenAILike
+
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)  # its own cl100k_base file
+    llm = OpenAILike(
+        api_base=proxy.url + "/v1",
+        api_key="x",
+        model="m",
+        is_chat_model=True,
+        max_tokens=4,
+        max_retries=0,
+    )
+    synthesizer = get_response_synthesizer(llm=llm, response_mode="compact")
+
+    def ask(docs: list[str], question: str) -> None:
+        nodes = [
+            NodeWithScore(
+                node=TextNode(text=d, metadata={"file_path": f"data/osse/{DOCS.index(d)}.txt"}),
+                score=1.0,
+            )
+            for d in docs
+        ]
+        synthesizer.synthesize(question, nodes=nodes)
+
+    await asyncio.to_thread(ask, DOCS, "Where does the Osse flow?")
+    before = await proxy_tokens(proxy)
+    await asyncio.to_thread(
+        ask, [DOCS[i] for i in ORDERS[order]], "When was the Rowe bridge built?"
+    )
+    after = await proxy_tokens(proxy)
+    prompt, cached = after[0] - before[0], after[1] - before[1]
+    assert cached >= 0.6 * prompt, (prompt, cached)

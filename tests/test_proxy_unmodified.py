@@ -62,9 +62,9 @@ def user_text(layout: str, docs: list[str]) -> str:
     )
 
 
-def messages(layout: str, docs: list[str]) -> list[dict[str, str]]:
+def messages(layout: str, docs: list[str], system: str = SYSTEM) -> list[dict[str, str]]:
     return [
-        {"role": "system", "content": SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": user_text(layout, docs)},
     ]
 
@@ -116,9 +116,10 @@ async def test_a_retrieval_that_adds_a_document_reuses_the_ones_cached(
     third = [known[1], known[2], known[0]]
     third.insert(at, new)
     async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        system = f"{SYSTEM} ({layout}, {at})"  # its own: the engine is the module's
         for docs in (known, known, third):
             answer = await client.chat.completions.create(
-                model="m", messages=messages(layout, docs), max_tokens=2
+                model="m", messages=messages(layout, docs, system), max_tokens=2
             )
     assert answer.usage is not None
     cached = answer.usage.prompt_tokens_details.cached_tokens

@@ -124,7 +124,10 @@ def test_blank_line_blocks_move_only_as_units() -> None:
         json.dumps({"text": "an object"}),
         '[{"text": "a"}, {"text": "b"}] trailing',
         '[{"text": "a"}, {"text": "b"}',
+        "[" * 100_000 + "]" * 100_000,  # nested past the parser's depth
+        '[{"text": "a", "x": ' + "[" * 100_000 + "]" * 100_000 + '}, {"text": "b"}]',
     ],
+    ids=range(9),
 )
 def test_no_documents_no_change(text: str) -> None:
     results, evidence = ToolResults(1 << 20), BlockEvidence(1 << 20)
@@ -168,9 +171,9 @@ CALL = {
 }
 
 
-def agent_messages(docs: list[str], question: str, layout: str) -> list[dict]:
+def agent_messages(docs: list[str], question: str, layout: str, system: str = SYSTEM) -> list[dict]:
     return [
-        {"role": "system", "content": SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": question},
         {"role": "assistant", "content": "", "tool_calls": [CALL]},
         {"role": "tool", "tool_call_id": CALL["id"], "content": LAYOUTS[layout](docs)},
@@ -195,9 +198,11 @@ async def test_agents_share_the_documents_their_tools_found(
             assert answer.usage is not None
             return answer.usage.prompt_tokens, answer.usage.prompt_tokens_details.cached_tokens
 
-        first = agent_messages(DOCS, question, layout)
+        first = agent_messages(DOCS, question, layout, f"{SYSTEM} ({layout})")
         prompt, _ = await ask(first)
-        other = agent_messages([DOCS[i] for i in (2, 0, 3, 1)], question, layout)
+        other = agent_messages(
+            [DOCS[i] for i in (2, 0, 3, 1)], question, layout, f"{SYSTEM} ({layout})"
+        )
         other_prompt, other_cached = await ask(other)
         # all but the end of the tool message and the generation prompt
         assert other_cached >= 0.8 * other_prompt, (other_prompt, other_cached)
@@ -217,3 +222,27 @@ def test_every_permutation_composes_to_the_same_documents() -> None:
     for order in itertools.permutations(range(len(DOCS))):
         served = json.loads(documents.compose(order))
         assert [item["page_content"] for item in served] == [DOCS[i] for i in order]
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"policy": "fifo"}, {"extraction_reorder": False}], ids=["fifo", "no-reorder"]
+)
+async def test_a_tool_result_keeps_the_clients_order_where_nothing_reorders(
+    proxy_factory: ProxyFactory, overrides: dict
+) -> None:
+    """Under a policy that keeps the client's order (the `fifo` line), or with
+    reordering off, a tool result is served as the client wrote it: a second agent
+    whose search found the same documents in another order shares only what precedes
+    them."""
+    proxy = await proxy_factory(**overrides)
+    question = "Which bridge is the oldest?"
+    async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        # a system prompt of its own: the engine is shared by this module's tests
+        system = f"{SYSTEM} ({sorted(overrides.items())})"
+        for docs in (DOCS, [DOCS[i] for i in (2, 0, 3, 1)]):
+            answer = await client.chat.completions.create(
+                model="m", messages=agent_messages(docs, question, "xml", system), max_tokens=2
+            )
+    assert answer.usage is not None
+    cached = answer.usage.prompt_tokens_details.cached_tokens
+    assert cached < 0.5 * answer.usage.prompt_tokens, (cached, answer.usage.prompt_tokens)

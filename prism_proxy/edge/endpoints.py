@@ -154,7 +154,9 @@ async def chat_relay(
     tokenizer = request.app[state.TOKENIZER]
     job = None
     finder = DocumentFinder(request, hinted=False)
-    if finder.searching:  # documents in tool results, in the order of their first sighting
+    policy = request.app[state.ADMISSION].core.policy
+    if finder.searching and finder.reorder and policy.reorders:
+        # documents in tool results, in the order of their first sighting
         results = request.app[state.TOOL_RESULTS]
         await off_loop(
             size,

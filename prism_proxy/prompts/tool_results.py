@@ -88,7 +88,7 @@ def json_documents(text: str) -> Movable | None:
             return None  # empty
         try:
             value, end = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return None
         if not isinstance(value, dict) or not any(
             isinstance(value.get(field), str) for field in TEXT_FIELDS

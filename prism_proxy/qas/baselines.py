@@ -57,6 +57,7 @@ def _plan(
 
 class FifoPolicy:
     name = "fifo"
+    reorders = False
     order = staticmethod(fifo_order)
 
     def __init__(self, params: QasParams) -> None:
@@ -84,7 +85,7 @@ class ContinuumStylePolicy(FifoPolicy):
 
 
 class KlpmPolicy:
-    """k-LPM over the proxy's cache view.
+    """k-LPM over the proxy's cache view (requests reordered, never their segments).
 
     Match lengths are computed once per round and refreshed only where an insertion can
     change them: a path inserted after matching d pieces creates nodes deeper than d, so
@@ -93,6 +94,7 @@ class KlpmPolicy:
     """
 
     name = "klpm"
+    reorders = False
 
     def __init__(self, params: QasParams) -> None:
         self.params = params
@@ -161,6 +163,7 @@ class KlpmPolicy:
 
 class ContextPilotStylePolicy:
     name = "contextpilot-style"
+    reorders = True
 
     def __init__(self, params: QasParams) -> None:
         self.params = params

@@ -26,11 +26,14 @@ class SchedulingPolicy(Protocol):
     across rounds only to model what it released or what the backend holds (a cache
     view, a residency source). `now` is the round's time on the clock of `arrival`.
     `cache_view` is the bounded view of dispatched prompts it keeps, if any (its memory
-    is reported in the proxy's metrics).
+    is reported in the proxy's metrics). `reorders`: whether it serves a request's
+    segments in another order than the client's (the edge then also arranges what QAS
+    does not schedule, such as the documents of tool results).
     """
 
     name: str
     cache_view: CacheView | None
+    reorders: bool
 
     def plan_round(
         self,

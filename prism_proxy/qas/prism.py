@@ -53,6 +53,7 @@ class PrismPolicy:
     """
 
     name = "prism"
+    reorders = True
 
     def __init__(self, params: QasParams, residency: Residency | None = None) -> None:
         self.params = params

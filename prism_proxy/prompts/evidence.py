@@ -73,6 +73,19 @@ class Judgement(NamedTuple):
         starts = [i for i, glued in enumerate(self.glued) if not glued]
         return [range(a, b) for a, b in zip(starts, [*starts[1:], len(self.glued)], strict=True)]
 
+    def in_place(self) -> tuple[int, int]:
+        """(lead, tail): blocks before `lead` (leading units whose first block only ever
+        opened the list: an instruction, "Context:") stay in front, blocks from `tail`
+        (trailing units whose last block only ever closed it) stay at the end."""
+        units = self.units()
+        lead = 0
+        while units and self.opens[units[0].start]:
+            lead = units.pop(0).stop
+        tail = len(self.glued)
+        while units and self.closes[units[-1].stop - 1]:
+            tail = units.pop().start
+        return lead, tail
+
 
 def block_key(block: str, scope: bytes = b"") -> bytes:
     """A block's identity: 16-byte BLAKE2b of its text without trailing whitespace,

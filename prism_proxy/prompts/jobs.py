@@ -275,22 +275,10 @@ def find_documents(
     glued: frozenset[str] = frozenset()
     if not found.certain:
         judged = evidence.judge(found.documents)
-        units = judged.units()
         glued = frozenset(i for i, g in zip(ids, judged.glued, strict=True) if g)
-        # Leading units that only ever opened the list stay in front (an instruction,
-        # "Context:"); trailing ones that only ever closed it stay at the end.
-        lead_end = 0
-        for unit in units:
-            if not judged.opens[unit.start]:
-                break
-            lead_end = unit.stop
-        tail_start = len(ids)
-        for unit in reversed(units):
-            if unit.start < lead_end or not judged.closes[unit.stop - 1]:
-                break
-            tail_start = unit.start
-        pinned = ids[:lead_end]
-        fixed = pinned + ids[tail_start:]
+        lead, tail = judged.in_place()
+        pinned = ids[:lead]
+        fixed = pinned + ids[tail:]
     try:
         prompt = SegmentedPrompt(
             system=system,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
-from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
+from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence, block_key
 from prism_proxy.prompts.extraction import extract
 from prism_proxy.qas.alignment import canonical_key
 from prism_tokens.byte_lru import ByteLRU
@@ -141,22 +141,18 @@ def found_documents(
     documents = list(found.documents)
     bodies = [d.rstrip() for d in documents]
     gaps = [d[len(b) :] for d, b in zip(documents, bodies, strict=True)]
-    if found.labels is not None:
-        movable = Movable(found.preamble, tuple(bodies), tuple(gaps), found.suffix)
-        return replace(movable, label_format=found.label_format), None
-    if found.certain:
-        return Movable(found.preamble, tuple(bodies), tuple(gaps), found.suffix), None
+    if found.certain:  # numbered labels follow positions (`label_format`)
+        movable = Movable(
+            found.preamble, tuple(bodies), tuple(gaps), found.suffix, found.label_format
+        )
+        return movable, None
     if structure is None:
         if evidence is None:
             return None, None
         judged = evidence.judge(documents)
-        units = judged.units()
-        lead = tail = 0
-        while units and judged.opens[units[0].start]:
-            lead = units.pop(0).stop
-        while units and judged.closes[units[-1].stop - 1]:
-            tail = len(documents) - units.pop().start
-        structure = (lead, tuple(u.start for u in units), tail)
+        lead, tail = judged.in_place()
+        starts = tuple(u.start for u in judged.units() if lead <= u.start < tail)
+        structure = (lead, starts, len(documents) - tail)
     lead, starts, tail = structure
     stops = (*starts[1:], len(documents) - tail)
     if len(starts) < 2 or lead > starts[0] or stops[-1] < starts[-1]:
@@ -173,12 +169,6 @@ def found_documents(
         tail="".join(documents[len(documents) - tail :]) + found.suffix,
     )
     return movable, structure
-
-
-def _document_key(text: str) -> bytes:
-    return hashlib.blake2b(
-        text.strip().encode("utf-8", "surrogatepass"), digest_size=KEY_BYTES
-    ).digest()
 
 
 def _size(key: bytes, value: Any) -> int:
@@ -237,7 +227,7 @@ class ToolResults:
             with self._lock:
                 self._served.put(key, Served(None, None))
             return text
-        keys = [_document_key(item) for item in documents.items]
+        keys = [block_key(item.lstrip()) for item in documents.items]
         with self._lock:
             counts = [self._seen.get(k) or 0 for k in keys]
             order = tuple(

@@ -8,7 +8,9 @@
   `LAYOUTS` (``blank``: joined by blank lines, as LangChain's stuff-documents chain;
   ``xml``: ``<document>`` elements; ``numbered``: ``[1] ``, ``[2] `` labels in the
   client's order; ``markdown``: a ``## `` header naming each document; ``dashed``:
-  LlamaIndex's default text-QA template). One more chat layout, ``tool``, puts the
+  LlamaIndex's default text-QA template; ``metadata``: that template with each node
+  rendered as LlamaIndex's `MetadataMode.LLM` does, a ``file_path: …`` line, a blank
+  line, then the text). One more chat layout, ``tool``, puts the
   documents in a retrieval tool's result instead (`CHAT_LAYOUTS`, `tool_messages`):
   the only place ContextPilot 0.5.0's server reorders text documents.
 * ``sglang`` — SGLang's native ``/generate`` with the whole prompt as ``text``.
@@ -30,7 +32,7 @@ from prism_proxy.prompts.jobs import TokenJob, hinted_job
 from prism_proxy.prompts.serializer import Serializer
 
 API_NAMES = ("prism", "openai", "sglang", "native")
-LAYOUTS = ("blank", "xml", "numbered", "markdown", "dashed")  # in the user message
+LAYOUTS = ("blank", "xml", "numbered", "markdown", "dashed", "metadata")  # in the user message
 # More numbered styles, each documents labelled in the client's order then a blank line:
 # `numbered-<style>` (the label, "{n}" the number; `own-line`: the label on a line of
 # its own).
@@ -72,7 +74,9 @@ def user_text(request: TraceRequest, layout: str = "blank") -> str:
     if layout == "markdown":
         sections = "".join(f"## {segment.id}\n{segment.text}\n\n" for segment in request.segments)
         return sections + question
-    if layout == "dashed":
+    if layout in ("dashed", "metadata"):
+        if layout == "metadata":
+            docs = [f"file_path: data/{s.id}.txt\n\n{s.text}" for s in request.segments]
         context = "\n\n".join(docs)
         return (
             "Context information is below.\n---------------------\n"

@@ -38,11 +38,27 @@ What that server does with a plain chat (contextpilot 0.5.0, files under
 So of loadgen's layouts it acts only on `tool` (`loadgen.apis.tool_messages`); with the
 documents in the user message it is a pass-through. `check_peer_lines` holds the sweep
 to that. The twin cannot run the line (`TWIN_REFUSAL`).
+
+`contextpilot-rag` is ContextPilot's own RAG usage, the one its README documents for
+online inference: the client asks ContextPilot for each request's document order
+before it sends the request, and sends it straight to the engine (ContextPilot's
+`cp.optimize(docs, query)`, served by the same server as `POST /reorder`). The
+server runs in its default live (stateful) mode: one index of every earlier
+request's documents, searched and grown by each call (`_reorder_stateful`,
+http_server.py:570), never evicted (eviction sync needs an engine patched to call
+`/evict`, which an unmodified SGLang does not). The replay calls `/reorder` at each
+request's send time with the request's document texts (`contextpilot_order`), so
+its time counts in the request's TTFT as it would for ContextPilot's user, and
+writes the documents in the sweep's layout in that order, so every line sends the
+same text and only the order differs. ContextPilot's `optimize` also adds an
+importance-ranking line to a system message it writes itself; that text would make
+its prompts differ from every other line's, so it is left out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import subprocess
 from collections.abc import Iterator
@@ -50,7 +66,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from loadgen.apis import CHAT_LAYOUTS
 from loadgen.processes import ServerProcess, run_server
+from loadgen.trace_format import TraceRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = ROOT / ".venv-peers"
@@ -80,6 +100,11 @@ class PeerServer:
     module: str
     health_path: str  # 200 once it serves (ContextPilot's /health is 503 until /reorder)
     layouts: tuple[str, ...]  # client layouts it acts on (loadgen.apis.CHAT_LAYOUTS)
+    # where the client sends its requests: "server" (to this server, which forwards
+    # them) or "engine" (straight to the engine, after asking this server's
+    # `reorder_path` for each request's document order)
+    sends_to: str = "server"
+    reorder_path: str | None = None
 
     @property
     def python(self) -> Path:
@@ -102,11 +127,19 @@ CONTEXTPILOT_REAL = PeerServer(
     health_path="/",
     layouts=("tool",),
 )
-PEER_SERVERS = {CONTEXTPILOT_REAL.label: CONTEXTPILOT_REAL}
+CONTEXTPILOT_RAG = dataclasses.replace(
+    CONTEXTPILOT_REAL,
+    label="contextpilot-rag",
+    layouts=CHAT_LAYOUTS,
+    sends_to="engine",
+    reorder_path="/reorder",
+)
+PEER_SERVERS = {server.label: server for server in (CONTEXTPILOT_REAL, CONTEXTPILOT_RAG)}
 
 TWIN_REFUSAL = (
-    "the twin cannot run contextpilot-real: its order comes from ContextPilot's own live "
-    "index (a tree of earlier requests' documents that every request searches and grows), "
+    "the twin cannot run ContextPilot's lines (contextpilot-real, contextpilot-rag): "
+    "their order comes from ContextPilot's own live index (a tree of earlier requests' "
+    "documents that every request searches and grows), "
     "code that imports numpy and scipy and runs only in its venv (.venv has no scipy), "
     "which PRISM would have to re-implement (that is contextpilot-style); and the twin "
     "does not model its server (its pool of 100 backend connections queues requests "
@@ -155,7 +188,7 @@ def check_peer_lines(labels: list[str], *, engine: str, client_api: str, layout:
         if client_api != "openai" or layout not in server.layouts:
             raise ValueError(
                 f"{label} takes plain chat with its documents where its server reorders "
-                f"them: --client-api openai --layout {' or '.join(server.layouts)} "
+                f"them: --client-api openai --layout <one of {', '.join(server.layouts)}> "
                 f"(loadgen.peer_lines says why)"
             )
         require_installed(server)
@@ -191,6 +224,28 @@ def index_activity(log_text: str) -> dict[str, Any]:
         "searched": searched,
         "matched": matched,
     }
+
+
+async def contextpilot_order(
+    session: aiohttp.ClientSession, reorder_url: str, request: TraceRequest
+) -> TraceRequest:
+    """`request` with its documents in the order ContextPilot's `POST /reorder` gives
+    them (one context: the documents' texts, which it keys by identical strings).
+    A request whose documents may not move, or has fewer than two, is not asked.
+    ValueError when the answer is not the same documents."""
+    if not request.reorder or len(request.segments) < 2:
+        return request
+    texts = [segment.text for segment in request.segments]
+    async with session.post(reorder_url, json={"contexts": [texts]}) as response:
+        if response.status != 200:
+            raise ValueError(f"ContextPilot /reorder: HTTP {response.status}")
+        answer = await response.json()
+    contexts = answer.get("reordered_contexts") if isinstance(answer, dict) else None
+    order = contexts[0] if isinstance(contexts, list) and contexts else None
+    if not isinstance(order, list) or sorted(map(str, order)) != sorted(texts):
+        raise ValueError("ContextPilot /reorder answered other documents than it was sent")
+    by_text = {segment.text: segment for segment in request.segments}
+    return dataclasses.replace(request, segments=tuple(by_text[text] for text in order))
 
 
 def peer_record(

@@ -44,6 +44,9 @@ class ReplayConfig:
     progress: bool | None = None  # None: only on a terminal
     routing_key: str = "none"  # X-SMG-Routing-Key for a gateway: ROUTING_KEYS
     max_replica_share: float = 0.4  # "anchor-bounded": the cap m (loadgen.hot_keys)
+    # ContextPilot's `POST /reorder` (`loadgen.peer_lines.contextpilot_order`): asked
+    # for each request's document order at its send time, inside its measured time
+    reorder_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -169,22 +172,26 @@ async def send_one(
     session: aiohttp.ClientSession,
     config: ReplayConfig,
     request: TraceRequest,
-    call: tuple[str, dict[str, Any]],
+    call: tuple[str, dict[str, Any]] | None,
     scheduled_at: float,
     headers: dict[str, str] | None = None,
+    model: str = "default",
 ) -> RequestRecord:
-    """Send one request (``call`` = its path and body; ``headers``: its routing headers,
+    """Send one request (``call`` = its path and body; None: built here, after asking
+    ``config.reorder_url`` for its document order; ``headers``: its routing headers,
     by default from ``config.routing_key``), stream its answer, and measure it (modeled
     time)."""
     loop = asyncio.get_running_loop()
     scale = config.time_scale
-    path, body = call
     sent_at = loop.time()
     first_at: list[float] = []
     lane: str | None = None
     status: int | None = None
     tally = _Tally()
     try:
+        if call is None:
+            call = await reordered_call(session, config, request, model)
+        path, body = call
         if headers is None:
             headers = routing_headers_for(request, config.routing_key)
         async with session.post(config.target + path, json=body, headers=headers) as response:
@@ -221,6 +228,19 @@ async def send_one(
     )
 
 
+async def reordered_call(
+    session: aiohttp.ClientSession, config: ReplayConfig, request: TraceRequest, model: str
+) -> tuple[str, dict[str, Any]]:
+    """The path and body of ``request`` with its documents in the order
+    ``config.reorder_url`` gives (plain chat in the config's layout)."""
+    from loadgen.peer_lines import contextpilot_order
+
+    if config.reorder_url is None or config.api != "openai":
+        raise ValueError("a reordered call needs reorder_url and api 'openai'")
+    ordered = await contextpilot_order(session, config.reorder_url, request)
+    return build_request(config.api, ordered, model, None, config.layout)
+
+
 def _serializer(trace: Trace) -> Any:
     """The proxy's serializer over the trace's own tokenizer (``--api native``)."""
     from prism_proxy.prompts.serializer import Serializer
@@ -248,9 +268,13 @@ async def replay(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         model = config.model or await discover_model(session, config.target)
         serializer = _serializer(trace) if config.api == "native" else None
-        # Bodies are built before the clock starts: no client work on the send path.
+        # Bodies are built before the clock starts: no client work on the send path
+        # (but a reordering client's, built at send time after its reorder call).
         calls = [
-            build_request(config.api, r, model, serializer, config.layout) for r in trace.requests
+            None
+            if config.reorder_url is not None
+            else build_request(config.api, r, model, serializer, config.layout)
+            for r in trace.requests
         ]
         headers, routing = await plan_routing(session, config, trace)
         tasks: list[asyncio.Task[RequestRecord]] = []
@@ -260,7 +284,9 @@ async def replay(trace: Trace, config: ReplayConfig) -> dict[str, Any]:
             delay = scheduled - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(send_one(session, config, request, call, scheduled, header))
+            task = asyncio.create_task(
+                send_one(session, config, request, call, scheduled, header, model)
+            )
             if bar is not None:
                 task.add_done_callback(lambda _t: bar.update(1))
             tasks.append(task)

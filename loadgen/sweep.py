@@ -329,6 +329,7 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         sim_args = sim_command(config, variant, control_port, token)
     proxy_args: list[str] = []
     settings: dict[str, Any] | None = None
+    reorder_url: str | None = None
     engine_name = f"{config.backend}-{variant.label}"
     with (
         run_server(
@@ -343,7 +344,11 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
 
             peer_server = PEER_SERVERS[variant.peer]
             peer = stack.enter_context(run_peer_server(peer_server, sim.url, log_dir=logs))
-            target, api = peer.url, "openai"
+            api = "openai"
+            if peer_server.sends_to == "server":
+                target = peer.url
+            else:  # the client asks the peer for an order, then sends to the engine
+                reorder_url = peer.url + (peer_server.reorder_path or "")
         elif variant.policy is not None:
             proxy_args = proxy_command(config, variant, sim.url, control_port, token)
             proxy = stack.enter_context(
@@ -351,7 +356,12 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
             )
             target, api = proxy.url, config.client_api
         replay_config = ReplayConfig(
-            target=target, api=api, layout=config.layout, time_scale=config.speed, progress=False
+            target=target,
+            api=api,
+            layout=config.layout,
+            time_scale=config.speed,
+            progress=False,
+            reorder_url=reorder_url,
         )
         results = asyncio.run(replay(trace, replay_config))
         results["engine_state"] = engine_state(sim.url)

@@ -5,9 +5,11 @@
   proxy runs FCFS; the baselines on LRU eviction, `prism` on DART with the control RPC.
   `contextpilot-style` is the proxy's own re-implementation of ContextPilot's ordering
   (`prism_proxy.qas.baselines`).
-* Peer lines (`contextpilot-real`): a third party's own server in front of the same
-  engine (FCFS, LRU), with its own reordering and index (`loadgen.peer_lines`); not
-  in the default set, since it needs `make peers` and a layout it acts on.
+* Peer lines: a third party's own server beside the same engine (FCFS, LRU), with its
+  own reordering and index (`loadgen.peer_lines`): `contextpilot-real` in front of
+  it (the client sends it plain chat), `contextpilot-rag` asked by the client for each
+  request's document order (ContextPilot's documented RAG usage). Not in the default
+  set, since they need `make peers` (and the first a layout it acts on).
 * Native SGLang (`sglang-fcfs`, `sglang-lpm`, `sglang-hrrn`): no proxy in the path; the
   client sends each prompt serialized in its own order (`--api native`), and the
   engine's `--schedule-policy` orders them, on LRU: what a user would run instead.
@@ -25,7 +27,7 @@ from prism_proxy.qas.params import QAS_VARIANTS
 
 PROXY_BASELINES = ("fifo", "klpm", "contextpilot-style")
 NATIVE = ("sglang-fcfs", "sglang-lpm", "sglang-hrrn")
-PEER_LINES = ("contextpilot-real",)  # keys of loadgen.peer_lines.PEER_SERVERS
+PEER_LINES = ("contextpilot-real", "contextpilot-rag")  # loadgen.peer_lines.PEER_SERVERS
 BASELINES = (*PROXY_BASELINES, *NATIVE, *PEER_LINES)
 POLICIES = (*PROXY_BASELINES, "prism")
 ALL_POLICIES = (*POLICIES, *NATIVE)  # the default lines

@@ -1,10 +1,14 @@
-"""The sweep's `contextpilot-real` line: ContextPilot 0.5.0's own server,
-pinned in `.venv-peers/contextpilot` (`make peers`), in front of prism-sim over real HTTP.
+"""The sweep's ContextPilot lines: ContextPilot 0.5.0's own server, pinned in
+`.venv-peers/contextpilot` (`make peers`), beside prism-sim over real HTTP:
+`contextpilot-real` in front of it, `contextpilot-rag` asked by the client for each
+request's document order (its documented RAG usage).
 
 * It reorders the documents of the `tool` layout, and the engine caches the prompt in
   ContextPilot's order: the cached prefix of a request is exactly what it shares with
   the earlier prompt once its documents are in the order ContextPilot reports.
 * A sweep runs the line and records what ran (command, version, layout, index).
+* Asked for an order, ContextPilot puts the documents of the context it indexed first
+  in that context's order; the engine then caches that shared prefix.
 * Without the venv, in the twin, or with a layout it ignores, the line fails saying why.
 
 The live tests skip only when `.venv-peers/contextpilot` is absent.
@@ -12,6 +16,8 @@ The live tests skip only when `.venv-peers/contextpilot` is absent.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,7 +27,13 @@ import pytest
 import loadgen.peer_lines as peer_lines
 from loadgen.apis import build_request, chat_messages
 from loadgen.cli import main
-from loadgen.peer_lines import CONTEXTPILOT_REAL, check_peer_lines, run_peer_server
+from loadgen.peer_lines import (
+    CONTEXTPILOT_RAG,
+    CONTEXTPILOT_REAL,
+    check_peer_lines,
+    contextpilot_order,
+    run_peer_server,
+)
 from loadgen.processes import run_server
 from loadgen.trace_format import Segment, TraceRequest
 from loadgen.variants import ALL_POLICIES, KNOWN_LINES, base_variant
@@ -151,13 +163,16 @@ def test_refusals_say_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     # The twin cannot model it: simulate refuses before any trace is built.
     argv = ["simulate", "--out", str(tmp_path / "twin"), "--policies", "fifo,contextpilot-real"]
     assert main([*argv, "--client-api", "openai", "--layout", "tool"]) == 2
-    assert "the twin cannot run contextpilot-real" in capsys.readouterr().err
+    assert "the twin cannot run ContextPilot's lines" in capsys.readouterr().err
     assert not (tmp_path / "twin" / "traces").exists()
     # A layout its server does not reorder would make it a pass-through.
     for api, layout in (("prism", "tool"), ("openai", "xml"), ("openai", "blank")):
-        with pytest.raises(ValueError, match="--client-api openai --layout tool"):
+        with pytest.raises(ValueError, match="--client-api openai --layout <one of tool>"):
             check_peer_lines(["contextpilot-real"], engine="sim", client_api=api, layout=layout)
     check_peer_lines(["fifo"], engine="twin", client_api="prism", layout="blank")
+    # The RAG line's client writes the prompt itself: any chat layout, plain chat only.
+    with pytest.raises(ValueError, match="--client-api openai"):
+        check_peer_lines(["contextpilot-rag"], engine="sim", client_api="prism", layout="xml")
 
 
 def test_missing_venv_says_make_peers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,3 +197,62 @@ def test_tool_layout_is_what_contextpilot_writes_back() -> None:
     )
     assert messages[3]["content"] == "Question: why?"
     assert messages[:2] == chat_messages(request("s", "CD", "how"), "tool")[:2]
+
+
+@installed
+@pytest.mark.slow
+def test_rag_client_sends_contextpilots_order_to_the_engine(tmp_path: Path) -> None:
+    """ContextPilot's RAG usage: the client asks `/reorder`, then sends to the engine.
+    The second request's shared documents come first in the first one's order, and
+    the engine caches the prefix that order shares."""
+    import aiohttp
+
+    first = request("r1", "ABCD", "which bridge")
+    second = request("r2", "CAEB", "which river")
+
+    async def ordered(url: str) -> list[str]:
+        async with aiohttp.ClientSession() as session:
+            orders = [await contextpilot_order(session, url, r) for r in (first, second)]
+            fixed = dataclasses.replace(second, reorder=False)
+            assert await contextpilot_order(session, url, fixed) is fixed  # not asked
+        return ["".join(s.id for s in r.segments) for r in orders]
+
+    with (
+        run_server("prism_sim", ["--speed", "20"], log_dir=tmp_path) as sim,
+        run_peer_server(CONTEXTPILOT_RAG, sim.url, log_dir=tmp_path) as peer,
+        httpx.Client(timeout=60.0) as client,
+    ):
+        first_order, second_order = asyncio.run(ordered(peer.url + "/reorder"))
+        assert sorted(first_order) == sorted("ABCD")
+        assert second_order[:3] == first_order.replace("D", "")[:3]
+        assert sorted(second_order) == sorted("CAEB")
+        cached = []
+        for req, order in ((first, first_order), (second, second_order)):
+            arranged = request(req.rid, order, req.suffix.removeprefix("Question: ")[:-1])
+            path, body = build_request("openai", arranged, "m", layout="xml")
+            body["stream"] = False
+            answer = client.post(sim.url + path, json=body).json()
+            cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+    # Three documents of the second prompt come from the cache (60 words each).
+    assert cached[0] == 0 and cached[1] > 200
+
+
+@installed
+@pytest.mark.slow
+def test_sweep_runs_contextpilot_rag(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--out", str(out), "--policies", "contextpilot-rag", "--qps", "40"]
+    argv += ["--num-requests", "24", "--speed", "4", "--client-api", "openai"]
+    assert main([*argv, "--layout", "xml", "--no-report"]) == 0
+    doc = json.loads((out / "results" / "contextpilot-rag_qps40.json").read_text())
+    assert doc["summary"]["completed"] == 24 and doc["summary"]["failed"] == 0
+    assert doc["config"]["reorder_url"].endswith("/reorder")
+    variant = doc["variant"]
+    assert variant["peer"] == "contextpilot-rag" and variant["layout"] == "xml"
+    server = variant["peer_server"]
+    # The requests went to the engine, not through ContextPilot.
+    peer_port = server["command"][server["command"].index("--port") + 1]
+    assert not doc["config"]["target"].endswith(":" + peer_port)
+    assert doc["config"]["reorder_url"].endswith(f":{peer_port}/reorder")
+    # Every request with documents to order was searched in its index after the first.
+    assert server["index"]["index_built"] and server["index"]["searched"] == 23

@@ -198,6 +198,23 @@ def test_quality_as_an_unmodified_client(tmp_path: Path, capsys) -> None:
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("layout", ["metadata", "tool"])
+def test_quality_in_other_chat_layouts(tmp_path: Path, capsys, layout: str) -> None:
+    """LlamaIndex's metadata rendering and passages in a retrieval tool's result: every
+    question answered under both orders, the same text (prompt lengths) either way."""
+    out = tmp_path / layout
+    argv = ["quality", "--engine", "sim", "--out", str(out), "--questions", "12",
+            "--orders", "fifo,prism", "--layout", layout]  # fmt: skip
+    assert loadgen_main(argv) == 0
+    result = json.loads((out / "summary.json").read_text())
+    assert result["config"]["layout"] == layout
+    summary = result["summary"]
+    assert all(summary[o]["questions"] == 12 and summary[o]["failed"] == 0 for o in summary)
+    fifo, prism = answers(out, "fifo"), answers(out, "prism")
+    assert [r["prompt_tokens"] for r in fifo] == [r["prompt_tokens"] for r in prism]
+    capsys.readouterr()
+
+
 def test_quality_refuses_an_unknown_order(tmp_path: Path, capsys) -> None:
     argv = ["quality", "--engine", "sim", "--out", str(tmp_path), "--orders", "fifo,bogus"]
     assert loadgen_main(argv) == 2

@@ -4,7 +4,7 @@
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
 #   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|
-#                                   real-engine|scale-out|agent-sessions|all]
+#                                   real-engine|contextpilot-rag|scale-out|agent-sessions|all]
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
@@ -133,15 +133,15 @@ scale_out() {
 
 unmodified() {
   # Issue 24: zipf_hotspot sent as plain OpenAI chat, as unmodified clients send it, in
-  # each layout, through the real proxy and prism-sim at 60 QPS (~12 min); beside it the
+  # each layout, through the real proxy and prism-sim at 60 QPS (~14 min); beside it the
   # same trace with hints
   local out=runs/unmodified
-  for layout in blank xml numbered markdown dashed; do
+  for layout in blank xml numbered markdown dashed metadata; do
     prism-loadgen sweep --out $out/$layout --client-api openai --layout $layout \
       --policies fifo,contextpilot-style,prism,sglang-fcfs --qps 60 --num-requests 600
   done
   prism-loadgen sweep --out $out/hinted --policies prism --qps 60 --num-requests 600
-  for name in blank xml numbered markdown dashed hinted; do
+  for name in blank xml numbered markdown dashed metadata hinted; do
     mkdir -p "docs/results/unmodified/$name"
     cp "$out/$name"/{report.md,summaries.json,sweep.json} "docs/results/unmodified/$name/"
   done
@@ -157,9 +157,11 @@ quality() {
 }
 
 quality_unmodified() {
-  # Issue 24: answer F1 when an unmodified client's documents are found and reordered
-  # by the proxy, against the client's own order (SmolLM2 on a real SGLang; ~15 min)
-  for layout in numbered blank; do
+  # Issues 24 and 35: answer F1 when an unmodified client's documents are found and
+  # reordered by the proxy, against the client's own order (SmolLM2 on a real SGLang;
+  # ~20 min): numbered and blank-line passages, LlamaIndex's metadata rendering, and
+  # passages in a retrieval tool's result
+  for layout in numbered blank metadata tool; do
     prism-loadgen quality --out runs/quality-plain-$layout --layout $layout --orders fifo,prism
     mkdir -p docs/results/quality-unmodified/$layout
     cp runs/quality-plain-$layout/{report.md,summary.json,answers-*.jsonl} \
@@ -191,8 +193,23 @@ agent_sessions() {
     > $out/seeds.md
 }
 
+contextpilot_rag() {
+  # Issue 35: ContextPilot's documented RAG usage (the client asks its live index for
+  # each request's document order, then sends to the engine) beside the proxy's lines,
+  # zipf_hotspot as plain chat (xml documents in the user message), three seeds: the
+  # real stack (prism-sim, ~25 min) and the real SGLang on this CPU (~40 min); make
+  # peers (and make sglang-venv) first
+  prism-loadgen sweep --out runs/contextpilot-rag-sim --seeds 0,1,2 --client-api openai \
+    --layout xml --policies fifo,contextpilot-style,contextpilot-rag,prism --qps 40,70
+  prism-loadgen sweep --backend sglang-cpu --out runs/contextpilot-rag-sglang --seeds 0,1,2 \
+    --client-api openai --layout xml --policies fifo,contextpilot-rag,prism --qps 8,24 \
+    --num-requests 320
+  publish contextpilot-rag-sim contextpilot-rag-sglang
+}
+
 case $what in
   real) real ;;
+  contextpilot-rag) contextpilot_rag ;;
   real-engine) real_engine ;;
   scale-out) scale_out ;;
   agent-sessions) agent_sessions ;;
@@ -201,8 +218,8 @@ case $what in
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
-  all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine; scale_out
-    agent_sessions ;;
-  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|agent-sessions|all]" >&2
+  all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine
+    contextpilot_rag; scale_out; agent_sessions ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|all]" >&2
     exit 2 ;;
 esac

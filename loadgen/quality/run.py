@@ -2,14 +2,15 @@
 
     prism-loadgen quality --out runs/quality [--engine sglang-cpu --model smollm2]
         [--orders fifo,prism,adversarial,no-answer] [--questions 240] [--concurrency 4]
-        [--layout blank|xml|numbered|markdown|dashed]
+        [--layout blank|xml|numbered|markdown|dashed|metadata|tool|numbered-...]
 
 For each order, on a fresh engine and proxy (the engine runs DART with its control RPC
 for every order, so only the order differs): every question of the answer_quality
 trace (`trace.py`) is asked through the proxy with the real `openai` client (chat,
 the segments in `extra_body={"prism": ...}`, temperature 0), `--concurrency` at a time
 in trace order. With `--layout`, the client is unmodified instead: no hints, the
-passages in the user message in that layout (`loadgen.apis.user_text`), so under
+passages in that chat layout (`loadgen.apis.chat_messages`: in the user message, or
+in a retrieval tool's result for `tool`), so under
 `prism` the proxy finds them itself and reorders them (its defaults), and `fifo` is the
 client's own text. Each answer is scored against its references (SQuAD F1 and EM,
 `metrics.py`); the report gives each order's means with 95 % bootstrap intervals, the
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.apis import LAYOUTS, prism_hint, user_text
+from loadgen.apis import CHAT_LAYOUTS, chat_messages, prism_hint
 from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import ServerProcess, free_port, run_server
 from loadgen.quality.metrics import best_scores, bootstrap_mean, paired_difference
@@ -71,8 +72,8 @@ class QualityConfig:
             raise ValueError("engine is 'sglang-cpu' or 'sim'")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if self.layout is not None and self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}")
+        if self.layout is not None and self.layout not in CHAT_LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(CHAT_LAYOUTS)}")
 
 
 def model_directory(config: QualityConfig) -> str:
@@ -146,11 +147,7 @@ async def ask_all(
     gate = asyncio.Semaphore(concurrency)
 
     async def ask(request: TraceRequest) -> dict[str, Any]:
-        text = request.joined_user_text() if layout is None else user_text(request, layout)
-        messages: list[Any] = [
-            {"role": "system", "content": request.system},
-            {"role": "user", "content": text},
-        ]
+        messages: list[Any] = chat_messages(request, layout)
         extra = {"prism": prism_hint(request)} if layout is None else None
         record: dict[str, Any] = {"rid": request.rid}
         async with gate:
@@ -369,9 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sglang-python", default=SGLANG_PYTHON)
     parser.add_argument(
         "--layout",
-        choices=LAYOUTS,
+        choices=CHAT_LAYOUTS,
         default=None,
-        help="an unmodified client: no hints, the passages in the user message so laid out",
+        help="an unmodified client: no hints, the passages in this chat layout",
     )
     parser.add_argument(
         "--rescore", action="store_true", help="score the answers saved in --out again, ask nothing"

@@ -159,9 +159,9 @@ quality() {
 quality_unmodified() {
   # Issues 24 and 35: answer F1 when an unmodified client's documents are found and
   # reordered by the proxy, against the client's own order (SmolLM2 on a real SGLang;
-  # ~20 min): numbered and blank-line passages, LlamaIndex's metadata rendering, and
-  # passages in a retrieval tool's result
-  for layout in numbered blank metadata tool; do
+  # 5-15 min per layout): numbered and blank-line passages, LlamaIndex's metadata
+  # rendering, and passages in a retrieval tool's result
+  for layout in ${QUALITY_LAYOUTS:-numbered blank metadata tool}; do
     prism-loadgen quality --out runs/quality-plain-$layout --layout $layout --orders fifo,prism
     mkdir -p docs/results/quality-unmodified/$layout
     cp runs/quality-plain-$layout/{report.md,summary.json,answers-*.jsonl} \

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -34,9 +35,12 @@ import httpx
 import pytest
 from agents import (
     Agent,
+    FunctionToolResult,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    RunContextWrapper,
     Runner,
+    ToolsToFinalOutputResult,
     function_tool,
     set_tracing_disabled,
 )
@@ -57,6 +61,7 @@ from openai.types.responses import ResponseFunctionToolCall
 from proxy_support import ProxyFactory, proxy_factory_fixture, sim_server
 
 from prism_proxy.app import RunningProxy
+from prism_proxy.edge import state
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -453,3 +458,52 @@ async def test_openai_agents_tool_loop(proxy_factory: ProxyFactory) -> None:
     cached = second.usage.input_tokens_details.cached_tokens
     assert cached >= first.usage.input_tokens > 0, (first.usage, second.usage)
     assert second.usage.input_tokens > first.usage.input_tokens
+
+
+SEARCHES: list[list[int]] = []  # the order of each search's results, one per call
+
+
+@function_tool
+def search(query: str) -> list[dict[str, str]]:
+    """Search the bridge encyclopedia; the passages found, best first."""
+    order = [[0, 1, 2, 3], [2, 0, 3, 1], [1, 2, 3, 0]][len(SEARCHES) % 3]
+    SEARCHES.append(order)
+    return [{"title": DOCS[i].split(" is ")[0][:24], "text": DOCS[i]} for i in order]
+
+
+def after_three_searches(
+    context: RunContextWrapper[Any], results: list[FunctionToolResult]
+) -> ToolsToFinalOutputResult:
+    return ToolsToFinalOutputResult(is_final_output=len(SEARCHES) >= 3, final_output="done")
+
+
+async def test_openai_agents_search_tool_history_stays_cached(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """An agent whose search tool returns documents (a list of dicts, which the SDK
+    sends as `str(value)`) searches three times, the same documents in three orders.
+    Every model call caches the whole earlier call's prompt: each tool result is served
+    in one order every time it is re-sent."""
+    set_tracing_disabled(True)
+    SEARCHES.clear()
+    proxy = await proxy_factory()
+    async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        agent = Agent(
+            name="Researcher",
+            instructions="You answer questions about bridges. Search before you answer.",
+            tools=[search],
+            model=OpenAIChatCompletionsModel(model="m", openai_client=client),
+            model_settings=ModelSettings(tool_choice="required", max_tokens=64),
+            reset_tool_choice=False,
+            tool_use_behavior=after_three_searches,
+        )
+        result = await Runner.run(agent, "Which bridge is the oldest?")
+    calls = result.raw_responses
+    assert len(calls) == 3 and len(SEARCHES) == 3, calls
+    for earlier, later in itertools.pairwise(calls):
+        cached = later.usage.input_tokens_details.cached_tokens
+        assert cached >= earlier.usage.input_tokens > 0, (earlier.usage, later.usage)
+    stats = proxy.app[state.TOOL_RESULTS].stats()
+    # each result arranged when first sent; the first, re-sent in the third call,
+    # served as before
+    assert stats["arranged"] == 2 and stats["repeated"] == 1, stats

@@ -35,8 +35,9 @@ Layouts, tried in this order (the first that fits wins):
 * `numbered`: lines starting with a label numbered 1, 2, 3, ... in one format: a
   number, bare (`n. `, `n) `, `n: `), in brackets (`[n]`, `(n)`, `<n>`, `#n`) or
   after a word naming a document (`Document n:`, `Source [n]`, `Search result n -`,
-  `Chunk #n`: `DOCUMENT_NOUNS`, any case, an optional word before it), optionally in
-  markdown emphasis (`**Document n:**`), followed by a space or the line's end (a
+  `Chunk #n`: `DOCUMENT_NOUNS`, any case, an optional word before it; such a named
+  label may itself be in brackets, `[Document n]`), optionally in markdown emphasis
+  (`**Document n:**`, `**Document n**:`), followed by a space or the line's end (a
   label on its own line). Families are tried in order: a document word or a bracket,
   then a parenthesis, then a bare number (so a numbered list of instructions before
   `[1]` documents stays text). In the first family with two or more labels of one
@@ -158,10 +159,13 @@ DOCUMENT_NOUNS = (
 _NUMBERED_MARKER = re.compile(
     r"^(?=[\[(#<*_0-9A-Za-z])"
     r"(?P<em>\*\*|__|\*)?"
+    r"(?P<outer>[\[(](?=[A-Za-z]))?"  # brackets around a named label: "[Document 1]"
     r"(?P<word>(?:[A-Za-z]{1,24}+ )?(?i:" + "|".join(DOCUMENT_NOUNS) + r")s?[ \t]?)?"
     r"(?P<open>[\[(#<])?"
     rf"(?P<number>{_NUMBER})"
     r"(?(open)(?P<close>[\])>])?)"
+    r"(?(outer)(?P<outer_close>[\])])?)"
+    r"(?P<em1>\*\*|__|\*)?"  # emphasis closed before the punctuation: "**Source 1**:"
     r"(?P<punct>[:.)]|[ \t]?[-–—](?=[ \t]))?"
     r"(?P<em2>\*\*|__|\*)?"
     r"(?:[ \t]+|(?=\n)|\Z)",
@@ -176,7 +180,15 @@ def _marker_family(marker: re.Match[str]) -> int | None:
     the label is not well formed (unpaired brackets or emphasis, a bare number without
     punctuation)."""
     opened, closed = marker.group("open"), marker.group("close")
-    if _PAIRS[opened] != closed or marker.group("em") != marker.group("em2"):
+    outer = marker.group("outer")
+    em_closes = [em for em in (marker.group("em1"), marker.group("em2")) if em]
+    if _PAIRS[opened] != closed or len(em_closes) > 1:
+        return None
+    if marker.group("em") != (em_closes[0] if em_closes else None):
+        return None
+    if outer is not None and (
+        not marker.group("word") or _PAIRS[outer] != marker.group("outer_close")
+    ):
         return None
     if marker.group("word") or opened in ("[", "#", "<"):
         return 0

@@ -80,7 +80,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 ALL_LAYOUTS = ("xml", "dashed", "numbered", "markdown", "blank")
@@ -110,6 +110,13 @@ class Extraction:
     labels: tuple[str, ...] | None  # numbered only: each label as written ("[3] ")
     label_format: str | None  # numbered only: the label with "{n}" ("[{n}] ")
     certain: bool  # the layout fixes the boundaries (not blank-line blocks)
+
+    def with_no_question(self) -> Extraction:
+        """This extraction of a text that no question follows (documents in a system
+        message, a tool's result): blank-line blocks' last block is a document too."""
+        if self.layout != "blank" or not self.suffix.strip():
+            return self
+        return replace(self, documents=(*self.documents, self.suffix), suffix="")
 
 
 # Whitespace is Python's (`str.isspace`, regex `\s`); lines end at "\n" only.

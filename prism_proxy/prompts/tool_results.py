@@ -264,9 +264,7 @@ def found_documents(
     found = extract(text, layouts)
     if found is None:
         return None, None
-    if found.layout == "blank" and found.suffix.strip():
-        # no question follows a tool's documents: the last block is one of them
-        found = replace(found, documents=(*found.documents, found.suffix), suffix="")
+    found = found.with_no_question()  # no question follows a tool's documents
     documents = list(found.documents)
     bodies = [d.rstrip() for d in documents]
     gaps = [d[len(b) :] for d, b in zip(documents, bodies, strict=True)]

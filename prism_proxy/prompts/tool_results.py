@@ -68,6 +68,18 @@ class Movable:
     tail: str
     label_format: str | None = None
 
+    @classmethod
+    def of_spans(cls, text: str, spans: Sequence[tuple[int, int]]) -> Movable:
+        """`text` with the items at `spans` (in order, apart); what lies between two
+        stays with the position after the first."""
+        gaps = tuple(text[end:begin] for (_, end), (begin, _) in pairwise(spans))
+        return cls(
+            head=text[: spans[0][0]],
+            items=tuple(text[a:b] for a, b in spans),
+            gaps=(*gaps, ""),
+            tail=text[spans[-1][1] :],
+        )
+
     def compose(self, order: Sequence[int]) -> str:
         parts = [self.head]
         for position, index in enumerate(order):
@@ -175,13 +187,7 @@ def literal_documents(text: str) -> Movable | None:
         ]
     except (ValueError, UnicodeDecodeError, IndexError):
         return None
-    gaps = tuple(text[end:begin] for (_, end), (begin, _) in pairwise(spans))
-    return Movable(
-        head=text[: spans[0][0]],
-        items=tuple(text[a:b] for a, b in spans),
-        gaps=(*gaps, ""),
-        tail=text[spans[-1][1] :],
-    )
+    return Movable.of_spans(text, spans)
 
 
 def _literal_results(node: ast.List) -> bool:
@@ -237,13 +243,7 @@ def json_documents(text: str) -> Movable | None:
         return None
     if len(spans) < 2 or text[at + 1 :].strip():
         return None
-    gaps = tuple(text[end:begin] for (_, end), (begin, _) in pairwise(spans))
-    return Movable(
-        head=text[: spans[0][0]],
-        items=tuple(text[a:b] for a, b in spans),
-        gaps=(*gaps, ""),
-        tail=text[spans[-1][1] :],
-    )
+    return Movable.of_spans(text, spans)
 
 
 # How an uncertain layout's blocks were grouped the first time: the blocks kept in front,

@@ -157,7 +157,7 @@ def literal_documents(text: str) -> Movable | None:
     if any(match.group(1) not in _ESCAPED for match in _ESCAPE.finditer(text)):
         return None
     try:
-        tree = ast.parse(text.strip(), mode="eval").body
+        tree = ast.parse(stripped, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     lists = [tree] if isinstance(tree, ast.List) else []
@@ -170,23 +170,30 @@ def literal_documents(text: str) -> Movable | None:
     if len(elements) > MAX_DOCUMENTS:
         return None
     offset = len(text) - len(text.lstrip())
-    encoded = text.strip().encode("utf-8", "surrogatepass")
-    starts = [0]
+    encoded = stripped.encode("utf-8", "surrogatepass")
+    line_starts = [0]  # the parser's lines (it reads "\r\n" and "\r" as "\n" too)
     for line in encoded.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
-
-    def position(line: int | None, column: int | None) -> int:
-        if line is None or column is None:
-            raise ValueError("no position")
-        return offset + len(encoded[: starts[line - 1] + column].decode("utf-8", "surrogatepass"))
-
+        line_starts.append(line_starts[-1] + len(line))
     try:
-        spans = [
-            (position(e.lineno, e.col_offset), position(e.end_lineno, e.end_col_offset))
+        # byte offsets in `stripped` (the parser's columns are UTF-8 bytes), increasing
+        marks = [
+            line_starts[line - 1] + column
             for e in elements
+            for line, column in ((e.lineno, e.col_offset), (e.end_lineno, e.end_col_offset))
+            if line is not None and column is not None
         ]
-    except (ValueError, UnicodeDecodeError, IndexError):
+        if len(marks) != 2 * len(elements) or marks != sorted(marks):
+            return None
+        chars, done, at = [], 0, 0
+        for mark in marks:  # to characters, decoding each byte once
+            done += len(encoded[at:mark].decode("utf-8", "surrogatepass"))
+            chars.append(offset + done)
+            at = mark
+    except (UnicodeDecodeError, IndexError):
         return None
+    spans = list(zip(chars[::2], chars[1::2], strict=True))
+    if not all(text.startswith("{", a) and text.endswith("}", a, b) for a, b in spans):
+        return None  # not the elements' text: never move what is not one
     return Movable.of_spans(text, spans)
 
 

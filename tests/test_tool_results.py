@@ -321,3 +321,23 @@ async def test_a_tool_result_keeps_the_clients_order_where_nothing_reorders(
     assert answer.usage is not None
     cached = answer.usage.prompt_tokens_details.cached_tokens
     assert cached < 0.5 * answer.usage.prompt_tokens, (cached, answer.usage.prompt_tokens)
+
+
+def test_no_large_tree_is_built_for_text_that_cannot_be_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More dicts than results may hold, or a list of a hundred thousand numbers: the
+    text is refused before the parser builds its tree."""
+    import prism_proxy.prompts.tool_results as tool_results
+
+    def no_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(tool_results.ast, "parse", no_parse)
+    for text in (
+        str([{"text": "a"}] * 60_000),
+        str([{"text": "a", "vector": [0.5] * 100_000}, {"text": "b"}]),
+    ):
+        assert tool_results.literal_documents(text) is None
+    monkeypatch.undo()
+    assert tool_results.literal_documents(str([{"text": "a"}] * 200)) is not None

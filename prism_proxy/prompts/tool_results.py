@@ -152,7 +152,7 @@ def literal_documents(text: str) -> Movable | None:
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{" or stripped[-1] not in "]}":
         return None
-    if len(stripped) > LITERAL_MAX_CHARS:
+    if len(stripped) > LITERAL_MAX_CHARS or _nodes_past_bound(stripped):
         return None
     if any(match.group(1) not in _ESCAPED for match in _ESCAPE.finditer(text)):
         return None
@@ -195,6 +195,15 @@ def literal_documents(text: str) -> Movable | None:
     if not all(text.startswith("{", a) and text.endswith("}", a, b) for a, b in spans):
         return None  # not the elements' text: never move what is not one
     return Movable.of_spans(text, spans)
+
+
+def _nodes_past_bound(text: str) -> bool:
+    """Whether `text` may parse to more nodes than results of at most `MAX_DOCUMENTS`
+    elements need (so that no text makes the parser build a large tree for nothing):
+    dicts and lists by their brackets, items by their commas (prose in strings has
+    about one comma in 80 characters)."""
+    brackets = text.count("{") + text.count("[")
+    return brackets > 16 * MAX_DOCUMENTS or text.count(",") > 256 * MAX_DOCUMENTS
 
 
 def _literal_results(node: ast.List) -> bool:

@@ -293,17 +293,29 @@ async def test_langchain_rag_tutorial(proxy_factory: ProxyFactory, order: str) -
 # --- (b) LlamaIndex ----------------------------------------------------------------------
 
 
+def node_metadata(kind: str | None, index: int) -> dict[str, str]:
+    """A node's metadata as LlamaIndex's readers set it (None: none)."""
+    if kind == "file":
+        return {"file_path": f"data/bridges/{index}.txt"}
+    if kind == "pdf":
+        return {"page_label": str(3 + index), "file_path": "data/bridges.pdf"}
+    return {}
+
+
 @order_param
-@pytest.mark.parametrize("metadata", [False, True], ids=["text", "metadata"])
+@pytest.mark.parametrize(
+    "metadata", [None, "file", "pdf"], ids=["text", "metadata", "pdf-metadata"]
+)
 async def test_llama_index_text_qa(
-    proxy_factory: ProxyFactory, monkeypatch: pytest.MonkeyPatch, order: str, metadata: bool
+    proxy_factory: ProxyFactory, monkeypatch: pytest.MonkeyPatch, order: str, metadata: str | None
 ) -> None:
     """The compact response synthesizer over given nodes (no index, no embeddings): a
     chat model gets LlamaIndex's default text-QA prompt (a system message, then the
     context between dashed rules and the query). With `metadata`, each node carries a
     file path as a directory reader sets it, and the prompt renders it as LlamaIndex
     does by default (`MetadataMode.LLM`: the "file_path: ..." line, a blank line, the
-    text), so each document is two blank-line blocks. Its response has no usage: the
+    text), so each document is two blank-line blocks; a PDF reader's nodes carry a page
+    label too (two metadata lines). Its response has no usage: the
     proxy's metrics count the second call."""
     # Unset, llama-index-core points tiktoken at the cl100k_base file in its own wheel.
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
@@ -323,7 +335,7 @@ async def test_llama_index_text_qa(
             NodeWithScore(
                 node=TextNode(
                     text=d,
-                    metadata={"file_path": f"data/bridges/{DOCS.index(d)}.txt"} if metadata else {},
+                    metadata=node_metadata(metadata, DOCS.index(d)),
                 ),
                 score=1.0,
             )

@@ -50,7 +50,7 @@ from langchain_classic.chains.combine_documents import create_stuff_documents_ch
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage, SystemMessage
-from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 from langchain_openai import ChatOpenAI
 from langsmith import tracing_context
 from llama_index.core import get_response_synthesizer
@@ -227,28 +227,45 @@ DOCUMENTS_THEN_QUESTION = ChatPromptTemplate.from_messages(
 )
 
 
+# `format_document` with metadata: a document prompt naming each document's source, on
+# the line before its text or in a block of its own.
+SOURCE_LINE = PromptTemplate.from_template("Source: {source}\n{page_content}")
+SOURCE_BLOCK = PromptTemplate.from_template("Source: {source}\n\n{page_content}")
+
+
 @order_param
 @pytest.mark.parametrize(
-    ("prompt", "layout"),
+    ("prompt", "document_prompt", "layout"),
     [
-        pytest.param(DOCUMENTS_THEN_QUESTION, "blank", id="documents-then-question"),
+        pytest.param(DOCUMENTS_THEN_QUESTION, None, "blank", id="documents-then-question"),
         # the documents joined by blank lines inside <context>, in the system message
-        pytest.param(RETRIEVAL_QA_CHAT, "xml", id="retrieval-qa-chat"),
+        pytest.param(RETRIEVAL_QA_CHAT, None, "xml", id="retrieval-qa-chat"),
+        pytest.param(DOCUMENTS_THEN_QUESTION, SOURCE_LINE, "blank", id="source-line"),
+        pytest.param(DOCUMENTS_THEN_QUESTION, SOURCE_BLOCK, "blank", id="source-block"),
     ],
 )
 async def test_langchain_stuff_documents_chain(
-    proxy_factory: ProxyFactory, prompt: ChatPromptTemplate, layout: str, order: str
+    proxy_factory: ProxyFactory,
+    prompt: ChatPromptTemplate,
+    document_prompt: PromptTemplate | None,
+    layout: str,
+    order: str,
 ) -> None:
     proxy = await proxy_factory()
     llm = ChatOpenAI(
         base_url=proxy.url + "/v1", api_key="x", model="m", max_tokens=MAX_TOKENS, max_retries=0
     )
-    # documents formatted as their page_content and joined with "\n\n" (the defaults)
-    chain = create_stuff_documents_chain(llm, prompt)
+    # documents joined with "\n\n", each formatted as its page_content (the defaults)
+    # or by `document_prompt`
+    extra = {"document_prompt": document_prompt} if document_prompt is not None else {}
+    chain = create_stuff_documents_chain(llm, prompt, **extra)
 
     def ask(docs: list[str], question: str) -> tuple[int, int]:
         usage = UsageMetadataCallbackHandler()
-        documents = [Document(page_content=d) for d in docs]
+        documents = [
+            Document(page_content=d, metadata={"source": f"bridges/{DOCS.index(d)}.md"})
+            for d in docs
+        ]
         with tracing_context(enabled=False):  # LangSmith, even where LANGSMITH_TRACING is set
             chain.invoke({"context": documents, "input": question}, config={"callbacks": [usage]})
         reported = usage.usage_metadata["m"]

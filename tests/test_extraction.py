@@ -398,6 +398,8 @@ PARAGRAPH = st.lists(LINE, min_size=1, max_size=3).map("\n".join)
             "(Source {n}) ",
             "**Document {n}**: ",
             "*Passage {n}*: ",
+            "    Document {n}: ",  # indented by a template's loop
+            "\t[{n}] ",
         ]
     ),
     joiner=st.sampled_from(["\n", "\n\n"]),

@@ -391,6 +391,21 @@ Context:
 Question: {{question}}
 Answer:
 """
+# The template with document meta in PromptBuilder's own docstring (haystack-ai 2.x,
+# "Changing the template at runtime"): indented, each document numbered by the loop.
+DOCSTRING_META = """
+    You are a helpful assistant.
+    Given these documents, answer the question.
+    Documents:
+    {% for doc in documents %}
+        Document {{ loop.index }}:
+        Document name: {{ doc.meta['title'] }}
+        {{ doc.content }}
+    {% endfor %}
+
+    Question: {{ question }}
+    Answer:
+    """
 # The instruction as a system message, the documents first in the user's.
 DOCUMENTS_LOOP_THEN_QUESTION = """{% for document in documents %}{{ document.content }}
 
@@ -432,12 +447,14 @@ def haystack_pipeline(proxy: RunningProxy, messages: list[tuple[str, str]]) -> P
         pytest.param([("user", GIVEN_THE_FOLLOWING)], id="tutorial"),
         # and with each document's title, a block of its own before the text
         pytest.param([("user", WITH_META)], id="tutorial-meta"),
+        pytest.param([("user", DOCSTRING_META)], id="docstring-meta"),
     ],
 )
 @order_param
 async def test_haystack_prompt_builder_pipeline(
     proxy_factory: ProxyFactory, messages: list[tuple[str, str]], order: str
 ) -> None:
+    layout = "numbered" if "loop.index" in messages[-1][1] else "blank"
     proxy = await proxy_factory()
     pipeline = haystack_pipeline(proxy, messages)
 
@@ -450,7 +467,7 @@ async def test_haystack_prompt_builder_pipeline(
         usage = result["llm"]["replies"][0].meta["usage"]
         return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
-    assert_documents_reused(await second_call_reuse(proxy, ask, order), "blank", 0.7)
+    assert_documents_reused(await second_call_reuse(proxy, ask, order), layout, 0.7)
 
 
 # --- (d) OpenAI Agents SDK ---------------------------------------------------------------

@@ -32,7 +32,8 @@ Layouts, tried in this order (the first that fits wins):
   certain layout (xml, numbered, markdown) that covers the whole block is used as such;
   otherwise the documents are the block's blank-line blocks (certain=False), or one
   document (certain) when it has no blank line.
-* `numbered`: lines starting with a label numbered 1, 2, 3, ... in one format: a
+* `numbered`: lines starting (after at most 16 spaces or tabs, as a template's loop
+  indents them) with a label numbered 1, 2, 3, ... in one format: a
   number, bare (`n. `, `n) `, `n: `), in brackets (`[n]`, `(n)`, `<n>`, `#n`) or
   after a word naming a document (`Document n:`, `Source [n]`, `Search result n -`,
   `Chunk #n`: `DOCUMENT_NOUNS`, any case, an optional word before it; such a named
@@ -164,7 +165,7 @@ DOCUMENT_NOUNS = (
     "information",
 )
 _NUMBERED_MARKER = re.compile(
-    r"^(?=[\[(#<*_0-9A-Za-z])"
+    r"^[ \t]{0,16}+(?=[\[(#<*_0-9A-Za-z])"  # indented as a template's loop writes it
     r"(?P<em>\*\*|__|\*)?"
     r"(?P<outer>[\[(](?=[A-Za-z]))?"  # brackets around a named label: "[Document 1]"
     r"(?P<word>(?:[A-Za-z]{1,24}+ )?(?i:" + "|".join(DOCUMENT_NOUNS) + r")s?[ \t]?)?"

@@ -47,6 +47,7 @@ from prism_proxy.prompts.conversation import chat_job
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.jobs import TokenJob
 from prism_proxy.prompts.serializer import Serializer
+from prism_proxy.prompts.tool_results import ToolResults, arrange_tool_messages
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.prism import PrismPolicy
@@ -119,6 +120,7 @@ class Twin:
         self.scheduler = self.engine.scheduler
         self.serializer = Serializer(tokenizer)
         self.evidence = BlockEvidence(PROXY_DEFAULTS.evidence_cache_bytes)
+        self.tool_results = ToolResults(PROXY_DEFAULTS.evidence_cache_bytes)
         self.core: AdmissionCore | None = None
         if setup.policy is not None:
             self.core = AdmissionCore(
@@ -172,6 +174,14 @@ class Twin:
             tracked.job = token_job(request, self.serializer)
         else:
             messages = chat_messages(request, self.setup.layout)
+            if self.core.policy.reorders and PROXY_DEFAULTS.extraction_reorder:
+                # documents in tool results, as the proxy's edge serves them (chat_relay)
+                arrange_tool_messages(
+                    messages,
+                    layouts=PROXY_DEFAULTS.extraction_layouts,
+                    evidence=self.evidence.scoped(""),
+                    results=self.tool_results,
+                )
             tracked.job = chat_job(
                 self.serializer,
                 messages,

@@ -394,6 +394,12 @@ PARAGRAPH = st.lists(LINE, min_size=1, max_size=3).map("\n".join)
             "Search result {n}: ",
             "doc {n}. ",
             "<{n}> ",
+            "[Document {n}] ",
+            "(Source {n}) ",
+            "**Document {n}**: ",
+            "*Passage {n}*: ",
+            "    Document {n}: ",  # indented by a template's loop
+            "\t[{n}] ",
         ]
     ),
     joiner=st.sampled_from(["\n", "\n\n"]),
@@ -542,6 +548,9 @@ def test_a_label_on_its_own_line(label: str) -> None:
         "1 apple\n2 pears\n\nHow many?",  # a bare number without punctuation
         "[1) a\n[2) b\n\nQ",  # unpaired brackets
         "**Document 1: a\n**Document 2: b\n\nQ",  # unpaired emphasis
+        "**Document 1**:** a\n**Document 2**:** b\n\nQ",  # emphasis closed twice
+        "[Document 1) a\n[Document 2) b\n\nQ",  # unpaired brackets
+        "[1 a\n[2 b\n\nQ",  # an unnamed label in outer brackets
     ],
 )
 def test_labels_that_do_not_name_documents_are_text(text: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -34,9 +35,12 @@ import httpx
 import pytest
 from agents import (
     Agent,
+    FunctionToolResult,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    RunContextWrapper,
     Runner,
+    ToolsToFinalOutputResult,
     function_tool,
     set_tracing_disabled,
 )
@@ -46,7 +50,7 @@ from langchain_classic.chains.combine_documents import create_stuff_documents_ch
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.messages import HumanMessage, SystemMessage
-from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 from langchain_openai import ChatOpenAI
 from langsmith import tracing_context
 from llama_index.core import get_response_synthesizer
@@ -57,6 +61,7 @@ from openai.types.responses import ResponseFunctionToolCall
 from proxy_support import ProxyFactory, proxy_factory_fixture, sim_server
 
 from prism_proxy.app import RunningProxy
+from prism_proxy.edge import state
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -222,28 +227,45 @@ DOCUMENTS_THEN_QUESTION = ChatPromptTemplate.from_messages(
 )
 
 
+# `format_document` with metadata: a document prompt naming each document's source, on
+# the line before its text or in a block of its own.
+SOURCE_LINE = PromptTemplate.from_template("Source: {source}\n{page_content}")
+SOURCE_BLOCK = PromptTemplate.from_template("Source: {source}\n\n{page_content}")
+
+
 @order_param
 @pytest.mark.parametrize(
-    ("prompt", "layout"),
+    ("prompt", "document_prompt", "layout"),
     [
-        pytest.param(DOCUMENTS_THEN_QUESTION, "blank", id="documents-then-question"),
+        pytest.param(DOCUMENTS_THEN_QUESTION, None, "blank", id="documents-then-question"),
         # the documents joined by blank lines inside <context>, in the system message
-        pytest.param(RETRIEVAL_QA_CHAT, "xml", id="retrieval-qa-chat"),
+        pytest.param(RETRIEVAL_QA_CHAT, None, "xml", id="retrieval-qa-chat"),
+        pytest.param(DOCUMENTS_THEN_QUESTION, SOURCE_LINE, "blank", id="source-line"),
+        pytest.param(DOCUMENTS_THEN_QUESTION, SOURCE_BLOCK, "blank", id="source-block"),
     ],
 )
 async def test_langchain_stuff_documents_chain(
-    proxy_factory: ProxyFactory, prompt: ChatPromptTemplate, layout: str, order: str
+    proxy_factory: ProxyFactory,
+    prompt: ChatPromptTemplate,
+    document_prompt: PromptTemplate | None,
+    layout: str,
+    order: str,
 ) -> None:
     proxy = await proxy_factory()
     llm = ChatOpenAI(
         base_url=proxy.url + "/v1", api_key="x", model="m", max_tokens=MAX_TOKENS, max_retries=0
     )
-    # documents formatted as their page_content and joined with "\n\n" (the defaults)
-    chain = create_stuff_documents_chain(llm, prompt)
+    # documents joined with "\n\n", each formatted as its page_content (the defaults)
+    # or by `document_prompt`
+    extra = {"document_prompt": document_prompt} if document_prompt is not None else {}
+    chain = create_stuff_documents_chain(llm, prompt, **extra)
 
     def ask(docs: list[str], question: str) -> tuple[int, int]:
         usage = UsageMetadataCallbackHandler()
-        documents = [Document(page_content=d) for d in docs]
+        documents = [
+            Document(page_content=d, metadata={"source": f"bridges/{DOCS.index(d)}.md"})
+            for d in docs
+        ]
         with tracing_context(enabled=False):  # LangSmith, even where LANGSMITH_TRACING is set
             chain.invoke({"context": documents, "input": question}, config={"callbacks": [usage]})
         reported = usage.usage_metadata["m"]
@@ -288,17 +310,29 @@ async def test_langchain_rag_tutorial(proxy_factory: ProxyFactory, order: str) -
 # --- (b) LlamaIndex ----------------------------------------------------------------------
 
 
+def node_metadata(kind: str | None, index: int) -> dict[str, str]:
+    """A node's metadata as LlamaIndex's readers set it (None: none)."""
+    if kind == "file":
+        return {"file_path": f"data/bridges/{index}.txt"}
+    if kind == "pdf":
+        return {"page_label": str(3 + index), "file_path": "data/bridges.pdf"}
+    return {}
+
+
 @order_param
-@pytest.mark.parametrize("metadata", [False, True], ids=["text", "metadata"])
+@pytest.mark.parametrize(
+    "metadata", [None, "file", "pdf"], ids=["text", "metadata", "pdf-metadata"]
+)
 async def test_llama_index_text_qa(
-    proxy_factory: ProxyFactory, monkeypatch: pytest.MonkeyPatch, order: str, metadata: bool
+    proxy_factory: ProxyFactory, monkeypatch: pytest.MonkeyPatch, order: str, metadata: str | None
 ) -> None:
     """The compact response synthesizer over given nodes (no index, no embeddings): a
     chat model gets LlamaIndex's default text-QA prompt (a system message, then the
     context between dashed rules and the query). With `metadata`, each node carries a
     file path as a directory reader sets it, and the prompt renders it as LlamaIndex
     does by default (`MetadataMode.LLM`: the "file_path: ..." line, a blank line, the
-    text), so each document is two blank-line blocks. Its response has no usage: the
+    text), so each document is two blank-line blocks; a PDF reader's nodes carry a page
+    label too (two metadata lines). Its response has no usage: the
     proxy's metrics count the second call."""
     # Unset, llama-index-core points tiktoken at the cl100k_base file in its own wheel.
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
@@ -318,7 +352,7 @@ async def test_llama_index_text_qa(
             NodeWithScore(
                 node=TextNode(
                     text=d,
-                    metadata={"file_path": f"data/bridges/{DOCS.index(d)}.txt"} if metadata else {},
+                    metadata=node_metadata(metadata, DOCS.index(d)),
                 ),
                 score=1.0,
             )
@@ -357,6 +391,21 @@ Context:
 Question: {{question}}
 Answer:
 """
+# The template with document meta in PromptBuilder's own docstring (haystack-ai 2.x,
+# "Changing the template at runtime"): indented, each document numbered by the loop.
+DOCSTRING_META = """
+    You are a helpful assistant.
+    Given these documents, answer the question.
+    Documents:
+    {% for doc in documents %}
+        Document {{ loop.index }}:
+        Document name: {{ doc.meta['title'] }}
+        {{ doc.content }}
+    {% endfor %}
+
+    Question: {{ question }}
+    Answer:
+    """
 # The instruction as a system message, the documents first in the user's.
 DOCUMENTS_LOOP_THEN_QUESTION = """{% for document in documents %}{{ document.content }}
 
@@ -398,12 +447,14 @@ def haystack_pipeline(proxy: RunningProxy, messages: list[tuple[str, str]]) -> P
         pytest.param([("user", GIVEN_THE_FOLLOWING)], id="tutorial"),
         # and with each document's title, a block of its own before the text
         pytest.param([("user", WITH_META)], id="tutorial-meta"),
+        pytest.param([("user", DOCSTRING_META)], id="docstring-meta"),
     ],
 )
 @order_param
 async def test_haystack_prompt_builder_pipeline(
     proxy_factory: ProxyFactory, messages: list[tuple[str, str]], order: str
 ) -> None:
+    layout = "numbered" if "loop.index" in messages[-1][1] else "blank"
     proxy = await proxy_factory()
     pipeline = haystack_pipeline(proxy, messages)
 
@@ -416,7 +467,7 @@ async def test_haystack_prompt_builder_pipeline(
         usage = result["llm"]["replies"][0].meta["usage"]
         return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
-    assert_documents_reused(await second_call_reuse(proxy, ask, order), "blank", 0.7)
+    assert_documents_reused(await second_call_reuse(proxy, ask, order), layout, 0.7)
 
 
 # --- (d) OpenAI Agents SDK ---------------------------------------------------------------
@@ -453,3 +504,52 @@ async def test_openai_agents_tool_loop(proxy_factory: ProxyFactory) -> None:
     cached = second.usage.input_tokens_details.cached_tokens
     assert cached >= first.usage.input_tokens > 0, (first.usage, second.usage)
     assert second.usage.input_tokens > first.usage.input_tokens
+
+
+SEARCHES: list[list[int]] = []  # the order of each search's results, one per call
+
+
+@function_tool
+def search(query: str) -> list[dict[str, str]]:
+    """Search the bridge encyclopedia; the passages found, best first."""
+    order = [[0, 1, 2, 3], [2, 0, 3, 1], [1, 2, 3, 0]][len(SEARCHES) % 3]
+    SEARCHES.append(order)
+    return [{"title": DOCS[i].split(" is ")[0][:24], "text": DOCS[i]} for i in order]
+
+
+def after_three_searches(
+    context: RunContextWrapper[Any], results: list[FunctionToolResult]
+) -> ToolsToFinalOutputResult:
+    return ToolsToFinalOutputResult(is_final_output=len(SEARCHES) >= 3, final_output="done")
+
+
+async def test_openai_agents_search_tool_history_stays_cached(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """An agent whose search tool returns documents (a list of dicts, which the SDK
+    sends as `str(value)`) searches three times, the same documents in three orders.
+    Every model call caches the whole earlier call's prompt: each tool result is served
+    in one order every time it is re-sent."""
+    set_tracing_disabled(True)
+    SEARCHES.clear()
+    proxy = await proxy_factory()
+    async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        agent = Agent(
+            name="Researcher",
+            instructions="You answer questions about bridges. Search before you answer.",
+            tools=[search],
+            model=OpenAIChatCompletionsModel(model="m", openai_client=client),
+            model_settings=ModelSettings(tool_choice="required", max_tokens=64),
+            reset_tool_choice=False,
+            tool_use_behavior=after_three_searches,
+        )
+        result = await Runner.run(agent, "Which bridge is the oldest?")
+    calls = result.raw_responses
+    assert len(calls) == 3 and len(SEARCHES) == 3, calls
+    for earlier, later in itertools.pairwise(calls):
+        cached = later.usage.input_tokens_details.cached_tokens
+        assert cached >= earlier.usage.input_tokens > 0, (earlier.usage, later.usage)
+    stats = proxy.app[state.TOOL_RESULTS].stats()
+    # each result arranged when first sent; the first, re-sent in the third call,
+    # served as before
+    assert stats["arranged"] == 2 and stats["repeated"] == 1, stats

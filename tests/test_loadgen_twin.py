@@ -14,9 +14,10 @@ import pytest
 from loadgen.apis import chat_messages, client_order_ids, token_job
 from loadgen.cli import main
 from loadgen.rag_trace import RagTraceParams, build_rag_trace
-from loadgen.trace_format import Trace, read_trace
+from loadgen.trace_format import Trace, TraceRequest, read_trace
 from loadgen.twin import Twin, TwinSetup, simulate
 from prism_proxy.prompts.serializer import Serializer
+from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +117,33 @@ def test_twin_serves_plain_chat_as_the_proxy_does(trace: Trace, tokenizer, layou
         )
     assert moved > 50
     assert prism.dart.stats().anchors_resident > 0
+    hits = [summarize_hit(twin) for twin in (fifo, prism)]
+    assert hits[1] > hits[0] + 0.10, hits
+
+
+def test_twin_arranges_tool_results_as_the_proxy_does(trace: Trace, tokenizer) -> None:
+    """`--layout tool`: the documents in a retrieval tool's result. Under fifo the
+    engine gets the client's text; under prism each tool result is served most popular
+    first, its text the client's documents in another order, and reuses more."""
+    fmt = content_format(tokenizer.chat_template)
+
+    def client_text(request: TraceRequest) -> str:  # as SGLang renders it (tool calls)
+        return tokenizer.render_chat(template_messages(chat_messages(request, "tool"), fmt))
+
+    fifo = Twin(trace, TwinSetup(policy="fifo", layout="tool"), tokenizer)
+    assert all(r.success for r in fifo.run())
+    for request in trace.requests[:20]:
+        assert tokenizer.decode(fifo.tracked[request.rid].sim.input_ids) == client_text(request)
+    prism = Twin(trace, TwinSetup(policy="prism", eviction="dart", layout="tool"), tokenizer)
+    assert all(r.success for r in prism.run())
+    arranged = 0
+    for request in trace.requests:
+        served = tokenizer.decode(prism.tracked[request.rid].sim.input_ids)
+        client = client_text(request)
+        assert sorted(served) == sorted(client)  # the same characters, other order
+        arranged += served != client
+    assert arranged > 50
+    assert prism.tool_results.stats()["arranged"] == len(trace.requests)
     hits = [summarize_hit(twin) for twin in (fifo, prism)]
     assert hits[1] > hits[0] + 0.10, hits
 

@@ -5,8 +5,10 @@ engine's cache, and an agent's later calls cache its whole history."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
+import pprint
 import random
 
 import openai
@@ -19,7 +21,7 @@ from prism_proxy.prompts.tool_results import (
     ToolResults,
     arrange_tool_messages,
     found_documents,
-    json_documents,
+    result_documents,
 )
 
 sim = pytest.fixture(scope="module")(sim_server)
@@ -35,10 +37,12 @@ DOCS = [
 ]
 
 
+def results(docs: list[str]) -> list[dict]:
+    return [{"title": f"doc {DOCS.index(d)}", "page_content": d, "score": 0.5} for d in docs]
+
+
 def as_json(docs: list[str], indent: int | None = None) -> str:
-    return json.dumps(
-        [{"title": f"doc {DOCS.index(d)}", "page_content": d} for d in docs], indent=indent
-    )
+    return json.dumps(results(docs), indent=indent)
 
 
 LAYOUTS = {
@@ -48,6 +52,15 @@ LAYOUTS = {
     "numbered": lambda docs: "\n".join(f"[{n}] {d}" for n, d in enumerate(docs, 1)),
     "json": as_json,
     "json-indented": lambda docs: as_json(docs, indent=2),
+    # a search API's answer: the results are one member of an object
+    "json-member": lambda docs: json.dumps({"query": "bridges", "results": results(docs)}),
+    # what an agent SDK sends for a tool that returns a list or a dict: str(value)
+    "python-list": lambda docs: str(results(docs)),
+    "python-dict": lambda docs: str({"query": "bridges", "results": results(docs), "n": None}),
+    # pretty-printed over lines (long strings split in pieces), accents, CRLF line ends
+    "python-pformat": lambda docs: pprint.pformat(
+        [{**r, "title": r["title"] + " é"} for r in results(docs)], width=50
+    ).replace("\n", "\r\n"),
     "markdown": lambda docs: "".join(f"## {d.split()[1]}\n{d}\n\n" for d in docs),
 }
 
@@ -55,7 +68,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_served_in_the_clients_order_a_tool_message_is_unchanged(layout: str) -> None:
     text = LAYOUTS[layout](DOCS)
-    documents = json_documents(text)
+    documents = result_documents(text)
     if documents is None:
         documents, _ = found_documents(text, ALL_LAYOUTS, BlockEvidence(1 << 20))
     assert documents is not None and len(documents.items) == len(DOCS)
@@ -70,8 +83,12 @@ def test_two_orders_of_one_set_are_served_alike(layout: str) -> None:
     first = results.serve(b"a", LAYOUTS[layout](DOCS), ALL_LAYOUTS, evidence)
     second = results.serve(b"b", LAYOUTS[layout](DOCS[::-1]), ALL_LAYOUTS, evidence)
     assert first == second
-    for doc in DOCS:  # the text of every document is there, once
-        assert first.count(doc) == 1
+    if layout == "python-pformat":  # its strings are split over lines: read them
+        served = [item["page_content"] for item in ast.literal_eval(first)]
+        assert sorted(served) == sorted(DOCS)
+    else:
+        for doc in DOCS:  # the text of every document is there, once
+            assert first.count(doc) == 1
 
 
 def test_popular_documents_come_first() -> None:
@@ -180,7 +197,7 @@ def agent_messages(docs: list[str], question: str, layout: str, system: str = SY
     ]
 
 
-@pytest.mark.parametrize("layout", ["xml", "numbered", "json"])
+@pytest.mark.parametrize("layout", ["xml", "numbered", "json", "json-member", "python-list"])
 async def test_agents_share_the_documents_their_tools_found(
     proxy_factory: ProxyFactory, layout: str
 ) -> None:
@@ -215,13 +232,71 @@ async def test_agents_share_the_documents_their_tools_found(
         assert later_cached >= prompt - 4, (prompt, later_prompt, later_cached)
 
 
-def test_every_permutation_composes_to_the_same_documents() -> None:
-    text = LAYOUTS["json-indented"](DOCS)
-    documents = json_documents(text)
+@pytest.mark.parametrize(
+    "layout", ["json-indented", "json-member", "python-list", "python-dict", "python-pformat"]
+)
+def test_every_permutation_composes_to_the_same_documents(layout: str) -> None:
+    text = LAYOUTS[layout](DOCS)
+    documents = result_documents(text)
     assert documents is not None
+    read = json.loads if layout.startswith("json") else ast.literal_eval
     for order in itertools.permutations(range(len(DOCS))):
-        served = json.loads(documents.compose(order))
-        assert [item["page_content"] for item in served] == [DOCS[i] for i in order]
+        served = read(documents.compose(order))
+        items = served if isinstance(served, list) else served["results"]
+        assert [item["page_content"] for item in items] == [DOCS[i] for i in order]
+        if isinstance(served, dict):  # the other members stay as they were
+            assert {k: v for k, v in served.items() if k != "results"} == {
+                k: v for k, v in read(text).items() if k != "results"
+            }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps({"a": results(DOCS), "b": results(DOCS)}),  # two lists: which one?
+        str({"a": results(DOCS), "b": results(DOCS)}),
+        json.dumps({"results": results(DOCS)}) + " and more",
+        str(results(DOCS)) + " and more",
+        "[{'text': 'a\\q'}, {'text': 'b'}]",  # an escape Python does not write
+        "[{'text': 'a'}, {'text': 'b'}] if __import__('os') else []",  # not a literal
+        "[{'text': 'a'}, {'text': 1}]",  # one element without text
+        str([{"text": "a"}]),  # one result
+        "[" * 5000 + "]" * 5000,  # nested past the parser's depth
+        "{'results': [{'text': 'a'}, {'text': 'b'}], " * 3000,  # cut short
+    ],
+    ids=lambda text: text[:24],
+)
+def test_no_results_are_guessed_from_other_structures(text: str) -> None:
+    assert result_documents(text) is None
+
+
+def test_text_parts_of_a_tool_message_are_its_documents() -> None:
+    """A tool that returned several texts (one content part each): the parts are the
+    documents, served in one order for two orders of the same set, then the same every
+    later time; a message with a non-text part is left alone."""
+    results_, evidence = ToolResults(1 << 20), BlockEvidence(1 << 20)
+
+    def tool_message(docs: list[str]) -> dict:
+        parts = [{"type": "text", "text": d} for d in docs]
+        return {"role": "tool", "tool_call_id": "1", "content": parts}
+
+    served = []
+    for client, docs in (("a", DOCS), ("b", DOCS[::-1]), ("a", DOCS)):
+        messages = [tool_message(docs)]
+        arrange_tool_messages(
+            messages, layouts=ALL_LAYOUTS, evidence=evidence.scoped(client), results=results_
+        )
+        served.append([part["text"] for part in messages[0]["content"]])
+    assert served[0] == served[1] == served[2] and sorted(served[0]) == sorted(DOCS)
+    assert results_.stats()["repeated"] == 1
+    image = {"type": "image_url", "image_url": {"url": "data:,"}}
+    mixed = tool_message(DOCS[::-1])
+    mixed["content"].append(image)
+    before = json.loads(json.dumps(mixed))
+    arrange_tool_messages(
+        [mixed], layouts=ALL_LAYOUTS, evidence=evidence.scoped("c"), results=results_
+    )
+    assert mixed == before
 
 
 @pytest.mark.parametrize(
@@ -246,3 +321,23 @@ async def test_a_tool_result_keeps_the_clients_order_where_nothing_reorders(
     assert answer.usage is not None
     cached = answer.usage.prompt_tokens_details.cached_tokens
     assert cached < 0.5 * answer.usage.prompt_tokens, (cached, answer.usage.prompt_tokens)
+
+
+def test_no_large_tree_is_built_for_text_that_cannot_be_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More dicts than results may hold, or a list of a hundred thousand numbers: the
+    text is refused before the parser builds its tree."""
+    import prism_proxy.prompts.tool_results as tool_results
+
+    def no_parse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(tool_results.ast, "parse", no_parse)
+    for text in (
+        str([{"text": "a"}] * 60_000),
+        str([{"text": "a", "vector": [0.5] * 100_000}, {"text": "b"}]),
+    ):
+        assert tool_results.literal_documents(text) is None
+    monkeypatch.undo()
+    assert tool_results.literal_documents(str([{"text": "a"}] * 200)) is not None

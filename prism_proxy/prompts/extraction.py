@@ -32,11 +32,13 @@ Layouts, tried in this order (the first that fits wins):
   certain layout (xml, numbered, markdown) that covers the whole block is used as such;
   otherwise the documents are the block's blank-line blocks (certain=False), or one
   document (certain) when it has no blank line.
-* `numbered`: lines starting with a label numbered 1, 2, 3, ... in one format: a
+* `numbered`: lines starting (after at most 16 spaces or tabs, as a template's loop
+  indents them) with a label numbered 1, 2, 3, ... in one format: a
   number, bare (`n. `, `n) `, `n: `), in brackets (`[n]`, `(n)`, `<n>`, `#n`) or
   after a word naming a document (`Document n:`, `Source [n]`, `Search result n -`,
-  `Chunk #n`: `DOCUMENT_NOUNS`, any case, an optional word before it), optionally in
-  markdown emphasis (`**Document n:**`), followed by a space or the line's end (a
+  `Chunk #n`: `DOCUMENT_NOUNS`, any case, an optional word before it; such a named
+  label may itself be in brackets, `[Document n]`), optionally in markdown emphasis
+  (`**Document n:**`, `**Document n**:`), followed by a space or the line's end (a
   label on its own line). Families are tried in order: a document word or a bracket,
   then a parenthesis, then a bare number (so a numbered list of instructions before
   `[1]` documents stays text). In the first family with two or more labels of one
@@ -79,7 +81,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 ALL_LAYOUTS = ("xml", "dashed", "numbered", "markdown", "blank")
@@ -109,6 +111,13 @@ class Extraction:
     labels: tuple[str, ...] | None  # numbered only: each label as written ("[3] ")
     label_format: str | None  # numbered only: the label with "{n}" ("[{n}] ")
     certain: bool  # the layout fixes the boundaries (not blank-line blocks)
+
+    def with_no_question(self) -> Extraction:
+        """This extraction of a text that no question follows (documents in a system
+        message, a tool's result): blank-line blocks' last block is a document too."""
+        if self.layout != "blank" or not self.suffix.strip():
+            return self
+        return replace(self, documents=(*self.documents, self.suffix), suffix="")
 
 
 # Whitespace is Python's (`str.isspace`, regex `\s`); lines end at "\n" only.
@@ -156,12 +165,15 @@ DOCUMENT_NOUNS = (
     "information",
 )
 _NUMBERED_MARKER = re.compile(
-    r"^(?=[\[(#<*_0-9A-Za-z])"
+    r"^[ \t]{0,16}+(?=[\[(#<*_0-9A-Za-z])"  # indented as a template's loop writes it
     r"(?P<em>\*\*|__|\*)?"
+    r"(?P<outer>[\[(](?=[A-Za-z]))?"  # brackets around a named label: "[Document 1]"
     r"(?P<word>(?:[A-Za-z]{1,24}+ )?(?i:" + "|".join(DOCUMENT_NOUNS) + r")s?[ \t]?)?"
     r"(?P<open>[\[(#<])?"
     rf"(?P<number>{_NUMBER})"
     r"(?(open)(?P<close>[\])>])?)"
+    r"(?(outer)(?P<outer_close>[\])])?)"
+    r"(?P<em1>\*\*|__|\*)?"  # emphasis closed before the punctuation: "**Source 1**:"
     r"(?P<punct>[:.)]|[ \t]?[-–—](?=[ \t]))?"
     r"(?P<em2>\*\*|__|\*)?"
     r"(?:[ \t]+|(?=\n)|\Z)",
@@ -176,7 +188,15 @@ def _marker_family(marker: re.Match[str]) -> int | None:
     the label is not well formed (unpaired brackets or emphasis, a bare number without
     punctuation)."""
     opened, closed = marker.group("open"), marker.group("close")
-    if _PAIRS[opened] != closed or marker.group("em") != marker.group("em2"):
+    outer = marker.group("outer")
+    em_closes = [em for em in (marker.group("em1"), marker.group("em2")) if em]
+    if _PAIRS[opened] != closed or len(em_closes) > 1:
+        return None
+    if marker.group("em") != (em_closes[0] if em_closes else None):
+        return None
+    if outer is not None and (
+        not marker.group("word") or _PAIRS[outer] != marker.group("outer_close")
+    ):
         return None
     if marker.group("word") or opened in ("[", "#", "<"):
         return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -255,10 +255,10 @@ def find_documents(
     found = extract(text, layouts)
     if found is None:
         return None
-    if user is not None and found.layout == "blank" and found.suffix.strip():
+    if user is not None:
         # In the system message no question follows the documents: its last block is
         # one of them (LangChain's RAG tutorial: the instruction, then the documents).
-        found = replace(found, documents=(*found.documents, found.suffix), suffix="")
+        found = found.with_no_question()
     documents, joiner, suffix = list(found.documents), None, found.suffix
     trailing = [d[len(d.rstrip()) :] for d in documents]
     if len(set(trailing[:-1])) <= 1:

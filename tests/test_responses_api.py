@@ -1,0 +1,196 @@
+"""`/v1/responses` through the real proxy in front of the simulated engine: the OpenAI
+Agents SDK with its default model class (`OpenAIResponsesModel`), the `openai`
+client's own Responses calls, and the fields the proxy refuses. Tool calls come from
+the simulated engine as SGLang answers a forced `tool_choice` (`prism_sim.tool_calls`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIResponsesModel,
+    RunContextWrapper,
+    RunHooks,
+    Runner,
+    Tool,
+    function_tool,
+    set_tracing_disabled,
+)
+from openai import AsyncOpenAI
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+from proxy_support import SIM_ARGS, ProxyFactory, proxy_factory_fixture
+
+from loadgen.processes import ServerProcess, run_server
+from prism_proxy.api.responses import ResponsesRequest, to_chat
+
+# A chat answer that calls no tool ends with the stop token, as a model's answer does:
+# a streamed Response then completes (`response.completed`), where an answer cut by
+# `max_output_tokens` is `response.incomplete`, which the Agents SDK takes for a failure.
+ANSWER = "The Pont Neuf opened in 1607."
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    args = [*SIM_ARGS, "--answer-text", ANSWER]
+    with run_server("prism_sim", args, log_dir=tmp_path_factory.mktemp("sim")) as server:
+        yield server
+
+
+proxy_factory = pytest.fixture(proxy_factory_fixture)
+
+STEPS = 4
+LOOKUPS: list[str] = []
+
+
+@function_tool
+def look_up(bridge: str) -> str:
+    """A fact about a bridge."""
+    LOOKUPS.append(bridge)
+    return f"fact {len(LOOKUPS)}: it opened in {1600 + len(LOOKUPS)}"
+
+
+class LetItAnswer(RunHooks[Any]):
+    """Forces a tool call until `STEPS` tools ran, then lets the model answer in text
+    (`tool_choice` "auto": the simulated engine then writes its filler text)."""
+
+    async def on_tool_end(
+        self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: str
+    ) -> None:
+        if len(LOOKUPS) >= STEPS:
+            agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice="auto")
+
+
+def bridge_agent(client: AsyncOpenAI) -> Agent[Any]:
+    return Agent(
+        name="Bridges",
+        instructions="You answer questions about bridges. Look facts up with the tool.",
+        tools=[look_up],
+        model=OpenAIResponsesModel(model="m", openai_client=client),
+        model_settings=ModelSettings(tool_choice="required", max_tokens=48),
+        reset_tool_choice=False,
+    )
+
+
+def check_run(responses: list[Any]) -> None:
+    """Four model calls that each end in a `look_up` call, then one that answers."""
+    assert len(responses) == STEPS + 1 and len(LOOKUPS) == STEPS, responses
+    for response in responses[:STEPS]:
+        (call,) = response.output
+        assert isinstance(call, ResponseFunctionToolCall) and call.name == "look_up", call
+        assert call.call_id and call.arguments.startswith("{"), call
+    (message,) = responses[-1].output
+    assert isinstance(message, ResponseOutputMessage) and message.content[0].text == ANSWER
+    for earlier, later in itertools.pairwise(responses):
+        # each call's prompt extends the one before, which the engine cached
+        assert later.usage.input_tokens > earlier.usage.input_tokens > 0
+        assert later.usage.input_tokens_details.cached_tokens >= earlier.usage.input_tokens
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_agents_sdk_default_model_four_tool_steps(
+    proxy_factory: ProxyFactory, streamed: bool
+) -> None:
+    set_tracing_disabled(True)
+    LOOKUPS.clear()
+    proxy = await proxy_factory()
+    async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        agent = bridge_agent(client)
+        question = "When did the Pont Neuf open?"
+        if streamed:
+            run = Runner.run_streamed(agent, question, hooks=LetItAnswer(), max_turns=8)
+            kinds = [event.type async for event in run.stream_events()]
+            assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
+            result: Any = run
+        else:
+            result = await Runner.run(agent, question, hooks=LetItAnswer(), max_turns=8)
+    check_run([response for response in result.raw_responses])
+    assert result.final_output == ANSWER
+
+
+async def test_openai_client_text_answer_streamed_and_not(proxy_factory: ProxyFactory) -> None:
+    """A plain text answer (the token path), whole and through the `openai` client's
+    stream helper, which rebuilds the Response from the events and checks their order."""
+    proxy = await proxy_factory()
+    async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        whole = await client.responses.create(
+            model="m", input="Name a bridge.", instructions="Be short.", max_output_tokens=8,
+            metadata={"case": "whole"},
+        )  # fmt: skip
+        assert whole.status == "incomplete", whole
+        assert whole.incomplete_details.reason == "max_output_tokens"
+        assert whole.output_text and whole.usage.output_tokens == 8, whole
+        assert whole.metadata == {"case": "whole"}
+        async with client.responses.stream(
+            model="m", input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+            max_output_tokens=6,
+        ) as stream:  # fmt: skip
+            deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+            final = await stream.get_final_response()
+    assert deltas and "".join(deltas) == final.output_text, (deltas, final)
+    assert final.usage is not None and final.usage.output_tokens == 6
+
+
+def test_function_calls_and_outputs_become_chat_turns() -> None:
+    body = ResponsesRequest.model_validate(
+        {
+            "instructions": "sys",
+            "input": [
+                {"role": "user", "content": "q"},
+                {"type": "message", "role": "assistant", "content": [
+                    {"type": "output_text", "text": "let me look", "annotations": []}]},
+                {"type": "reasoning", "summary": []},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "one"},
+                {"type": "function_call_output", "call_id": "c2",
+                 "output": [{"type": "input_text", "text": "two"}]},
+            ],
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        }
+    )  # fmt: skip
+    chat = to_chat(body)
+    roles = [m["role"] for m in chat["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "tool"], chat
+    assert [c["id"] for c in chat["messages"][2]["tool_calls"]] == ["c1", "c2"]
+    assert chat["messages"][2]["content"] == "let me look"
+    assert chat["messages"][4] == {"role": "tool", "tool_call_id": "c2", "content": "two"}
+    assert chat["tools"][0]["function"]["name"] == "f"
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert chat["response_format"]["json_schema"]["name"] == "x"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content.0.type",
+        ),
+        ({"input": "hi", "max_output_tokens": -1}, "max_output_tokens"),
+        ({"input": [{"role": "user", "content": ""}] * 2000}, "input"),
+        ({"input": []}, "input"),
+        ({"input": "hi", "stop_regex": "a+"}, "stop_regex"),
+    ],
+)
+async def test_refused_fields_are_named(
+    proxy_factory: ProxyFactory, body: dict[str, Any], param: str
+) -> None:
+    proxy = await proxy_factory()
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+        answer = await client.post("/v1/responses", json=body)
+    assert answer.status_code in (400, 413), answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param), error

@@ -47,6 +47,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 proxy_factory = pytest.fixture(proxy_factory_fixture)
 
 STEPS = 4
+MAX_ITEMS = 16  # the proxy's `max_messages` where input items are counted
 LOOKUPS: list[str] = []
 
 
@@ -116,8 +117,9 @@ async def test_agents_sdk_default_model_four_tool_steps(
 
 
 async def test_openai_client_text_answer_streamed_and_not(proxy_factory: ProxyFactory) -> None:
-    """A plain text answer (the token path), whole and through the `openai` client's
-    stream helper, which rebuilds the Response from the events and checks their order."""
+    """A plain text answer (the token path, filler cut by `max_output_tokens`), whole
+    and streamed through the `openai` client: the events in order, their deltas making
+    the text of the closing `response.incomplete`."""
     proxy = await proxy_factory()
     async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
         whole = await client.responses.create(
@@ -128,12 +130,23 @@ async def test_openai_client_text_answer_streamed_and_not(proxy_factory: ProxyFa
         assert whole.incomplete_details.reason == "max_output_tokens"
         assert whole.output_text and whole.usage.output_tokens == 8, whole
         assert whole.metadata == {"case": "whole"}
-        async with client.responses.stream(
+        stream = await client.responses.create(
             model="m", input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
-            max_output_tokens=6,
-        ) as stream:  # fmt: skip
-            deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
-            final = await stream.get_final_response()
+            max_output_tokens=6, stream=True,
+        )  # fmt: skip
+        events = [event async for event in stream]
+    kinds = [event.type for event in events]
+    assert kinds[:4] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added",
+    ], kinds  # fmt: skip
+    assert kinds[-4:] == [
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.incomplete",
+    ], kinds  # fmt: skip
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+    final = events[-1].response
     assert deltas and "".join(deltas) == final.output_text, (deltas, final)
     assert final.usage is not None and final.usage.output_tokens == 6
 
@@ -180,7 +193,7 @@ def test_function_calls_and_outputs_become_chat_turns() -> None:
             "input.0.content.0.type",
         ),
         ({"input": "hi", "max_output_tokens": -1}, "max_output_tokens"),
-        ({"input": [{"role": "user", "content": ""}] * 2000}, "input"),
+        ({"input": [{"role": "user", "content": "q"}] * (MAX_ITEMS + 1)}, "input"),
         ({"input": []}, "input"),
         ({"input": "hi", "stop_regex": "a+"}, "stop_regex"),
     ],
@@ -188,7 +201,7 @@ def test_function_calls_and_outputs_become_chat_turns() -> None:
 async def test_refused_fields_are_named(
     proxy_factory: ProxyFactory, body: dict[str, Any], param: str
 ) -> None:
-    proxy = await proxy_factory()
+    proxy = await proxy_factory(max_messages=MAX_ITEMS)
     async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
         answer = await client.post("/v1/responses", json=body)
     assert answer.status_code in (400, 413), answer.text

@@ -352,8 +352,8 @@ def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
     """For a client that did not ask to stream: ask the engine to stream anyway, and
     return what assembles the answer (`edge.assemble`); None when the client streams
     or SGLang cannot stream what it asked for (`UNSTREAMABLE`)."""
-    if body.get("stream"):
-        return None
+    if body.get("stream") or not (path == "/generate" or path.endswith("completions")):
+        return None  # streamed already, or an endpoint that does not stream (embeddings)
     if path == "/generate":
         params = body.get("sampling_params")
         if isinstance(params, list):

@@ -1,0 +1,70 @@
+"""`/v1/embeddings`, `/v1/tokenize`, `/v1/detokenize`: the engine's own endpoints,
+forwarded through the gateway's field checks (`api.forwarded`).
+
+Embeddings run the model over their inputs: they are admitted like any forwarded
+request (`relay.passthrough`: QAS orders them, the engine's load paces them) and the
+engine's answer is relayed as it is, within `max_answer_bytes`. Tokenizing runs no
+model: it is sent on at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from prism_proxy.api.forwarded import (
+    EMBED_OVERRIDES,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
+from prism_proxy.backend.client import BackendError
+from prism_proxy.edge import state
+from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
+from prism_proxy.edge.intake import check_prompt_size, checked_body, read_body, read_raw
+from prism_proxy.edge.relay import passthrough
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "embeddings"
+    raw = await read_raw(request)
+    for name, reason in EMBED_OVERRIDES.items():
+        if raw.get(name) is not None:
+            raise ApiError(400, f"{name}: not accepted: {reason}", param=name)
+    body = await checked_body(request, EmbeddingRequest, raw)
+    check_prompt_size(request, body.prompt_size())
+    # a batch's rid would be a list of the engine's own: one rid names one input
+    return await passthrough(request, EMBEDDINGS_PATH, body.forwarded(raw), set_rid=not body.batch)
+
+
+async def _forward(request: web.Request, path: str, body: dict[str, Any]) -> web.Response:
+    """Send `body` to the engine's `path` now; its answer, or its error's status."""
+    backend = request.app[state.BACKEND]
+    try:
+        answer = await backend.post_json(path, body, request.app[state.CONFIG].backend_timeout_s)
+    except BackendError as exc:
+        raise backend_failure(exc) from None
+    return json_answer(answer)
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    request[ENDPOINT] = "tokenize"
+    body, raw = await read_body(request, TokenizeRequest)
+    check_prompt_size(request, body.prompt_size())
+    return await _forward(request, "/v1/tokenize", body.forwarded(raw))
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    request[ENDPOINT] = "detokenize"
+    body, raw = await read_body(request, DetokenizeRequest)
+    check_prompt_size(request, body.prompt_size())
+    return await _forward(request, "/v1/detokenize", body.forwarded(raw))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(EMBEDDINGS_PATH, embeddings)
+    app.router.add_post("/v1/tokenize", tokenize)
+    app.router.add_post("/v1/detokenize", detokenize)

@@ -4,7 +4,7 @@
 
 As for the chat endpoint (`api.models`): each field SGLang reads is served (declared,
 checked, forwarded), owned by the proxy (`rid`, `priority`: never forwarded) or refused
-with a 400 naming it (`sglang_fields.REFUSED`, and `EMBED_OVERRIDES` here); fields SGLang
+with a 400 naming it (`sglang_fields.REFUSED`: embedding overrides, LoRA); fields SGLang
 does not know are dropped. Inputs are bounded like prompts: at most `MAX_BATCH` of them,
 their characters (token ids one each) within `max_prompt_chars`, token ids within the
 served vocabulary.
@@ -33,11 +33,6 @@ from prism_proxy.api.models import (
 )
 from prism_proxy.api.sglang_fields import CHAT_TEMPLATE_RESERVED, MAX_BATCH, PROXY_OWNED
 
-# `EmbeddingRequest` fields that replace a prompt's embeddings: refused as `input_embeds`.
-EMBED_OVERRIDES = {
-    "embed_override_token_id": "embedding overrides bypass the prompt cache PRISM schedules",
-    "embed_overrides": "embedding overrides bypass the prompt cache PRISM schedules",
-}
 # Longest embedding a request may ask for (`dimensions`): SGLang checks it against the
 # model only after the prompt ran.
 MAX_DIMENSIONS = 65_536

@@ -14,15 +14,14 @@ from typing import Any
 from aiohttp import web
 
 from prism_proxy.api.forwarded import (
-    EMBED_OVERRIDES,
     DetokenizeRequest,
     EmbeddingRequest,
     TokenizeRequest,
 )
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
-from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
-from prism_proxy.edge.intake import check_prompt_size, checked_body, read_body, read_raw
+from prism_proxy.edge.errors import ENDPOINT, backend_failure, json_answer
+from prism_proxy.edge.intake import check_prompt_size, read_body
 from prism_proxy.edge.relay import passthrough
 
 EMBEDDINGS_PATH = "/v1/embeddings"
@@ -30,11 +29,7 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "embeddings"
-    raw = await read_raw(request)
-    for name, reason in EMBED_OVERRIDES.items():
-        if raw.get(name) is not None:
-            raise ApiError(400, f"{name}: not accepted: {reason}", param=name)
-    body = await checked_body(request, EmbeddingRequest, raw)
+    body, raw = await read_body(request, EmbeddingRequest)
     check_prompt_size(request, body.prompt_size())
     # a batch's rid would be a list of the engine's own: one rid names one input
     return await passthrough(request, EMBEDDINGS_PATH, body.forwarded(raw), set_rid=not body.batch)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +30,8 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from proxy_support import SIM_ARGS, ProxyFactory, proxy_factory_fixture
 
 from loadgen.processes import ServerProcess, run_server
-from prism_proxy.api.responses import ResponsesRequest, to_chat
+from prism_proxy.api.responses import ResponseEvents, ResponseIds, ResponsesRequest, to_chat
+from prism_proxy.edge.responses_api import ChatToResponses
 
 # A chat answer that calls no tool ends with the stop token, as a model's answer does:
 # a streamed Response then completes (`response.completed`), where an answer cut by
@@ -207,3 +209,56 @@ async def test_refused_fields_are_named(
     assert answer.status_code in (400, 413), answer.text
     error = answer.json()["error"]
     assert error["param"] == param and error["message"].startswith(param), error
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+def _events(data: bytes) -> list[dict[str, Any]]:
+    """The JSON of each event a rewritten stream holds (its `data:` lines)."""
+    return [json.loads(line[6:]) for line in data.split(b"\n") if line.startswith(b"data: ")]
+
+
+def _rewriter() -> ChatToResponses:
+    body = ResponsesRequest.model_validate({"input": "q", "stream": True})
+    return ChatToResponses(ResponseEvents(body, ResponseIds("resp_x", 0)))
+
+
+def test_stream_of_interleaved_tool_calls_split_anywhere() -> None:
+    """Two tool calls whose argument pieces interleave, the stream cut into 7-byte
+    writes: both calls whole in the completed Response, in their order."""
+    call = {"type": "function", "function": {"name": "f", "arguments": ""}}
+    stream = b"".join(
+        [
+            _chunk({"role": "assistant", "content": ""}),
+            _chunk({"tool_calls": [{"index": 0, "id": "a", **call}]}),
+            _chunk({"tool_calls": [{"index": 1, "id": "b", **call}]}),
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"x":'}}]}),
+            _chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"y":2}'}}]}),
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+            _chunk({}, "tool_calls"),
+            b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n',
+            b"data: [DONE]\n\n",
+        ]
+    )
+    rewriter = _rewriter()
+    data = b"".join(rewriter.rewrite(stream[i : i + 7]) for i in range(0, len(stream), 7))
+    events = _events(data + rewriter.close())
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = events[-1]
+    assert final["type"] == "response.completed", final
+    output = final["response"]["output"]
+    assert [(o["call_id"], o["arguments"]) for o in output] == [("a", '{"x":1}'), ("b", '{"y":2}')]
+    assert final["response"]["usage"]["total_tokens"] == 8
+
+
+def test_a_failed_chat_stream_ends_in_an_error_event() -> None:
+    rewriter = _rewriter()
+    error = {"error": {"message": "backend stream broke", "type": "backend_error", "code": 502}}
+    data = rewriter.rewrite(_chunk({"content": "Hel"}))
+    data += rewriter.rewrite(b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n")
+    events = _events(data + rewriter.close())
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "502", events[-1]
+    assert not any(e["type"].startswith("response.completed") for e in events)

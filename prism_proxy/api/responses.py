@@ -28,11 +28,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from prism_proxy.api.models import (
     STRICT,
     BoundedJson,
-    DecodeAsk,
     ModelName,
-    PromptSize,
-    Sequences,
-    _json_chars,
 )
 from prism_proxy.api.models import Tag as ShortText
 from prism_proxy.api.segments import Temperature, TokenCount, TopP
@@ -216,22 +212,6 @@ class ResponsesRequest(BaseModel):
     user: ShortText | None = None
     prompt_cache_key: str | None = Field(default=None, max_length=1024)
 
-    def prompt_size(self) -> PromptSize:
-        """Characters and items of its input, instructions and tools."""
-        chars = len(self.instructions or "") + _json_chars(
-            [tool.model_dump(by_alias=True) for tool in self.tools or ()]
-        )
-        if isinstance(self.input, str):
-            return PromptSize(chars + len(self.input), 1 + len(self.tools or ()))
-        for item in self.input:
-            if isinstance(item, MessageItem):
-                chars += len(item.text())
-            elif isinstance(item, FunctionCallItem):
-                chars += len(item.name) + len(item.arguments)
-            elif isinstance(item, FunctionOutputItem):
-                chars += len(item.text())
-        return PromptSize(chars, len(self.input) + len(self.tools or ()))
-
     # What `intake.read_body` checks of every body (`models.CheckedBody`): a Responses
     # body carries no token ids, `top_k` or grammar of its own; its chat is checked
     # again as a chat.
@@ -246,9 +226,6 @@ class ResponsesRequest(BaseModel):
 
     def prompt_logprob_entries(self) -> int:
         return 0
-
-    def decode_ask(self) -> DecodeAsk:
-        return DecodeAsk((Sequences(1, self.max_output_tokens),))
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +360,9 @@ def response_param(param: str | None) -> str | None:
     if param is None:
         return None
     head, dot, rest = param.partition(".")
-    return CHAT_PARAMS.get(head, head) + dot + rest if head in CHAT_PARAMS else param
+    if head == "messages":  # its index counts chat messages, not input items
+        return "input"
+    return CHAT_PARAMS[head] + dot + rest if head in CHAT_PARAMS else param
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,17 +510,18 @@ class ResponseEvents:
     OpenAI SDK and the Agents SDK read: `response.created` and `response.in_progress`
     first; per output item `response.output_item.added`, its deltas
     (`response.output_text.delta` in a `content_part`, or
-    `response.function_call_arguments.delta`), its `.done` events and
-    `response.output_item.done`; last `response.completed` (`response.incomplete` when
+    `response.function_call_arguments.delta`); at the end each item's `.done` events and
+    `response.output_item.done`, then `response.completed` (`response.incomplete` when
     cut by `max_output_tokens`) with the whole Response, or an `error` event when the
-    chat stream failed. Each event carries its `sequence_number`."""
+    chat stream failed. Items stay open until the end, so deltas of several tool calls
+    may interleave. Each event carries its `sequence_number`."""
 
     def __init__(self, body: ResponsesRequest, ids: ResponseIds) -> None:
         self.body = body
         self.ids = ids
         self.sequence = 0
-        self.output: list[dict[str, Any]] = []
-        self.open: _OpenItem | None = None
+        self.items: list[_OpenItem] = []  # in output order
+        self.message: _OpenItem | None = None  # the text being streamed
         self.calls: dict[int, _OpenItem] = {}  # by the chat's tool-call index
         self.finish_reason: Any = None
         self.usage: dict[str, Any] | None = None
@@ -559,14 +539,18 @@ class ResponseEvents:
             self._event("response.in_progress", response=snapshot),
         ]
 
-    def _open(self, item: _OpenItem) -> list[dict[str, Any]]:
-        events = self._close()
-        self.open = item
+    def _open(self, kind: Literal["message", "function_call"], **fields: Any) -> _OpenItem:
+        index = len(self.items)
+        prefix = "msg" if kind == "message" else "fc"
+        item = _OpenItem(index, self.ids.item(prefix, index), kind, **fields)
+        self.items.append(item)
+        return item
+
+    def _added(self, item: _OpenItem) -> list[dict[str, Any]]:
         if item.kind == "message":
             added = _message_item(item.item_id, "", "in_progress")
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             return [
-                *events,
                 self._event("response.output_item.added", output_index=item.index, item=added),
                 self._event(
                     "response.content_part.added",
@@ -574,20 +558,14 @@ class ResponseEvents:
                 ),
             ]  # fmt: skip
         added = _call_item(item.item_id, item.call_id, item.name, "", "in_progress")
-        return [
-            *events,
-            self._event("response.output_item.added", output_index=item.index, item=added),
-        ]
+        return [self._event("response.output_item.added", output_index=item.index, item=added)]
 
-    def _close(self) -> list[dict[str, Any]]:
-        item, self.open = self.open, None
-        if item is None:
-            return []
+    def _done(self, item: _OpenItem) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The finished item and its closing events."""
         where = {"item_id": item.item_id, "output_index": item.index}
         if item.kind == "message":
             done = _message_item(item.item_id, item.text, "completed")
-            self.output.append(done)
-            return [
+            return done, [
                 self._event(
                     "response.output_text.done", **where, content_index=0, text=item.text,
                     logprobs=[],
@@ -599,17 +577,13 @@ class ResponseEvents:
                 self._event("response.output_item.done", output_index=item.index, item=done),
             ]  # fmt: skip
         done = _call_item(item.item_id, item.call_id, item.name, item.text, "completed")
-        self.output.append(done)
-        return [
+        return done, [
             self._event(
                 "response.function_call_arguments.done", **where, name=item.name,
                 arguments=item.text,
             ),
             self._event("response.output_item.done", output_index=item.index, item=done),
         ]  # fmt: skip
-
-    def _next_index(self) -> int:
-        return len(self.output) + (self.open is not None)
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """The events of one chat chunk (a `data:` object of the chat stream)."""
@@ -626,47 +600,42 @@ class ResponseEvents:
             delta = choice.get("delta") or {}
             content = delta.get("content")
             if isinstance(content, str) and content:
-                if self.open is None or self.open.kind != "message":
-                    index = self._next_index()
-                    events += self._open(_OpenItem(index, self.ids.item("msg", index), "message"))
-                assert self.open is not None
-                self.open.parts.append(content)
+                message = self.message
+                if message is None:
+                    message = self.message = self._open("message")
+                    events += self._added(message)
+                message.parts.append(content)
                 events.append(
                     self._event(
-                        "response.output_text.delta", item_id=self.open.item_id,
-                        output_index=self.open.index, content_index=0, delta=content,
+                        "response.output_text.delta", item_id=message.item_id,
+                        output_index=message.index, content_index=0, delta=content,
                         logprobs=[],
                     )
                 )  # fmt: skip
             for call in delta.get("tool_calls") or ():
-                events += self._call_delta(call)
+                if isinstance(call, dict):
+                    events += self._call_delta(call)
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
         return events
 
-    def _call_delta(self, call: Any) -> list[dict[str, Any]]:
-        if not isinstance(call, dict):
-            return []
+    def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         key = call.get("index")
         key = key if isinstance(key, int) else len(self.calls)
         function = call.get("function") or {}
         events: list[dict[str, Any]] = []
         item = self.calls.get(key)
         if item is None:
-            index = self._next_index()
-            item = _OpenItem(
-                index,
-                self.ids.item("fc", index),
-                "function_call",
-                call_id=str(call.get("id") or self.ids.item("call", index)),
-                name=str(function.get("name") or ""),
+            call_id = call.get("id") or self.ids.item("call", len(self.items))
+            item = self._open(
+                "function_call", call_id=str(call_id), name=str(function.get("name") or "")
             )
             self.calls[key] = item
-            events += self._open(item)
+            events += self._added(item)
         elif function.get("name") and not item.name:
             item.name = str(function["name"])
         arguments = function.get("arguments")
-        if isinstance(arguments, str) and arguments and item is self.open:
+        if isinstance(arguments, str) and arguments:
             item.parts.append(arguments)
             events.append(
                 self._event(
@@ -681,11 +650,14 @@ class ResponseEvents:
         if self.ended:
             return []
         self.ended = True
-        events = self._close()
+        events: list[dict[str, Any]] = []
+        output: list[dict[str, Any]] = []
+        for item in self.items:
+            done, closing = self._done(item)
+            output.append(done)
+            events += closing
         status = _status(self.finish_reason)
-        whole = response_object(
-            self.body, self.ids, output=self.output, status=status, usage=self.usage
-        )
+        whole = response_object(self.body, self.ids, output=output, status=status, usage=self.usage)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*events, self._event(kind, response=whole)]
 

@@ -59,6 +59,7 @@ proxy_factory = pytest.fixture(proxy_factory_fixture)
 STEPS = 4
 MAX_ITEMS = 16  # the proxy's `max_messages` where input items are counted
 LOOKUPS: list[str] = []
+TEXT = {"type": "input_text", "text": "q"}
 
 
 @function_tool
@@ -166,7 +167,7 @@ def test_function_calls_and_outputs_become_chat_turns() -> None:
         {
             "instructions": "sys",
             "input": [
-                {"role": "user", "content": "q"},
+                {"role": "user", "content": [TEXT, {"type": "input_text", "text": "r"}]},
                 {"type": "message", "role": "assistant", "content": [
                     {"type": "output_text", "text": "let me look", "annotations": []}]},
                 {"type": "reasoning", "summary": []},
@@ -185,6 +186,9 @@ def test_function_calls_and_outputs_become_chat_turns() -> None:
     roles = [m["role"] for m in chat["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "tool"], chat
     assert [c["id"] for c in chat["messages"][2]["tool_calls"]] == ["c1", "c2"]
+    assert chat["messages"][1]["content"] == [
+        {"type": "text", "text": "q"}, {"type": "text", "text": "r"}
+    ]  # fmt: skip
     assert chat["messages"][2]["content"] == "let me look"
     assert chat["messages"][4] == {"role": "tool", "tool_call_id": "c2", "content": "two"}
     assert chat["tools"][0]["function"]["name"] == "f"
@@ -204,6 +208,7 @@ def test_function_calls_and_outputs_become_chat_turns() -> None:
         ),
         ({"input": "hi", "max_output_tokens": -1}, "max_output_tokens"),
         ({"input": [{"role": "user", "content": "q"}] * (MAX_ITEMS + 1)}, "input"),
+        ({"input": [{"role": "user", "content": [TEXT] * (MAX_ITEMS + 1)}]}, "input"),
         ({"input": []}, "input"),
         ({"input": "hi", "stop_regex": "a+"}, "stop_regex"),
     ],

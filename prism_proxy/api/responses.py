@@ -25,11 +25,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from prism_proxy.api.models import (
-    STRICT,
-    BoundedJson,
-    ModelName,
-)
+from prism_proxy.api.models import STRICT, BoundedJson, ModelName
 from prism_proxy.api.models import Tag as ShortText
 from prism_proxy.api.segments import Temperature, TokenCount, TopP
 
@@ -53,6 +49,16 @@ class TextPart(BaseModel):
         return self.text if self.text is not None else (self.refusal or "")
 
 
+def chat_content(content: str | list[TextPart]) -> str | list[dict[str, str]]:
+    """A message's content as a chat message carries it: a string, one part as its
+    text, several as the chat's text parts (joined as the chat endpoint joins them)."""
+    if isinstance(content, str):
+        return content
+    if len(content) == 1:
+        return content[0].content()
+    return [{"type": "text", "text": part.content()} for part in content]
+
+
 class MessageItem(BaseModel):
     model_config = ConfigDict(extra="allow", **STRICT)
 
@@ -60,10 +66,8 @@ class MessageItem(BaseModel):
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[TextPart]
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.content() for part in self.content)
+    def chat_content(self) -> str | list[dict[str, str]]:
+        return chat_content(self.content)
 
 
 class FunctionCallItem(BaseModel):
@@ -82,10 +86,8 @@ class FunctionOutputItem(BaseModel):
     call_id: Annotated[str, Field(min_length=1, max_length=256)]
     output: str | list[TextPart]
 
-    def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.content() for part in self.output)
+    def chat_content(self) -> str | list[dict[str, str]]:
+        return chat_content(self.output)
 
 
 class ReasoningItem(BaseModel):
@@ -245,7 +247,7 @@ def refusal(raw: dict[str, Any], max_items: int) -> Refusal | None:
     """What of a raw Responses body is not served, before it is validated: a field of
     `NOT_SERVED` that asks for something, `truncation: auto`, a tool other than a
     function, an input item or part other than text, or more than `max_items` input
-    items (the proxy's `max_messages`)."""
+    items or content parts (the proxy's `max_messages`, as for a chat's messages)."""
     for name, reason in NOT_SERVED.items():
         value = raw.get(name)
         if value is not None and value != [] and value != {}:
@@ -264,18 +266,21 @@ def refusal(raw: dict[str, Any], max_items: int) -> Refusal | None:
     if len(items) > max_items:
         message = f"input: {len(items)} items exceed the limit of {max_items}"
         return Refusal(413, "input", message)
+    part_count = 0
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             continue
         kind = item.get("type", "message")
         if kind not in SERVED_ITEMS:
             param = f"input.{index}.type"
-            message = f"{param}: {kind!r} items are not served (the proxy stores no items)"
-            if kind != "item_reference":
-                message = f"{param}: {kind!r} items are not served on /v1/responses"
-            return Refusal(400, param, message)
+            why = "the proxy stores no items" if kind == "item_reference" else "not a text item"
+            return Refusal(400, param, f"{param}: {kind!r} items are not served ({why})")
         where = "content" if kind == "message" else "output"
         parts = item.get(where)
+        part_count += len(parts) if isinstance(parts, list) else 0
+        if part_count > max_items:
+            message = f"input: {part_count} content parts exceed the limit of {max_items}"
+            return Refusal(413, "input", message)
         for part_index, part in enumerate(parts if isinstance(parts, list) else ()):
             part_type = part.get("type") if isinstance(part, dict) else None
             if part_type not in TEXT_PARTS:
@@ -296,7 +301,7 @@ def _chat_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         return messages
     for item in body.input:
         if isinstance(item, MessageItem):
-            messages.append({"role": item.role, "content": item.text()})
+            messages.append({"role": item.role, "content": item.chat_content()})
         elif isinstance(item, FunctionCallItem):
             call = {
                 "id": item.call_id,
@@ -311,7 +316,8 @@ def _chat_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionOutputItem):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+            message = {"role": "tool", "tool_call_id": item.call_id}
+            messages.append({**message, "content": item.chat_content()})
         # reasoning items: dropped (module docstring)
     return messages
 
@@ -329,7 +335,7 @@ def to_chat(body: ResponsesRequest) -> dict[str, Any]:
     choice = body.tool_choice
     if isinstance(choice, NamedFunction):
         chat["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    elif choice is not None and (body.tools or choice == "none"):
+    elif choice is not None:
         chat["tool_choice"] = choice
     simple = {
         "parallel_tool_calls": body.parallel_tool_calls,

@@ -108,10 +108,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
         answer = await serve_chat(request, chat, chat_raw)
     except ApiError as exc:
         raise _renamed(exc) from None
-    if body.stream or not isinstance(answer, web.Response) or answer.status != 200:
+    chat_answer = answer.body if isinstance(answer, web.Response) else None
+    if body.stream or answer.status != 200 or not isinstance(chat_answer, bytes):
         return answer  # streamed through the rewriter, or the engine's own error
-    assert isinstance(answer.body, bytes)
-    return json_answer(to_response(body, ids, orjson.loads(answer.body)))
+    return json_answer(to_response(body, ids, orjson.loads(chat_answer)))
 
 
 def add_routes(app: web.Application) -> None:

@@ -136,6 +136,7 @@ async def test_openai_client_text_answer_streamed_and_not(proxy_factory: ProxyFa
         whole = await client.responses.create(
             model="m", input="Name a bridge.", instructions="Be short.", max_output_tokens=8,
             metadata={"case": "whole"},
+            extra_body={"service_tier": "auto", "not_a_field": 1},  # dropped, as chat's
         )  # fmt: skip
         assert whole.status == "incomplete", whole
         assert whole.incomplete_details.reason == "max_output_tokens"

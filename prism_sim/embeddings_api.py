@@ -74,5 +74,7 @@ async def embeddings(request: web.Request) -> web.Response:
     tokens = sum(map(len, ids))
     usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
              "prompt_tokens_details": None}  # fmt: skip
-    model = body.model or engine.model_name
-    return web.json_response({"data": data, "model": model, "object": "list", "usage": usage})
+    # as SGLang: the model's path, whatever the request named
+    return web.json_response(
+        {"data": data, "model": engine.model_path, "object": "list", "usage": usage}
+    )

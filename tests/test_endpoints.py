@@ -281,7 +281,9 @@ def test_a_failed_chat_stream_ends_in_an_error_event() -> None:
 # --- /v1/embeddings, /v1/tokenize, /v1/detokenize ------------------------------------
 
 
-async def test_embeddings_through_the_openai_client(proxy_factory: ProxyFactory) -> None:
+async def test_embeddings_through_the_openai_client(
+    proxy_factory: ProxyFactory, sim: ServerProcess
+) -> None:
     proxy = await proxy_factory()
     async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
         # the client asks for base64 and decodes it; float as SGLang sends it
@@ -301,6 +303,9 @@ async def test_embeddings_through_the_openai_client(proxy_factory: ProxyFactory)
     assert all(len(d.embedding) == 8 for d in batch.data)
     assert batch.data[0].embedding != batch.data[1].embedding
     assert len(ids.data) == 2 and ids.usage.prompt_tokens == 5
+    # the engine names its model by its path (as SGLang does); the proxy by its name
+    direct = httpx.post(sim.url + "/v1/embeddings", json={"input": "a"}, timeout=30.0).json()
+    assert "/" in direct["model"] and one.model == direct["model"].rsplit("/", 1)[-1]
 
 
 async def test_tokenize_and_detokenize_answer_as_the_engine(

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from prism_proxy.api.engine_info import DROP, model_name
 from prism_proxy.api.models import (
     STRICT,
     BoundedJson,
@@ -149,3 +150,16 @@ class DetokenizeRequest(_ForwardedBody):
 
     def token_ids(self) -> Iterator[tuple[str, list[int]]]:
         return _id_lists("tokens", self.tokens)
+
+
+def embedding_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a client is told of the engine's embeddings answer: its vectors and usage;
+    `model` as a served name, never a path (SGLang 0.5.23 answers with the model's path,
+    `engine_info.model_name`)."""
+    name = model_name(answer.get("model"))
+    return {
+        "object": "list",
+        "data": answer.get("data"),
+        "model": "" if name is DROP or name is None else name,
+        "usage": answer.get("usage"),
+    }

@@ -2,27 +2,31 @@
 forwarded through the gateway's field checks (`api.forwarded`).
 
 Embeddings run the model over their inputs: they are admitted like any forwarded
-request (`relay.passthrough`: QAS orders them, the engine's load paces them) and the
-engine's answer is relayed as it is, within `max_answer_bytes`. Tokenizing runs no
+request (`relay.passthrough`: QAS orders them, the engine's load paces them); the
+engine's answer (within `max_answer_bytes`) comes back with a served model name where
+SGLang writes the model's path (`api.forwarded.embedding_answer`). Tokenizing runs no
 model: it is sent on at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from prism_proxy.api.forwarded import (
     DetokenizeRequest,
     EmbeddingRequest,
     TokenizeRequest,
+    embedding_answer,
 )
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
-from prism_proxy.edge.errors import ENDPOINT, backend_failure, json_answer
+from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
 from prism_proxy.edge.intake import check_prompt_size, read_body
-from prism_proxy.edge.relay import passthrough
+from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES, passthrough
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 
@@ -32,7 +36,24 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     body, raw = await read_body(request, EmbeddingRequest)
     check_prompt_size(request, body.prompt_size())
     # a batch's rid would be a list of the engine's own: one rid names one input
-    return await passthrough(request, EMBEDDINGS_PATH, body.forwarded(raw), set_rid=not body.batch)
+    forwarded = body.forwarded(raw)
+    answer = await passthrough(request, EMBEDDINGS_PATH, forwarded, set_rid=not body.batch)
+    data = answer.body if isinstance(answer, web.Response) else None
+    if answer.status != 200 or not isinstance(data, bytes):
+        return answer  # the engine's own error, or a client gone
+    if len(data) >= OFFLOAD_ANSWER_BYTES:
+        return await asyncio.to_thread(_published, data)
+    return _published(data)
+
+
+def _published(data: bytes) -> web.Response:
+    try:
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise ApiError(502, "the engine sent an invalid embeddings answer") from None
+    if not isinstance(answer, dict):
+        raise ApiError(502, "the engine sent an embeddings answer that is not an object")
+    return json_answer(embedding_answer(answer))
 
 
 async def _forward(request: web.Request, path: str, body: dict[str, Any]) -> web.Response:

@@ -9,6 +9,9 @@ sent unchanged (minus `prism`) to the backend's own endpoint and relayed line by
 A client that leaves while queued is withdrawn; one that leaves after its request was
 sent triggers `/abort_request`.
 
+A chat stream may reach its client in another shape: `/v1/responses` sets a
+`StreamRewriter` (`REWRITER`) that every write of the stream passes through.
+
 With the session features on, a chat with tools (passthrough with turns) tells the
 proxy's `SessionKeeper` when it arrives, from which client (`accounts.client_key`: what
 a client's sessions earn is its own), when its first chunk comes back, and how it ended:

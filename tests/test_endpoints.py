@@ -163,6 +163,31 @@ async def test_openai_client_text_answer_streamed_and_not(proxy_factory: ProxyFa
     assert final.usage is not None and final.usage.output_tokens == 6
 
 
+async def test_named_tool_choice_with_a_schema_format(proxy_factory: ProxyFactory) -> None:
+    """A named `tool_choice` (the Responses shape) forces that call; `text.format` with
+    a JSON schema rides along to the engine's chat endpoint."""
+    proxy = await proxy_factory()
+    tools: Any = [
+        {"type": "function", "name": "other", "parameters": {"type": "object"}},
+        {
+            "type": "function", "name": "look_up",
+            "parameters": {"type": "object", "properties": {"bridge": {"type": "string"}},
+                           "required": ["bridge"]},
+        },
+    ]  # fmt: skip
+    schema = {"type": "object", "properties": {"year": {"type": "integer"}}}
+    async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0) as client:
+        response = await client.responses.create(
+            model="m", input="When did the Pont Neuf open?", tools=tools,
+            tool_choice={"type": "function", "name": "look_up"}, max_output_tokens=64,
+            text={"format": {"type": "json_schema", "name": "year", "schema": schema}},
+        )  # fmt: skip
+    (call,) = response.output
+    assert isinstance(call, ResponseFunctionToolCall) and call.name == "look_up", response
+    assert json.loads(call.arguments) == {"bridge": ""} and response.status == "completed"
+    assert response.text.format.type == "json_schema"
+
+
 def test_function_calls_and_outputs_become_chat_turns() -> None:
     body = ResponsesRequest.model_validate(
         {

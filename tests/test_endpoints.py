@@ -188,6 +188,24 @@ async def test_named_tool_choice_with_a_schema_format(proxy_factory: ProxyFactor
     assert response.text.format.type == "json_schema"
 
 
+async def test_a_streamed_answer_is_held_within_max_answer_bytes(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """A streamed Response keeps its answer for `response.completed`: an answer that
+    may outgrow `max_answer_bytes` is refused, streamed or not, before it is queued."""
+    proxy = await proxy_factory(max_answer_bytes=4096)
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
+        for stream, param in ((True, "max_output_tokens"), (False, "stream")):
+            body = {"input": "hi", "max_output_tokens": 100_000, "stream": stream}
+            answer = await client.post("/v1/responses", json=body)
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["param"] == param, answer.text
+        small = {"input": "hi", "max_output_tokens": 4, "stream": True}
+        answer = await client.post("/v1/responses", json=small)
+    assert answer.status_code == 200 and "response.completed" not in answer.text
+    assert answer.text.rstrip().endswith("}") and "response.incomplete" in answer.text
+
+
 def test_function_calls_and_outputs_become_chat_turns() -> None:
     body = ResponsesRequest.model_validate(
         {

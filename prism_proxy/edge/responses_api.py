@@ -31,7 +31,8 @@ from prism_proxy.edge import state
 from prism_proxy.edge.admit import new_rid
 from prism_proxy.edge.endpoints import serve_chat
 from prism_proxy.edge.errors import ENDPOINT, ApiError, json_answer
-from prism_proxy.edge.intake import checked_body, read_raw
+from prism_proxy.edge.intake import checked_body, engine_size, read_raw
+from prism_proxy.edge.limits import answer_bytes
 from prism_proxy.edge.openai_format import json_bytes
 from prism_proxy.edge.relay import REWRITER
 
@@ -92,6 +93,21 @@ def _renamed(exc: ApiError) -> ApiError:
     return ApiError(exc.status, message, param=param, kind=exc.kind, headers=exc.headers)
 
 
+def _check_held_answer(request: web.Request, chat: ChatCompletionRequest) -> None:
+    """A streamed Response keeps its whole answer for its `response.completed` event:
+    bounded by `max_answer_bytes`, as an answer the proxy assembles is (400)."""
+    limit = request.app[state.CONFIG].max_answer_bytes
+    size = answer_bytes(chat.decode_ask(), engine_size(request))
+    if size > limit:
+        raise ApiError(
+            400,
+            f"max_output_tokens: the answer may reach about {size} bytes, more than this "
+            f"deployment's max_answer_bytes ({limit}), and a streamed response keeps all of "
+            "it for its response.completed event: ask for fewer tokens",
+            param="max_output_tokens",
+        )
+
+
 async def responses(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "responses"
     raw = await read_raw(request)
@@ -105,6 +121,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         request[REWRITER] = ChatToResponses(ResponseEvents(body, ids))
     try:
         chat = await checked_body(request, ChatCompletionRequest, chat_raw)
+        if body.stream:
+            _check_held_answer(request, chat)
         answer = await serve_chat(request, chat, chat_raw)
     except ApiError as exc:
         raise _renamed(exc) from None

@@ -240,32 +240,31 @@ def test_function_calls_and_outputs_become_chat_turns() -> None:
     assert chat["response_format"]["json_schema"]["name"] == "x"
 
 
-@pytest.mark.parametrize(
-    ("body", "param"),
-    [
-        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
-        (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-            "input.0.content.0.type",
-        ),
-        ({"input": "hi", "max_output_tokens": -1}, "max_output_tokens"),
-        ({"input": [{"role": "user", "content": "q"}] * (MAX_ITEMS + 1)}, "input"),
-        ({"input": [{"role": "user", "content": [TEXT] * (MAX_ITEMS + 1)}]}, "input"),
-        ({"input": []}, "input"),
-        ({"input": "hi", "stop_regex": "a+"}, "stop_regex"),
-    ],
-)
-async def test_refused_fields_are_named(
-    proxy_factory: ProxyFactory, body: dict[str, Any], param: str
-) -> None:
-    proxy = await proxy_factory(max_messages=MAX_ITEMS)
+# (body, the field its 400 or 413 names)
+REFUSED_RESPONSES: list[tuple[dict[str, Any], str]] = [
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input.0.content.0.type",
+    ),
+    ({"input": "hi", "max_output_tokens": -1}, "max_output_tokens"),
+    ({"input": [{"role": "user", "content": "q"}] * (MAX_ITEMS + 1)}, "input"),
+    ({"input": [{"role": "user", "content": [TEXT] * (MAX_ITEMS + 1)}]}, "input"),
+    ({"input": []}, "input"),
+    ({"input": "hi", "stop_regex": "a+"}, "stop_regex"),
+]
+
+
+async def test_refused_fields_are_named(proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory(max_messages=MAX_ITEMS)  # one proxy for every case
     async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as client:
-        answer = await client.post("/v1/responses", json=body)
-    assert answer.status_code in (400, 413), answer.text
-    error = answer.json()["error"]
-    assert error["param"] == param and error["message"].startswith(param), error
+        for body, param in REFUSED_RESPONSES:
+            answer = await client.post("/v1/responses", json=body)
+            assert answer.status_code in (400, 413), (param, answer.text)
+            error = answer.json()["error"]
+            assert error["param"] == param and error["message"].startswith(param), error
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -371,30 +370,29 @@ async def test_tokenize_and_detokenize_answer_as_the_engine(
     assert text.json() == {"text": "The Pont Neuf"}
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "param"),
-    [
-        ("/v1/embeddings", {"input": ""}, "input"),
-        ("/v1/embeddings", {"input": ["a"] * 65}, "input"),
-        ("/v1/embeddings", {"input": [[1, 2, 10**9]]}, "input.0.2"),
-        ("/v1/embeddings", {"input": "a", "embed_overrides": [[[0.0]]]}, "embed_overrides"),
-        ("/v1/embeddings", {"input": "a", "lora_path": "x"}, "lora_path"),
-        ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
-        ("/v1/embeddings", {"input": [{"text": "a", "image": "http://x"}]}, "input"),
-        ("/v1/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "body"),
-        ("/v1/tokenize", {"prompt": 5}, "prompt"),
-        ("/v1/detokenize", {"tokens": [-1]}, "tokens.0"),
-        ("/v1/detokenize", {"tokens": "abc"}, "tokens"),
-    ],
-)
-async def test_bad_input_is_refused_naming_the_field(
-    proxy_factory: ProxyFactory, path: str, body: dict[str, Any], param: str
-) -> None:
-    proxy = await proxy_factory()
+# (path, body, the field its 400 names)
+BAD_FORWARDED: list[tuple[str, dict[str, Any], str]] = [
+    ("/v1/embeddings", {"input": ""}, "input"),
+    ("/v1/embeddings", {"input": ["a"] * 65}, "input"),
+    ("/v1/embeddings", {"input": [[1, 2, 10**9]]}, "input.0.2"),
+    ("/v1/embeddings", {"input": "a", "embed_overrides": [[[0.0]]]}, "embed_overrides"),
+    ("/v1/embeddings", {"input": "a", "lora_path": "x"}, "lora_path"),
+    ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
+    ("/v1/embeddings", {"input": [{"text": "a", "image": "http://x"}]}, "input"),
+    ("/v1/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "body"),
+    ("/v1/tokenize", {"prompt": 5}, "prompt"),
+    ("/v1/detokenize", {"tokens": [-1]}, "tokens.0"),
+    ("/v1/detokenize", {"tokens": "abc"}, "tokens"),
+]
+
+
+async def test_bad_input_is_refused_naming_the_field(proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory()  # one proxy for every case
     async with httpx.AsyncClient(timeout=30.0) as client:
-        answer = await client.post(proxy.url + path, json=body)
-    assert answer.status_code == 400, answer.text
-    assert answer.json()["error"]["param"] == param, answer.text
+        for path, body, param in BAD_FORWARDED:
+            answer = await client.post(proxy.url + path, json=body)
+            assert answer.status_code == 400, (path, param, answer.text)
+            assert answer.json()["error"]["param"] == param, (path, answer.text)
 
 
 async def test_inputs_count_against_max_prompt_chars(proxy_factory: ProxyFactory) -> None:

@@ -11,6 +11,7 @@ written (`relay.REWRITER`). Errors name the Responses field (`input`, not `messa
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -34,7 +35,7 @@ from prism_proxy.edge.errors import ENDPOINT, ApiError, json_answer
 from prism_proxy.edge.intake import checked_body, engine_size, read_raw
 from prism_proxy.edge.limits import answer_bytes
 from prism_proxy.edge.openai_format import json_bytes
-from prism_proxy.edge.relay import REWRITER
+from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES, REWRITER
 
 
 def event_bytes(event: dict[str, Any]) -> bytes:
@@ -129,6 +130,12 @@ async def responses(request: web.Request) -> web.StreamResponse:
     chat_answer = answer.body if isinstance(answer, web.Response) else None
     if body.stream or answer.status != 200 or not isinstance(chat_answer, bytes):
         return answer  # streamed through the rewriter, or the engine's own error
+    if len(chat_answer) >= OFFLOAD_ANSWER_BYTES:
+        return await asyncio.to_thread(_response_answer, body, ids, chat_answer)
+    return _response_answer(body, ids, chat_answer)
+
+
+def _response_answer(body: ResponsesRequest, ids: ResponseIds, chat_answer: bytes) -> web.Response:
     return json_answer(to_response(body, ids, orjson.loads(chat_answer)))
 
 

@@ -35,8 +35,10 @@ from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.endpoints import add_routes
 from prism_proxy.edge.endpoints import metrics as metrics_handler
 from prism_proxy.edge.errors import error_middleware
+from prism_proxy.edge.forwarded import add_routes as add_forwarded_routes
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.edge.probes import add_probe_routes
+from prism_proxy.edge.responses_api import add_routes as add_responses_routes
 from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, listen
 from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
@@ -290,6 +292,8 @@ def create_app(config: ProxyConfig) -> web.Application:
     )
     app.on_cleanup.append(log_stopped)
     add_routes(app)
+    add_responses_routes(app)
+    add_forwarded_routes(app)
     add_probe_routes(app)
     return app
 

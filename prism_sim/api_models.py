@@ -149,3 +149,12 @@ class DetokenizeIn(_Lenient):
     model: str | None = None
     tokens: list[int] | list[list[int]]
     skip_special_tokens: bool = True
+
+
+class EmbeddingIn(_Lenient):
+    """`EmbeddingRequest`: text, texts, token ids or lists of them."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1, le=8192)

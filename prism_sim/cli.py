@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="DART: most of the KV pool the protected set may hold, in [0, 1] "
         "(default: PRISM_DART_PROTECT_FRACTION, else 0.25)",
     )
+    p.add_argument(
+        "--answer-text",
+        default=None,
+        help="chat answers that call no tool: this text then the stop token (default: "
+        "filler up to the request's max tokens)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -87,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         control_port=args.control_port,
         control_token=args.control_token,
         protect_fraction=args.protect_fraction,
+        answer_text=args.answer_text,
     )
 
 

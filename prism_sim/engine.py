@@ -53,6 +53,9 @@ class SimConfig:
     control_port: int | None = None
     control_token: str | None = None
     protect_fraction: float | None = None  # DART: share of the KV pool F_t may hold
+    # A chat answer that calls no tool: this text, then the stop token (a model that
+    # answers briefly and stops), instead of filler up to the request's max tokens.
+    answer_text: str | None = None
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
@@ -263,4 +266,6 @@ class SimEngine:
         return handle
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        """Text of generated ids without special tokens (SGLang's `skip_special_tokens`
+        default): an answer's stop token is not part of its text."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

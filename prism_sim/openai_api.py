@@ -215,10 +215,13 @@ async def _complete(
                 call = forced_call(body.tools, body.tool_choice)
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
+        stop = engine.tokenizer.eos_token_id
         if call is not None:
             # the call's tokens, then the stop token that ends a constrained answer
-            stop = engine.tokenizer.eos_token_id
             script = engine.tokenizer.encode(call.text) + ([] if stop is None else [stop])
+        elif chat and engine.config.answer_text:  # a brief answer (`SimConfig.answer_text`)
+            answer = engine.tokenizer.encode(engine.config.answer_text, False)
+            script = answer + ([] if stop is None else [stop])
         ids, max_tokens = await prompt_of(engine, body)
         handle = start_request(
             engine,

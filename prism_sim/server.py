@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from prism_sim import native_api, openai_api, tokenize_api
+from prism_sim import embeddings_api, native_api, openai_api, tokenize_api
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.http_common import ENGINE_KEY
 
@@ -47,6 +47,7 @@ def create_app(config: SimConfig, engine: SimEngine | None = None) -> web.Applic
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_get("/v1/models", openai_api.models)
     tokenize_api.add_routes(app)
+    app.router.add_post("/v1/embeddings", embeddings_api.embeddings)
     return app
 
 

@@ -43,6 +43,8 @@ REFUSED: Mapping[str, str] = {
     "multi_item_delimiter_indices": _INTERNAL,
     "custom_labels": "metric labels the engine was not started with stop it",
     "input_embeds": "embeddings bypass the prompt cache PRISM schedules",
+    "embed_override_token_id": "embedding overrides bypass the prompt cache PRISM schedules",
+    "embed_overrides": "embedding overrides bypass the prompt cache PRISM schedules",
     "session_id": "engine sessions are not served through PRISM",
     "session_params": "engine sessions are not served through PRISM",
     "lora_path": "LoRA adapters are not served through PRISM",

@@ -191,6 +191,14 @@ async def chat_relay(
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     request[ENDPOINT] = "chat"
     body, raw = await read_body(request, ChatCompletionRequest)
+    return await serve_chat(request, body, raw)
+
+
+async def serve_chat(
+    request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any]
+) -> web.StreamResponse:
+    """A checked chat request (`raw` its body as validated), from its size check to its
+    answer: the token path, or the engine's own chat endpoint (`chat_relay`)."""
     size = body.prompt_size()
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:

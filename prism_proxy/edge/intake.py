@@ -44,6 +44,13 @@ def body_caps(config: ProxyConfig) -> Caps:
 async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, Any]]:
     """Parse and validate the JSON body: 413 over the limits, 400 naming the bad field.
     Costly bodies are judged off the event loop first (`prism_proxy.edge.bodies`)."""
+    raw = await read_raw(request)
+    return await checked_body(request, model, raw), raw
+
+
+async def read_raw(request: web.Request) -> dict[str, Any]:
+    """The JSON object of the body, within the byte limit and the list caps, with no
+    refused field (`check_refused`); not yet validated."""
     config = request.app[state.CONFIG]
     limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -60,6 +67,12 @@ async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, 
     except BodyError as exc:
         raise ApiError(exc.status, exc.message, param=exc.param) from None
     check_refused(raw)
+    return raw
+
+
+async def checked_body(request: web.Request, model: type[M], raw: dict[str, Any]) -> M:
+    """`raw` validated by `model`, then checked against the served model: its token
+    ids, `top_k`, prompt logprobs (`check_served`) and grammars (`check_grammars`)."""
     try:
         body = model.model_validate(raw)
     except ValidationError as exc:
@@ -68,7 +81,7 @@ async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, 
     checked = cast(CheckedBody, body)
     check_served(request, checked)
     await check_grammars(request, checked)
-    return body, raw
+    return body
 
 
 def check_refused(raw: dict[str, Any]) -> None:

@@ -9,6 +9,9 @@ sent unchanged (minus `prism`) to the backend's own endpoint and relayed line by
 A client that leaves while queued is withdrawn; one that leaves after its request was
 sent triggers `/abort_request`.
 
+A chat stream may reach its client in another shape: `/v1/responses` sets a
+`StreamRewriter` (`REWRITER`) that every write of the stream passes through.
+
 With the session features on, a chat with tools (passthrough with turns) tells the
 proxy's `SessionKeeper` when it arrives, from which client (`accounts.client_key`: what
 a client's sessions earn is its own), when its first chunk comes back, and how it ended:
@@ -24,7 +27,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -64,6 +67,45 @@ OFFLOAD_ANSWER_BYTES = 1 << 20
 # Fields SGLang's OpenAI endpoints refuse to stream: such a request is forwarded as it
 # is, and its first token cannot be seen (so it never holds a place in prefill pacing).
 UNSTREAMABLE = ("return_meta_info", "return_prompt_token_ids", "return_token_ids")
+
+
+class StreamRewriter(Protocol):
+    """Turns the bytes of a chat stream into the stream its client asked for (the
+    Responses events of `/v1/responses`), as they are written."""
+
+    def rewrite(self, data: bytes) -> bytes: ...
+
+    def close(self) -> bytes:
+        """The bytes that end the stream (once; nothing after)."""
+        ...
+
+
+# Set on a request whose stream reaches its client through a `StreamRewriter`.
+REWRITER = web.RequestKey("stream_rewriter", StreamRewriter)
+
+
+class _RewrittenStream(web.StreamResponse):
+    """An SSE response whose every write passes through the request's rewriter."""
+
+    def __init__(self, rewriter: StreamRewriter, status: int) -> None:
+        super().__init__(status=status, headers=SSE_HEADERS)
+        self._rewriter = rewriter
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        rewritten = self._rewriter.rewrite(bytes(data))
+        if rewritten:
+            await super().write(rewritten)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await super().write_eof(self._rewriter.close() + data)
+
+
+def sse_response(request: web.Request, status: int) -> web.StreamResponse:
+    """The response a stream is written to: through the request's `REWRITER`, if set."""
+    rewriter = request.get(REWRITER)
+    if rewriter is not None:
+        return _RewrittenStream(rewriter, status)
+    return web.StreamResponse(status=status, headers=SSE_HEADERS)
 
 
 def too_large(exc: AnswerTooLarge) -> ApiError:
@@ -221,7 +263,7 @@ async def _relay_stream(
     first chunk, so a backend that fails before answering still gets a proper 502/503
     status; a failure after that ends the stream with an error event."""
     backend = request.app[state.BACKEND]
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = sse_response(request, 200)
     meta_info: dict[str, Any] = {}
     try:
         await response.prepare(request)
@@ -313,8 +355,8 @@ def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
     """For a client that did not ask to stream: ask the engine to stream anyway, and
     return what assembles the answer (`edge.assemble`); None when the client streams
     or SGLang cannot stream what it asked for (`UNSTREAMABLE`)."""
-    if body.get("stream"):
-        return None
+    if body.get("stream") or not (path == "/generate" or path.endswith("completions")):
+        return None  # streamed already, or an endpoint that does not stream (embeddings)
     if path == "/generate":
         params = body.get("sampling_params")
         if isinstance(params, list):
@@ -495,7 +537,7 @@ async def _relay_lines(
 ) -> web.StreamResponse:
     """Copy an upstream SSE stream line by line as it comes."""
     metrics = request.app[state.METRICS]
-    response = web.StreamResponse(status=upstream.status, headers=SSE_HEADERS)
+    response = sse_response(request, upstream.status)
     usage: TokenUsage | None = None
     first = True
     tool_call = False

@@ -13,6 +13,7 @@ from sglang.srt.entrypoints.openai import protocol
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+from prism_proxy.api import forwarded as api_forwarded
 from prism_proxy.api import models as api_models
 from prism_proxy.api.sglang_fields import MESSAGE_FIELDS, PROXY_OWNED, REFUSED
 
@@ -34,10 +35,14 @@ CASES = [
         set(SamplingParams.__struct_fields__) - SAMPLING_INTERNAL,
         api_models.NativeSamplingParams,
     ),
+    (set(protocol.EmbeddingRequest.model_fields), api_forwarded.EmbeddingRequest),
+    (set(protocol.TokenizeRequest.model_fields), api_forwarded.TokenizeRequest),
+    (set(protocol.DetokenizeRequest.model_fields), api_forwarded.DetokenizeRequest),
 ]
 
 
-NAMES = ["chat", "completions", "generate", "sampling_params"]
+NAMES = ["chat", "completions", "generate", "sampling_params", "embeddings", "tokenize",
+         "detokenize"]  # fmt: skip
 
 
 @pytest.mark.parametrize(("sglang", "ours"), CASES, ids=NAMES)

@@ -136,11 +136,13 @@ def engine_recorder(seen: list[dict[str, str]]) -> web.Application:
     return app
 
 
-async def test_request_id_and_trace_context_reach_the_engine() -> None:
+@pytest.mark.parametrize("tracing", ["off", "auto"])
+async def test_request_id_and_trace_context_reach_the_engine(tracing: str) -> None:
+    """`auto` without a tracer provider (the API alone): the same as `off`."""
     seen: list[dict[str, str]] = []
     async with (
         loopback_app(engine_recorder(seen)) as url,
-        running_proxy(url, tokenizer="builtin", tracing="off") as proxy,
+        running_proxy(url, tokenizer="builtin", tracing=tracing) as proxy,
         httpx.AsyncClient(timeout=30.0) as http,
     ):
         headers = {"x-request-id": "r-1", "traceparent": TRACEPARENT, "tracestate": "v=1"}

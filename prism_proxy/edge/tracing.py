@@ -165,7 +165,7 @@ class Tracing:
             from opentelemetry.trace import SpanKind
 
             parent = self.propagator.extract(trace.incoming) if trace.incoming else None
-            trace.span = self.tracer.start_span(
+            span = self.tracer.start_span(
                 "prism.request",
                 context=parent,
                 kind=SpanKind.SERVER,
@@ -175,7 +175,11 @@ class Tracing:
                     "prism.request_id": trace.request_id,
                 },
             )
-            trace.span.add_event("arrival")
+            # no provider configured: a no-op span, dropped (the client's trace context
+            # then goes to the engine as it came)
+            if span.is_recording():
+                span.add_event("arrival")
+                trace.span = span
         return trace
 
     def end(self, request: web.Request, trace: RequestTrace, status: int) -> None:

@@ -16,8 +16,8 @@
   extra): one `prism.request` span per request, continuing an incoming `traceparent`,
   with events `queued`, `released` and `first_token` and a child span
   `prism.admission_wait` from queued to released. Spans go to the global tracer
-  provider: whatever the operator configured (`opentelemetry-instrument`, or an SDK
-  provider), nothing when none is.
+  provider the operator configured before the proxy started (`opentelemetry-instrument`,
+  or an SDK provider); none when none is.
 
 The hooks are called from few places: `tracing_middleware` (arrival and end),
 `admit.Admitted` (queued, released), `relay` (first token, token counts, the engine's
@@ -133,13 +133,18 @@ TRACE = web.RequestKey("trace", RequestTrace)
 
 
 def _otel() -> tuple[Any, Any] | None:
-    """OpenTelemetry's tracer and W3C propagator, or None when the API is not installed."""
+    """OpenTelemetry's tracer and W3C propagator, or None when the API is not installed
+    or no tracer provider is configured when the proxy starts (its no-op spans would
+    cost ~10 µs a request for nothing: `python -m bench.tracing_cost`)."""
     try:
         from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ImportError:
         return None
-    return trace.get_tracer("prism_proxy"), TraceContextTextMapPropagator()
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    return provider.get_tracer("prism_proxy"), TraceContextTextMapPropagator()
 
 
 class Tracing:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -16,7 +17,7 @@ import pytest
 from aiohttp import web
 from proxy_support import eventually, loopback_app, running_proxy, sim_server
 
-from prism_proxy.edge.tracing import request_id_of, trace_context_of
+from prism_proxy.edge.tracing import Tracing, request_id_of, trace_context_of
 
 sim = pytest.fixture(scope="module")(sim_server)
 
@@ -274,3 +275,9 @@ async def test_one_trace_per_request_with_its_admission_wait(spans) -> None:
         trace_id, parent_id = engine["traceparent"].split("-")[1:3]
         assert trace_id == format(span.context.trace_id, "032x")
         assert parent_id == format(span.context.span_id, "016x")
+
+
+def test_without_opentelemetry_no_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy runs without the `otel` extra: the import fails, tracing is off."""
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # `import` raises ImportError
+    assert Tracing("off", "auto").tracer is None

@@ -208,10 +208,20 @@ async def test_text_access_log_line(sim, caplog: pytest.LogCaptureFixture) -> No
             proxy.url + "/v1/chat/completions", json=CHAT, headers={"x-request-id": "t-1"}
         )
         assert answer.status_code == 200
-        await eventually(lambda: any(r.name.endswith("access") for r in caplog.records))
-    (line,) = [r.getMessage() for r in caplog.records if r.name.endswith("access")]
-    assert line.startswith('t-1 "POST /v1/chat/completions" 200 latency_ms=')
-    assert " lane=" in line and " client=127.0.0.1" in line and " completion_tokens=3" in line
+        # a line break in a path stays encoded: one request, one line
+        missing = await http.get(proxy.url + "/x%0Ay?key=secret", headers={"x-request-id": "t-2"})
+        assert missing.status_code == 404
+
+        def lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name.endswith("access")]
+
+        await eventually(lambda: len(lines()) == 2)
+    served, refused = lines()
+    assert served.startswith('t-1 "POST /v1/chat/completions" 200 latency_ms=')
+    assert " lane=" in served and " client=127.0.0.1" in served
+    assert " completion_tokens=3" in served
+    assert refused.startswith('t-2 "GET /x%0Ay" 404 latency_ms=') and "\n" not in refused
+    assert "secret" not in refused
 
 
 @pytest.fixture(scope="module")

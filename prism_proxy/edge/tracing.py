@@ -176,7 +176,7 @@ class Tracing:
                 kind=SpanKind.SERVER,
                 attributes={
                     "http.request.method": request.method,
-                    "url.path": request.path,
+                    "url.path": request.rel_url.raw_path,
                     "prism.request_id": trace.request_id,
                 },
             )
@@ -228,7 +228,7 @@ def access_fields(
         "time": datetime.fromtimestamp(trace.arrival_wall, UTC).isoformat(timespec="milliseconds"),
         "request_id": trace.request_id,
         "method": request.method,
-        "path": request.path,
+        "path": request.rel_url.raw_path,  # as sent: no decoded line breaks, no query
         "status": status,
         "latency_ms": _ms(trace.arrival, now),
         "wait_ms": _ms(trace.queued_at, trace.released_at),

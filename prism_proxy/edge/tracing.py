@@ -180,8 +180,8 @@ class Tracing:
                     "prism.request_id": trace.request_id,
                 },
             )
-            # no provider configured: a no-op span, dropped (the client's trace context
-            # then goes to the engine as it came)
+            # a span the sampler left out is not kept: the client's trace context then
+            # goes to the engine as it came
             if span.is_recording():
                 span.add_event("arrival")
                 trace.span = span

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from proxy_support import SIM_ARGS, proxy_config, running_proxy
+from aiohttp import web
+from proxy_support import SIM_ARGS, proxy_config, recording_generate, running_proxy
 
 from loadgen.processes import ServerProcess, free_port, spawn_server, wait_healthy
 from prism_proxy.app import start_proxy
@@ -161,3 +162,38 @@ def test_not_ready_reasons(
     reasons: list[str],
 ) -> None:
     assert not_ready(up, downs, check, forward=forward, draining=draining) == reasons
+
+
+def gateway_stub() -> web.Application:
+    """A backend without `/ready` (as a gateway): server info and `/generate` only."""
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response({"max_running_requests": 8})
+
+    app = web.Application()
+    app.router.add_get("/server_info", server_info)
+    app.router.add_post("/generate", recording_generate(lambda body: None))
+    return app
+
+
+async def test_readyz_follows_a_backend_without_ready() -> None:
+    """No `/ready` (404): the readiness probe asks the server info instead."""
+    port = free_port()
+    runner = web.AppRunner(gateway_stub())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with (
+            running_proxy(url, tokenizer="builtin", ready_interval_s=1.0) as proxy,
+            httpx.AsyncClient() as client,
+        ):
+            await until_status(client, proxy.url + "/readyz", 200)
+            await runner.cleanup()  # the backend goes away
+            await until_status(client, proxy.url + "/readyz", 503)
+            runner = web.AppRunner(gateway_stub())  # and comes back on its port
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await until_status(client, proxy.url + "/readyz", 200)
+    finally:
+        await runner.cleanup()

@@ -6,32 +6,25 @@ default readiness probe), and turns 503 while the proxy drains; /livez and /heal
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 
 import httpx
 import pytest
 from aiohttp import web
-from proxy_support import SIM_ARGS, proxy_config, recording_generate, running_proxy
+from proxy_support import (
+    SIM_ARGS,
+    loopback_app,
+    proxy_config,
+    recording_generate,
+    running_proxy,
+)
 
-from loadgen.processes import ServerProcess, free_port, spawn_server, wait_healthy
+from loadgen.processes import free_port, spawn_server, wait_healthy
 from prism_proxy.app import start_proxy
 from prism_proxy.backend.tokenizer_choice import TokenizerState
 from prism_proxy.backend.tokenizer_guard import TokenizerCheck
 from prism_proxy.edge.readiness import not_ready
 
 BOUND_S = 30.0  # a liveness bound on a busy machine, not the speed under test
-
-
-@contextlib.contextmanager
-def sim_on(port: int, log_dir) -> Iterator[ServerProcess]:
-    """prism-sim on `port`, healthy, stopped (killed if need be) after the block."""
-    server = spawn_server("prism_sim", SIM_ARGS, port=port, log_dir=log_dir)
-    try:
-        wait_healthy(server.url, server.process, 60.0, "/health")
-        yield server
-    finally:
-        server.stop()
 
 
 async def status(client: httpx.AsyncClient, url: str) -> int:
@@ -89,9 +82,9 @@ async def test_readyz_follows_the_engine_dying_and_coming_back(tmp_path) -> None
         first.stop()
 
 
-async def test_readyz_is_503_while_draining(tmp_path) -> None:
-    with sim_on(free_port(), tmp_path) as sim:
-        proxy = await start_proxy(proxy_config(sim.url, drain_delay_s=3.0))
+async def test_readyz_is_503_while_draining() -> None:
+    async with loopback_app(gateway_stub()) as url:
+        proxy = await start_proxy(proxy_config(url, tokenizer="builtin", drain_delay_s=3.0))
         stopped = None
         try:
             async with httpx.AsyncClient() as client:

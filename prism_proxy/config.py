@@ -356,7 +356,8 @@ _HELP = {
     "access_log": "one line per request (time, request id, method, path, status, latency, "
     "TTFT, lane, client, tokens): off, text or json",
     "tracing": "OpenTelemetry spans per request (arrival, admission wait, release, first "
-    "token, end): auto (when opentelemetry-api is installed; the 'otel' extra) or off",
+    "token, end): auto (when opentelemetry-api is installed, the 'otel' extra, and a tracer "
+    "provider is configured at start) or off",
     # --- end of probes and tracing ---
 }
 _QAS_HELP = {

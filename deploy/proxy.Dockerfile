@@ -36,5 +36,5 @@ RUN python -c "from prism_tokens.tokenizer import load_tokenizer; load_tokenizer
 
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
-    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PRISM_PORT', '8000'), timeout=2)" || exit 1
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('PRISM_PORT', '8000'), timeout=2)" || exit 1
 ENTRYPOINT ["prism-proxy", "serve"]

@@ -1,13 +1,14 @@
 """`create_app(config)`: wiring only. Each long-lived resource has its own cleanup
 context (started in order, stopped in reverse): JSON parser → backend session → tokenizer and
 serializer → control RPC sender → QAS loop (and DART residency poller) → backend health
-probe.
+probe → readiness probe (`edge.readiness`).
 
 Serving (`start_proxy`, `serve`): the proxy's own HTTP/1.x server (`edge.server`),
 with its connection limits, and when `metrics_listen` is set an admin listener for
 /metrics. Shutdown (`RunningProxy.stop()`): aiohttp stops listening, waits up to
 `shutdown_timeout_s` for in-flight handlers (the QAS loop still runs, so queued
-requests are released and streams finish), then the contexts below stop.
+requests are released and streams finish), then the contexts below stop. Before all
+that, /readyz turns 503 and, for `drain_delay_s`, new requests are still served.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from prism_proxy.edge.errors import error_middleware
 from prism_proxy.edge.forwarded import add_routes as add_forwarded_routes
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.edge.probes import add_probe_routes
+from prism_proxy.edge.readiness import READINESS, add_readiness_routes
 from prism_proxy.edge.responses_api import add_routes as add_responses_routes
 from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, listen
+from prism_proxy.edge.tracing import add_tracing, install_log_context, tracing_middleware
 from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
@@ -260,6 +263,36 @@ async def health_ctx(app: web.Application) -> AsyncIterator[None]:
     await _cancel(task)
 
 
+READY_TIMEOUT_S = 2.0  # a /ready answer slower than this counts as down
+
+
+async def ready_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The cheap readiness probe behind /readyz (`edge.readiness`): the engine's
+    `/ready` every `ready_interval_s`; when the engine is back after being down (or the
+    tokenizer check is stale), the full probe at once (server info, tokenizer check).
+    A backend without `/ready` (a gateway) gets the full probe instead."""
+    interval_s = app[state.CONFIG].ready_interval_s
+    if interval_s <= 0:
+        yield
+        return
+    backend = app[state.BACKEND]
+    guard = app[state.TOKENIZER_GUARD]
+
+    async def probe_forever() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            was_up = backend.up
+            answered = await backend.ready(READY_TIMEOUT_S)
+            if answered is None or (
+                answered and (was_up is not True or guard.check.stale(backend.downs))
+            ):
+                await probe_backend(app)
+
+    task = asyncio.create_task(probe_forever(), name="prism-ready-probe")
+    yield
+    await _cancel(task)
+
+
 async def log_drain(app: web.Application) -> None:
     """On shutdown: say what is being drained (aiohttp then waits for the handlers)."""
     admission = app[state.ADMISSION]
@@ -278,8 +311,11 @@ async def log_stopped(app: web.Application) -> None:
 def create_app(config: ProxyConfig) -> web.Application:
     """The proxy's aiohttp application (no I/O until it starts)."""
     # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_body_bytes)
+    app = web.Application(
+        middlewares=[tracing_middleware, error_middleware], client_max_size=config.max_body_bytes
+    )
     app[state.CONFIG] = config
+    add_tracing(app, config.access_log, config.tracing)
     app[state.METRICS] = metrics = ProxyMetrics.create()
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()
@@ -288,13 +324,14 @@ def create_app(config: ProxyConfig) -> web.Application:
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))
     app.on_shutdown.append(log_drain)
     app.cleanup_ctx.extend(
-        [parser_ctx, backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx]
+        [parser_ctx, backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx, ready_ctx]
     )
     app.on_cleanup.append(log_stopped)
     add_routes(app)
     add_responses_routes(app)
     add_forwarded_routes(app)
     add_probe_routes(app)
+    add_readiness_routes(app)
     return app
 
 
@@ -319,8 +356,15 @@ class RunningProxy:
     admin_url: str | None = None
 
     async def stop(self) -> None:
-        """Stop listening, drain the client connections, stop (admin last)."""
+        """Turn /readyz 503 and keep serving `drain_delay_s` (a load balancer stops
+        sending meanwhile), then stop listening, drain the client connections, stop
+        (admin last)."""
         try:
+            self.app[READINESS].draining = True
+            delay_s = self.app[state.CONFIG].drain_delay_s
+            if delay_s > 0:
+                log.info("draining: /readyz answers 503; still serving for %.1f s", delay_s)
+                await asyncio.sleep(delay_s)
             await self.runner.cleanup()
         finally:
             if self.admin is not None:
@@ -332,7 +376,10 @@ async def start_proxy(config: ProxyConfig) -> RunningProxy:
     listener on `config.metrics_listen`."""
     admin_address = parse_listen(config.metrics_listen) if config.metrics_listen else None
     policy = ConnectionPolicy.from_config(config, fd_budget(config.max_connections))
-    access_log = logging.getLogger("aiohttp.access") if config.log_level == "debug" else None
+    install_log_context()
+    # the proxy's own access log (`edge.tracing`) replaces aiohttp's debug-level one
+    debug_log = config.log_level == "debug" and config.access_log == "off"
+    access_log = logging.getLogger("aiohttp.access") if debug_log else None
     app = create_app(config)
     runner = ProxyRunner(
         app, policy, shutdown_timeout=config.shutdown_timeout_s, access_log=access_log

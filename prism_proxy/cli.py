@@ -17,10 +17,14 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
+    from prism_proxy.edge.tracing import configure_access_log, install_log_context
+
+    install_log_context()  # every record names its request (or "-")
     logging.basicConfig(
         level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s",
     )
+    configure_access_log(config.access_log)
     import asyncio
 
     import uvloop

@@ -28,6 +28,8 @@ from prism_proxy.qas.policies import POLICIES
 POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot-style
 RESIDENCY_SOURCES = ("auto", "dart", "view")
 GRAMMAR_POLICIES = ("off", "checked", "on")
+ACCESS_LOGS = ("off", "text", "json")  # the access log's form (docs/observability.md)
+TRACING_MODES = ("auto", "off")  # OpenTelemetry spans: when the package is installed, or never
 TOKENIZER_MISMATCH = ("refuse", "forward")  # what a tokenizer unlike the engine's leads to
 ENV_PREFIX = "PRISM_"
 # Settings whose value may be automatic (None, written "auto").
@@ -39,7 +41,7 @@ AUTOMATIC = (
 FLAGS = (
     "backend", "host", "port", "tokenizer", "policy", "qas_variant", "control_url",
     "control_token", "prefill_batch", "window_ms", "max_queue", "metrics_listen",
-    "log_level",
+    "log_level", "access_log",
 )  # fmt: skip
 
 
@@ -109,6 +111,12 @@ class ProxyConfig:
     shutdown_timeout_s: float = 30.0
     retry_after_s: int = 1
     log_level: str = "info"
+    # --- probes and tracing (docs/observability.md) ---
+    ready_interval_s: float = 1.0
+    drain_delay_s: float = 0.0
+    access_log: str = "off"
+    tracing: str = "auto"
+    # --- end of probes and tracing ---
     qas: QasParams = field(default_factory=lambda: qas_params(DEFAULT_QAS_VARIANT))
     # Derived from `extraction` once, not per request: the layouts looked for in
     # requests without hints (none: off).
@@ -140,6 +148,17 @@ class ProxyConfig:
             raise ConfigError(
                 f"grammars: unknown {self.grammars!r}; choose one of {GRAMMAR_POLICIES}"
             )
+        # --- probes and tracing ---
+        if self.access_log not in ACCESS_LOGS:
+            raise ConfigError(
+                f"access_log: unknown {self.access_log!r}; choose one of {ACCESS_LOGS}"
+            )
+        if self.tracing not in TRACING_MODES:
+            raise ConfigError(f"tracing: unknown {self.tracing!r}; choose one of {TRACING_MODES}")
+        for name in ("ready_interval_s", "drain_delay_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        # --- end of probes and tracing ---
         if self.residency == "dart" and self.control_url is None:
             raise ConfigError("residency: 'dart' needs --control-url (DART's control RPC)")
         try:
@@ -328,6 +347,18 @@ _HELP = {
     "shutdown_timeout_s": "seconds to drain in-flight requests on shutdown",
     "retry_after_s": "Retry-After seconds sent with 429",
     "log_level": "debug|info|warning|error",
+    # --- probes and tracing ---
+    "ready_interval_s": "seconds between the cheap readiness probes of the backend (its "
+    "/ready) behind /readyz; a failed exchange on any path marks it down at once (0: off, "
+    "only the health probes of health_interval_s)",
+    "drain_delay_s": "on shutdown, seconds /readyz answers 503 while the proxy still serves "
+    "new requests, so that a load balancer stops sending before the listener closes",
+    "access_log": "one line per request (time, request id, method, path, status, latency, "
+    "TTFT, lane, client, tokens): off, text or json",
+    "tracing": "OpenTelemetry spans per request (arrival, admission wait, release, first "
+    "token, end): auto (when opentelemetry-api is installed, the 'otel' extra, and a tracer "
+    "provider is configured at start) or off",
+    # --- end of probes and tracing ---
 }
 _QAS_HELP = {
     "f_front": "QAS f_front: segments moved to the front",

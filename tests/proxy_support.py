@@ -37,12 +37,13 @@ CONNECT_TIMEOUT_S = 60.0
 
 
 def proxy_config(backend: str, **overrides: object) -> ProxyConfig:
-    """The tests' proxy settings: any free port, no periodic probes, a short drain,
-    `CONNECT_TIMEOUT_S`."""
+    """The tests' proxy settings: any free port, no periodic probes (health or
+    readiness), a short drain, `CONNECT_TIMEOUT_S`."""
     settings: dict[str, object] = {
         "backend": backend,
         "port": 0,
         "health_interval_s": 0,
+        "ready_interval_s": 0,
         "shutdown_timeout_s": 5.0,
         "connect_timeout_s": CONNECT_TIMEOUT_S,
     }

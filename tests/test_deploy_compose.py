@@ -170,7 +170,7 @@ def test_proxy_image_is_slim_non_root_with_a_healthcheck() -> None:
     assert re.search(r"^RUN pip install \.", text, flags=re.MULTILINE)
     user = re.findall(r"^USER (\S+)", text, flags=re.MULTILINE)
     assert user and user[-1] not in ("root", "0")
-    assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, flags=re.MULTILINE)
+    assert re.search(r"^HEALTHCHECK .*\n?.*/readyz", text, flags=re.MULTILINE)
     assert 'ENTRYPOINT ["prism-proxy", "serve"]' in text
 
 

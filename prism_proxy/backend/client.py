@@ -33,7 +33,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -221,11 +221,14 @@ class BackendClient:
         self._answered(response.status, body.decode("utf-8", errors="replace"))
 
     @contextlib.asynccontextmanager
-    async def _post(self, path: str, body: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def _post(
+        self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         data = _encoded(body)
+        sent = {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
         try:
             async with self.session.post(
-                self.base_url + path, data=data, headers=JSON_HEADERS, timeout=self.timeout
+                self.base_url + path, data=data, headers=sent, timeout=self.timeout
             ) as response:
                 await self._check(response)
                 yield response
@@ -233,9 +236,12 @@ class BackendClient:
             raise self._unreachable(exc) from exc
 
     # --- the token path --------------------------------------------------------------
-    async def generate_batches(self, body: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    async def generate_batches(
+        self, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[list[dict[str, Any]]]:
         """Streaming `/generate`: yields the chunk objects that arrived together, as one
-        list per read of the socket (never empty).
+        list per read of the socket (never empty). `headers`: the request's tracing
+        headers (`edge.tracing.engine_headers`), already checked.
 
         Reading whatever the socket holds and splitting it here costs one await per
         read instead of one per line; under load one read carries several chunks of a
@@ -244,7 +250,7 @@ class BackendClient:
         """
         payload = _encoded({**body, "stream": True})
         try:
-            async with self.pool.post("/generate", payload) as response:
+            async with self.pool.post("/generate", payload, headers) as response:
                 await self._check_lean(response)
                 rest = b""
                 async for data in response.iter_any():
@@ -276,10 +282,11 @@ class BackendClient:
     # --- passthrough -----------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def forward(
-        self, path: str, body: dict[str, Any]
+        self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST `body` unchanged to `path`; yields the open response (status < 400)."""
-        async with self._post(path, body) as response:
+        """POST `body` unchanged to `path` (with the request's tracing `headers`);
+        yields the open response (status < 400)."""
+        async with self._post(path, body, headers) as response:
             yield response
 
     async def get_ok(self, path: str) -> None:
@@ -362,6 +369,24 @@ class BackendClient:
         info = info if isinstance(info, dict) else {}
         self._private = _private_names(self.base_url, info)
         return info
+
+    async def ready(self, timeout_s: float) -> bool | None:
+        """The cheap readiness probe: the engine's `GET /ready` (SGLang answers it from
+        its tokenizer manager's state, without the scheduler or a generation). True 200,
+        False for any other answer or none (the backend is then marked down at once);
+        None when the backend has no `/ready` (404, a gateway): ask `probe` instead."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self.session.get(self.base_url + "/ready", timeout=timeout) as response:
+                await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._unreachable(exc)
+            return False
+        if status == 404:
+            return None
+        self._up(status == 200)
+        return status == 200
 
     async def drain(self) -> None:
         """Wait for the abort tasks still running, then close the pool (shutdown)."""
@@ -546,19 +571,21 @@ class Exchange:
     """One request and its answer on a pooled connection (a class, not a generator
     context manager: it is entered once per token-path request)."""
 
-    __slots__ = ("_body", "_connection", "_path", "_pool")
+    __slots__ = ("_body", "_connection", "_extra", "_path", "_pool")
 
-    def __init__(self, pool: Http1Pool, path: str, body: bytes) -> None:
+    def __init__(self, pool: Http1Pool, path: str, body: bytes, extra: bytes = b"") -> None:
         self._pool = pool
         self._path = path
         self._body = body
+        self._extra = extra
         self._connection: Http1Connection | None = None
 
     async def __aenter__(self) -> Http1Response:
         pool = self._pool
         connection = self._connection = await pool.acquire()
         connection.begin()
-        connection.transport.write(pool.request_head(self._path, len(self._body)) + self._body)
+        head = pool.request_head(self._path, len(self._body), self._extra)
+        connection.transport.write(head + self._body)
         try:
             while not connection.headers_complete:
                 await connection.wait(pool.read_timeout_s)
@@ -609,16 +636,23 @@ class Http1Pool:
     def open_connections(self) -> int:
         return len(self._open)
 
-    def post(self, path: str, body: bytes) -> Exchange:
+    def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> Exchange:
         """POST a JSON `body`: `async with pool.post(path, body) as response`, entered
         once the answer's headers are in. The connection goes back to the pool only when
-        the answer was read to its end."""
-        return Exchange(self, path, body)
+        the answer was read to its end. `headers`: extra header fields, whose names and
+        values the caller checked (visible ASCII: no line breaks)."""
+        extra = (
+            b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
+            if headers
+            else b""
+        )
+        return Exchange(self, path, body, extra)
 
-    def request_head(self, path: str, length: int) -> bytes:
+    def request_head(self, path: str, length: int, extra: bytes = b"") -> bytes:
         return (
             b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % (self._prefix, path.encode(), self._host_header, length)
+            b"%sContent-Length: %d\r\n\r\n"
+            % (self._prefix, path.encode(), self._host_header, extra, length)
         )
 
     async def acquire(self) -> Http1Connection:

@@ -22,7 +22,7 @@ from prism_proxy.admission.driver import (
 )
 from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
-from prism_proxy.edge import state
+from prism_proxy.edge import state, tracing
 from prism_proxy.edge.errors import LANE, ApiError, backend_failure
 from prism_proxy.memory import release_free_memory
 from prism_proxy.prompts.jobs import PromptError, TokenJob
@@ -141,6 +141,7 @@ class Admitted:
         if slo_s is not None:
             queued = self._queued = replace(queued, ttft_slo_s=slo_s)
         admission = self._admission
+        tracing.queued(request)
         try:
             future = admission.admit(queued)
         except Exception as exc:
@@ -160,6 +161,7 @@ class Admitted:
             raise
         chosen = self._lane or release.lane.value
         request[LANE] = chosen
+        tracing.released(request, chosen, release.wait_s)
         metrics = request.app[state.METRICS]
         metrics.child(metrics.admission_wait, chosen).observe(release.wait_s)
         return release

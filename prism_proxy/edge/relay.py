@@ -36,7 +36,7 @@ from aiohttp import web
 from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
-from prism_proxy.edge import state
+from prism_proxy.edge import state, tracing
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import Admitted, new_rid, off_loop
 from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
@@ -119,6 +119,7 @@ TOOL_CALL_END = re.compile(rb'"finish_reason"\s*:\s*"tool_calls"')
 def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
     if usage is None:
         return
+    tracing.tokens(request, usage.prompt_tokens, usage.completion_tokens)
     metrics = request.app[state.METRICS]
     metrics.child(metrics.prompt_tokens, lane).inc(usage.prompt_tokens)
     metrics.child(metrics.cached_tokens, lane).inc(usage.cached_tokens)
@@ -162,7 +163,7 @@ async def token_path(
                 see=sharing.see,
             ),
         )
-        batches = backend.generate_batches(payload)
+        batches = backend.generate_batches(payload, tracing.engine_headers(request))
         async with contextlib.aclosing(batches):
             try:
                 first = await anext(batches, None)
@@ -246,6 +247,7 @@ def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any
     if isinstance(prompt, int) and isinstance(cached, int):
         uncached = prompt - cached
     request.app[state.ADMISSION].first_token(rid, uncached)
+    tracing.first_token(request)
     metrics = request.app[state.METRICS]
     metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
 
@@ -407,7 +409,7 @@ async def _passthrough(
             # its first token cannot be seen: it takes no place in prefill pacing
             request.app[state.ADMISSION].first_token(queued.rid)
         try:
-            async with backend.forward(path, body) as upstream:
+            async with backend.forward(path, body, tracing.engine_headers(request)) as upstream:
                 if upstream.content_type.startswith("text/event-stream"):
                     if answer is not None:
                         return await _assemble_lines(
@@ -416,6 +418,7 @@ async def _passthrough(
                     return await _relay_lines(request, upstream, queued.rid, lane, keeper)
                 data = await _read_bounded(upstream, limit_bytes, rid, backend)
                 request.app[state.ADMISSION].first_token(queued.rid)
+                tracing.first_token(request)
                 _record_tokens(request, lane, _usage_of(data))
                 if keeper is not None:
                     keeper.started(queued.rid)
@@ -492,6 +495,7 @@ async def _assemble_lines(
         async for chunk in _sse_objects(upstream, rid, backend):
             if first:
                 request.app[state.ADMISSION].first_token(rid)
+                tracing.first_token(request)
                 metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
                 first = False
                 if keeper is not None:
@@ -559,6 +563,7 @@ async def _relay_lines(
                 return response
             if first:
                 request.app[state.ADMISSION].first_token(rid)
+                tracing.first_token(request)
                 elapsed = time.monotonic() - request[STARTED]
                 metrics.child(metrics.ttft, lane).observe(elapsed)
                 first = False

@@ -144,6 +144,7 @@ async def proxy_for(live: LiveServer, **overrides: Any) -> RunningProxy:
         "control_url": live.control_url,
         "control_token": live.token,
         "health_interval_s": 0,
+        "ready_interval_s": 0,  # no readiness probes either
         "shutdown_timeout_s": 5.0,
         "connect_timeout_s": CONNECT_TIMEOUT_S,  # proxy_support: the test's loop is shared
         **overrides,

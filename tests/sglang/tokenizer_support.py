@@ -62,6 +62,7 @@ async def plain_proxy(backend: str, **overrides: Any) -> RunningProxy:
         "backend": backend,
         "port": 0,
         "health_interval_s": 0,
+        "ready_interval_s": 0,  # no readiness probes either
         "shutdown_timeout_s": 5.0,
         **overrides,
     }

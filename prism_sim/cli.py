@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prism_sim.eviction import eviction_strategy_names
@@ -87,7 +89,17 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         control_port=args.control_port,
         control_token=args.control_token,
         protect_fraction=args.protect_fraction,
+        api_key=engine_api_key(os.environ),
     )
+
+
+def engine_api_key(environ: Mapping[str, str]) -> str | None:
+    """SGLang's `--api-key`, from PRISM_ENGINE_API_KEY or the file PRISM_ENGINE_API_KEY_FILE
+    names (never a flag: a command line is readable by every local user)."""
+    path = environ.get("PRISM_ENGINE_API_KEY_FILE")
+    if path:
+        return Path(path).read_text().strip() or None
+    return environ.get("PRISM_ENGINE_API_KEY") or None
 
 
 async def serve(config: SimConfig, engine: SimEngine) -> None:

@@ -78,13 +78,14 @@ def sglang_command(
     port: int,
     max_total_tokens: int,
     control_port: int | None,
-    control_token: str | None,
     eviction: str,
     extra: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
     """The command line of SGLang's launcher: through `backend_plugin.launch` (DART
-    selected) unless `eviction` is "stock", SGLang's own radix cache untouched."""
+    selected) unless `eviction` is "stock", SGLang's own radix cache untouched. No
+    secret is on it: the control token and the engine's keys go in the environment
+    (`sglang_environment`)."""
     stock = eviction == "stock"
     launcher = "sglang.launch_server" if stock else "backend_plugin.launch"
     command = [
@@ -102,14 +103,20 @@ def sglang_command(
     command += ["--prism-policy", eviction]
     if control_port is not None:
         command += ["--prism-control-port", str(control_port)]
-    if control_token:
-        command += ["--prism-control-token", control_token]
     return [*command, *extra]
 
 
-def sglang_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: CPU engine, offline, the shims first on the path."""
+def sglang_environment(
+    base: Mapping[str, str] | None = None, control_token: str | None = None
+) -> dict[str, str]:
+    """The server's environment: CPU engine, offline, the shims first on the path, the
+    control token (PRISM_CONTROL_TOKEN). The engine's keys pass through as given
+    (PRISM_ENGINE_API_KEY, PRISM_ENGINE_ADMIN_API_KEY or their *_FILE variants:
+    `backend_plugin.launch` hands them to SGLang; the stock launcher has no such step,
+    so `--eviction stock` runs without keys)."""
     env = dict(os.environ if base is None else base)
+    if control_token:
+        env["PRISM_CONTROL_TOKEN"] = control_token
     path = [str(SHIMS), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(
         {
@@ -181,7 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         max_total_tokens=args.max_total_tokens,
         control_port=args.control_port,
-        control_token=token,
         eviction=args.eviction,
         extra=[
             *TOOL_PARSERS.get(args.model, ()),
@@ -189,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
     )
     print(f"sglang-cpu: serving {model_dir} on http://{args.host}:{args.port}", flush=True)
-    process = subprocess.Popen(command, env=sglang_environment(), start_new_session=True)
+    process = subprocess.Popen(
+        command, env=sglang_environment(control_token=token), start_new_session=True
+    )
 
     def stop(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

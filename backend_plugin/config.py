@@ -76,13 +76,14 @@ class ControlConfig:
             if not self.token:
                 raise ControlConfigError(
                     f"the PRISM control RPC on {self.host!r} (not loopback) needs a token"
-                    " (PRISM_CONTROL_TOKEN or PRISM_CONTROL_TOKEN_FILE); PRISM_CONTROL_OPEN applies to"
-                    " loopback only"
+                    " (PRISM_CONTROL_TOKEN or PRISM_CONTROL_TOKEN_FILE); PRISM_CONTROL_OPEN"
+                    " applies to loopback only"
                 )
         if not self.token and not self.allow_open:
             raise ControlConfigError(
-                "the PRISM control RPC needs a token (PRISM_CONTROL_TOKEN or PRISM_CONTROL_TOKEN_FILE);"
-                " set PRISM_CONTROL_OPEN=1 to run it without authentication"
+                "the PRISM control RPC needs a token (PRISM_CONTROL_TOKEN or"
+                " PRISM_CONTROL_TOKEN_FILE); set PRISM_CONTROL_OPEN=1 to run it without"
+                " authentication"
             )
 
 

@@ -140,13 +140,13 @@ async def test_a_proxy_without_the_key_is_refused_by_the_engine(engine: str) -> 
     with pytest.raises(RuntimeError, match="refused the proxy's credentials"):
         async with running_proxy(engine):
             pass
-    async with running_proxy(engine, tokenizer="builtin", tokenizer_mismatch="forward") as proxy:
-        async with httpx.AsyncClient(timeout=30.0) as http:
-            body = {"model": "m", "messages": MESSAGES, "max_tokens": 4}
-            answer = await http.post(
-                proxy.url + "/v1/chat/completions",
-                json=body,
-                headers={"Authorization": f"Bearer {KEY}"},  # the right key, from a client
-            )
-            assert answer.status_code == 502, answer.text
-            assert "refused the proxy's credentials" in answer.json()["error"]["message"]
+    past_the_check = running_proxy(engine, tokenizer="builtin", tokenizer_mismatch="forward")
+    async with past_the_check as proxy, httpx.AsyncClient(timeout=30.0) as http:
+        body = {"model": "m", "messages": MESSAGES, "max_tokens": 4}
+        answer = await http.post(
+            proxy.url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY}"},  # the right key, from a client
+        )
+        assert answer.status_code == 502, answer.text
+        assert "refused the proxy's credentials" in answer.json()["error"]["message"]

@@ -38,13 +38,12 @@ AUTOMATIC = (
 # The settings with a flag of their own; every other one is `--set KEY=VALUE`.
 FLAGS = (
     "backend", "host", "port", "tokenizer", "policy", "qas_variant", "control_url",
-    "control_token", "prefill_batch", "window_ms", "max_queue", "metrics_listen",
-    "log_level",
+    "prefill_batch", "window_ms", "max_queue", "metrics_listen", "log_level",
     "control_token_file", "engine_api_key_file",
 )  # fmt: skip
 # Secrets: from the environment, a config file or a `*_file` setting naming a file,
-# never as a `--set` value (a process's argv is world-readable in /proc/<pid>/cmdline).
-SECRETS = ("engine_api_key",)
+# never a flag or a `--set` value (a process's argv is world-readable in /proc/<pid>/cmdline).
+SECRETS = ("control_token", "engine_api_key")
 
 
 class ConfigError(ValueError):
@@ -326,8 +325,8 @@ _HELP = {
     "the client port (port 0: any free port; unset: /metrics on the client port)",
     "control_url": "base URL of the DART control RPC, or several comma-separated (one per "
     "replica behind a gateway; unset: no pushes)",
-    "control_token": "bearer token for the control RPC (PRISM_CONTROL_TOKEN; prefer "
-    "--control-token-file: a command line is readable by every local user)",
+    "control_token": "bearer token for the control RPC: PRISM_CONTROL_TOKEN or a config "
+    "file, never a flag",
     "control_token_file": "file holding the control RPC's bearer token",
     "engine_api_key": "the engine's API key (SGLang's --api-key), sent as a bearer token on "
     "every request to it: PRISM_ENGINE_API_KEY or a config file, never a flag",

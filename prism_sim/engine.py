@@ -51,7 +51,7 @@ class SimConfig:
     served_model_name: str | None = None
     incremental_streaming_output: bool = False
     control_port: int | None = None
-    control_token: str | None = None
+    control_token: str | None = field(default=None, repr=False)
     protect_fraction: float | None = None  # DART: share of the KV pool F_t may hold
     # SGLang's `--api-key`: the bearer token its API requires (health, readiness and
     # metrics excepted, as in SGLang 0.5.23's `utils/auth.py`); None: open.

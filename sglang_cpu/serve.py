@@ -3,7 +3,7 @@ serving a model with the DART plugin (`make sglang-cpu [MODEL=smollm2]`,
 docs/sglang-cpu.md).
 
     python -m sglang_cpu.serve [--model tiny|smollm2] [--port 30000]
-        [--control-port 30001] [--control-token T] [--max-total-tokens 16384]
+        [--control-port 30001] [--max-total-tokens 16384]
         [--eviction dart] [--sglang-arg=--FLAG ...]
 
 It builds (or reuses) the model directory (`tiny`, the default: the tiny random-weight
@@ -149,9 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sglang_cpu.serve")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--control-port", type=int, default=None, help="DART control RPC")
     parser.add_argument(
-        "--control-token", default=None, help="(or PRISM_CONTROL_TOKEN; printed when made up)"
+        "--control-port",
+        type=int,
+        default=None,
+        help="DART control RPC; its token from PRISM_CONTROL_TOKEN or PRISM_CONTROL_TOKEN_FILE "
+        "(never a flag; made up and printed when neither is set)",
     )
     parser.add_argument("--max-total-tokens", type=int, default=DEFAULT_MAX_TOTAL_TOKENS)
     parser.add_argument(
@@ -174,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    token = args.control_token or os.environ.get("PRISM_CONTROL_TOKEN")
+    from backend_plugin.config import control_token
+
+    token = control_token(os.environ)
     if args.eviction == "stock" and args.control_port is not None:
         print("error: --eviction stock has no control RPC", file=sys.stderr)
         return 2

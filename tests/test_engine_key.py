@@ -60,6 +60,11 @@ def test_the_key_is_never_on_the_command_line_nor_in_a_log(tmp_path: Path) -> No
         parse_serve_args(["--engine-api-key", KEY], environ={})
     with pytest.raises(ConfigError, match="never given on the command line"):
         parse_serve_args(["--set", f"engine_api_key={KEY}"], environ={})
+    # The control token neither: no flag, and refused through --set.
+    with pytest.raises(SystemExit):
+        parse_serve_args(["--control-token", "ctl"], environ={})
+    with pytest.raises(ConfigError, match="never given on the command line"):
+        parse_serve_args(["--set", "control_token=ctl"], environ={})
     config = build_config(environ={"PRISM_ENGINE_API_KEY": KEY, "PRISM_CONTROL_TOKEN": "ctl"})
     assert KEY not in repr(config) and "ctl" not in repr(config)
 
@@ -85,11 +90,30 @@ def test_a_bad_key_setting_stops_the_start(
         build_config(environ=environ)
 
 
-def test_the_control_token_comes_from_a_file_too(tmp_path: Path) -> None:
+def test_the_control_token_comes_from_the_environment_or_a_file(tmp_path: Path) -> None:
     token_file = tmp_path / "control-token"
     token_file.write_text("ctl-t0ken\n")
     config = parse_serve_args(["--control-token-file", str(token_file)], environ={})
     assert config.control_token == "ctl-t0ken"
+    config = parse_serve_args([], environ={"PRISM_CONTROL_TOKEN_FILE": str(token_file)})
+    assert config.control_token == "ctl-t0ken"
+    assert parse_serve_args([], environ={"PRISM_CONTROL_TOKEN": "t"}).control_token == "t"
+
+
+def test_prism_sim_takes_its_secrets_from_the_environment_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prism_sim.cli import build_parser, config_from_args
+
+    with pytest.raises(SystemExit):  # no such flag any more
+        build_parser().parse_args(["--control-token", "ctl"])
+    key_file = tmp_path / "engine-key"
+    key_file.write_text(KEY + "\n")
+    monkeypatch.setenv("PRISM_CONTROL_TOKEN", "ctl")
+    monkeypatch.setenv("PRISM_ENGINE_API_KEY_FILE", str(key_file))
+    sim = config_from_args(build_parser().parse_args([]))
+    assert (sim.control_token, sim.api_key) == ("ctl", KEY)
+    assert KEY not in repr(sim)
 
 
 # --- through the proxy ------------------------------------------------------------------

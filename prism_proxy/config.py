@@ -458,7 +458,7 @@ def _set_values(pairs: Sequence[str]) -> dict[str, Any]:
 def _read_secrets(values: dict[str, Any]) -> None:
     """Fill `control_token` and `engine_api_key` from their `*_file` settings (the file's
     text without surrounding whitespace); a secret given both ways is an error."""
-    for name in ("control_token", "engine_api_key"):
+    for name in SECRETS:
         path = values.get(f"{name}_file")
         if path is None:
             continue

@@ -151,6 +151,7 @@ class BackendClient:
         # else: a client's headers are never forwarded, so its Authorization stays here.
         self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.json_headers = {**JSON_HEADERS, **self.auth}
+        self.credentials_refused = False  # the backend answered 401/403 (logged once)
         self.metrics = metrics
         # An inactivity limit, not a total: long streams may run as long as they flow.
         self.timeout = aiohttp.ClientTimeout(
@@ -217,12 +218,14 @@ class BackendClient:
             # The engine wants a key the proxy lacks: the deployment's fault, never the
             # client's (whose own key the engine never sees), so not the client's 401.
             self._up(True)
-            log.warning(
-                "backend %s answered HTTP %d: it wants an API key the proxy lacks or has "
-                "wrong (PRISM_ENGINE_API_KEY, PRISM_ENGINE_API_KEY_FILE)",
-                self.base_url,
-                status,
-            )
+            if not self.credentials_refused:  # once: every request would say it again
+                log.warning(
+                    "backend %s answered HTTP %d: it wants an API key the proxy lacks or has "
+                    "wrong (PRISM_ENGINE_API_KEY, PRISM_ENGINE_API_KEY_FILE)",
+                    self.base_url,
+                    status,
+                )
+            self.credentials_refused = True
             raise BackendError(502, f"backend refused the proxy's credentials (HTTP {status})")
         message = self.scrub(_error_message(status, text))
         if status >= 500:

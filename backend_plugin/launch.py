@@ -5,11 +5,22 @@ entry point unchanged. Adds `--radix-cache-backend prism_dart` unless given, and
 its own options to the environment the scheduler processes inherit:
 
     --prism-control-port N    → PRISM_CONTROL_PORT   (dp rank r listens on N + r)
-    --prism-control-token T   → PRISM_CONTROL_TOKEN
+    --prism-control-token-file F → PRISM_CONTROL_TOKEN_FILE (a file holding the token)
     --prism-control-host H    → PRISM_CONTROL_HOST
     --prism-policy P          → PRISM_DART_POLICY   (dart | lru | lru+active | lfu)
     --prism-protect F         → PRISM_DART_PROTECT
     --prism-protect-fraction X → PRISM_DART_PROTECT_FRACTION
+
+Secrets never travel on a command line, which every local user can read in
+`/proc/<pid>/cmdline`: the control token comes from PRISM_CONTROL_TOKEN or a file
+(`--prism-control-token <token>` is refused), and SGLang's own `--api-key` and
+`--admin-api-key` from the environment, added to SGLang's argv inside this process only
+(the kernel's copy of the command line stays as it was):
+
+    PRISM_ENGINE_API_KEY[_FILE]        → --api-key        (every API call needs it)
+    PRISM_ENGINE_ADMIN_API_KEY[_FILE]  → --admin-api-key  (cache flush, weights, profile)
+
+Giving either of those two flags on the command line is refused as well.
 """
 
 from __future__ import annotations
@@ -17,11 +28,12 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
 
 _ENV_FLAGS = {
     "--prism-control-port": "PRISM_CONTROL_PORT",
-    "--prism-control-token": "PRISM_CONTROL_TOKEN",
+    "--prism-control-token-file": "PRISM_CONTROL_TOKEN_FILE",
     "--prism-control-host": "PRISM_CONTROL_HOST",
     "--prism-policy": "PRISM_DART_POLICY",
     "--prism-protect": "PRISM_DART_PROTECT",
@@ -29,13 +41,47 @@ _ENV_FLAGS = {
 }
 
 
+# SGLang's key flags, each from an environment variable (or the file `<variable>_FILE`
+# names), never from the command line.
+_KEY_FLAGS = {
+    "--api-key": "PRISM_ENGINE_API_KEY",
+    "--admin-api-key": "PRISM_ENGINE_ADMIN_API_KEY",
+}
+# Flags whose value would be a secret on the command line, and where it goes instead.
+_REFUSED = {
+    "--prism-control-token": "PRISM_CONTROL_TOKEN or --prism-control-token-file",
+    **{flag: f"{name} or {name}_FILE" for flag, name in _KEY_FLAGS.items()},
+}
+
+
+def secret(env: Mapping[str, str], name: str) -> str | None:
+    """The secret in `env[name]`, else in the file `env[name + "_FILE"]` names (its text
+    without surrounding whitespace), else None."""
+    path = env.get(name + "_FILE")
+    if path:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"{name}_FILE: cannot read {path}: {exc.strerror}") from None
+        if not text:
+            raise SystemExit(f"{name}_FILE: {path} is empty")
+        return text
+    return env.get(name) or None
+
+
 def build_argv(argv: Sequence[str], env: MutableMapping[str, str]) -> list[str]:
-    """SGLang's argv (our options moved into `env`), with the DART backend selected."""
+    """SGLang's argv (our options moved into `env`, the engine's keys added from it),
+    with the DART backend selected."""
     out: list[str] = []
     args = list(argv)
     i = 0
     while i < len(args):
         name, eq, value = args[i].partition("=")
+        if name in _REFUSED:
+            raise SystemExit(
+                f"{name}: a secret is never given on the command line (every local user can "
+                f"read it); use {_REFUSED[name]}"
+            )
         if name in _ENV_FLAGS:
             if not eq:
                 if i + 1 >= len(args):
@@ -48,6 +94,10 @@ def build_argv(argv: Sequence[str], env: MutableMapping[str, str]) -> list[str]:
         i += 1
     if not any(a.split("=")[0] == "--radix-cache-backend" for a in out):
         out += ["--radix-cache-backend", "prism_dart"]
+    for flag, name in _KEY_FLAGS.items():
+        key = secret(env, name)
+        if key is not None:
+            out += [flag, key]
     return out
 
 

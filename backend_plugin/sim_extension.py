@@ -4,7 +4,7 @@
 `create_extension(config)`. The extension runs the same `backend_plugin.dart` core as
 the SGLang plugin: anchors from each request's `kv_hints` placed after every insertion
 of its tokens, DART keys as the cache's eviction strategy, the same control RPC
-(`--control-port`, `--control-token` or `PRISM_CONTROL_TOKEN`, bound to 127.0.0.1
+(`--control-port`, `PRISM_CONTROL_TOKEN` or `PRISM_CONTROL_TOKEN_FILE`, bound to 127.0.0.1
 unless `PRISM_CONTROL_HOST` says otherwise) served on the simulator's own event loop.
 The simulator's scheduler steps run synchronously on that loop, so accepted updates are
 applied at once, which is always between two steps. The protected set F_t is bounded to

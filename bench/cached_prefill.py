@@ -59,10 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     for label in ("fifo", "prism"):
         control, token = free_port(), secrets.token_hex(8)
-        serve = sglang_cpu_command(config, base_variant(label), control, token)
+        serve = sglang_cpu_command(config, base_variant(label), control)
         with run_server(
             "sglang_cpu.serve", serve, python=args.sglang_python,
             startup_timeout_s=300.0, name=f"cached-prefill-{label}",
+            env={"PRISM_CONTROL_TOKEN": token},
         ) as server:  # fmt: skip
             t = asyncio.run(_times(server.url, args.prompt, args.cached, args.repeats))
         eviction = serve[serve.index("--eviction") + 1]

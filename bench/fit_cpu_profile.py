@@ -213,7 +213,7 @@ def _measure_server(
         out=Path("/tmp"), variants=(), backend="sglang-cpu", model="smollm2",
         sglang_python=args.sglang_python,
     )  # fmt: skip
-    serve_args = sglang_cpu_command(config, base_variant("fifo"), 0, "")
+    serve_args = sglang_cpu_command(config, base_variant("fifo"), 0)
     started = time.monotonic()
     load_before = _load()
     with run_server(

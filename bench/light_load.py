@@ -74,7 +74,7 @@ def engine(kind: str, log_dir: Path, sglang_python: str) -> Iterator[Engine]:
     control_url = token = None
     if kind == "dart":
         port, token = free_port(), secrets.token_hex(16)
-        args += ["--eviction", "dart", "--control-port", str(port), "--control-token", token]
+        args += ["--eviction", "dart", "--control-port", str(port)]
         control_url = f"http://127.0.0.1:{port}"
     else:
         args += ["--eviction", "stock"]
@@ -85,6 +85,7 @@ def engine(kind: str, log_dir: Path, sglang_python: str) -> Iterator[Engine]:
         name=f"sglang-{kind}",
         python=sglang_python,
         startup_timeout_s=300.0,
+        env={"PRISM_CONTROL_TOKEN": token} if token else None,
     ) as server:
         yield Engine(server, control_url, token)
 
@@ -97,7 +98,7 @@ def proxy_args(line: str, target: Engine) -> list[str]:
     args = ["serve", "--backend", target.server.url, "--policy", policy]
     args += ["--tokenizer", "builtin", "--log-level", "warning"]
     if line in ("prism", "prism-nopush"):
-        args += ["--control-url", str(target.control_url), "--control-token", str(target.token)]
+        args += ["--control-url", str(target.control_url)]
     return [WITHOUT_PUSHES, *args] if line == "prism-nopush" else args
 
 
@@ -108,7 +109,8 @@ def run_line(line: str, engines: dict[str, Engine], trace: Any, log_dir: Path) -
         results = asyncio.run(replay(trace, ReplayConfig(target.server.url, api="native")))
         return {"summary": results["summary"], "proxy": {}}
     module = "bench.light_load" if line == "prism-nopush" else "prism_proxy"
-    with run_server(module, proxy_args(line, target), log_dir=log_dir, name=line) as proxy:
+    env = {"PRISM_CONTROL_TOKEN": target.token} if target.token else None
+    with run_server(module, proxy_args(line, target), log_dir=log_dir, name=line, env=env) as proxy:
         results = asyncio.run(replay(trace, ReplayConfig(proxy.url, api="prism")))
         counters = metric_totals(httpx.get(proxy.url + "/metrics", timeout=10.0).text)
     return {"summary": results["summary"], "proxy": counters}

@@ -39,6 +39,10 @@ print('sglang', v, 'plugins', names)"
 EXPOSE 30000
 HEALTHCHECK --interval=15s --timeout=10s --start-period=600s --retries=5 \
     CMD curl -fsS http://127.0.0.1:30000/health || exit 1
-ENTRYPOINT ["python3", "-m", "sglang.launch_server"]
+# SGLang's own launcher through backend_plugin.launch: it adds `--api-key` and
+# `--admin-api-key` from PRISM_ENGINE_API_KEY / PRISM_ENGINE_ADMIN_API_KEY (or their
+# *_FILE variants) to SGLang's argv inside the process, never to a command line, and
+# refuses them as flags.
+ENTRYPOINT ["python3", "-m", "backend_plugin.launch"]
 CMD ["--host", "0.0.0.0", "--port", "30000", "--enable-metrics", "--enable-cache-report", \
      "--incremental-streaming-output", "--radix-cache-backend", "prism_dart"]

@@ -18,4 +18,7 @@ RUN pip install --no-deps -r /tmp/smg.txt && rm /tmp/smg.txt
 RUN useradd --system --uid 10001 --user-group --no-create-home smg
 USER smg
 EXPOSE 8080
-ENTRYPOINT ["python", "-m", "smg", "launch"]
+# `python -m smg launch`, with `--api-key` (the key smg sends to its workers and requires of
+# its clients) taken from SMG_API_KEY when set: added to smg's argv inside the process,
+# so it is never on a command line (readable by every user of the host in /proc).
+ENTRYPOINT ["python", "-c", "import os, runpy, sys; key = os.environ.get('SMG_API_KEY'); sys.argv = ['smg', *sys.argv[1:], *(['--api-key', key] if key else [])]; runpy.run_module('smg', run_name='__main__', alter_sys=True)", "launch"]

@@ -70,14 +70,17 @@ def replica(log_dir: Path, sidecar: bool, token: str) -> Iterator[Replica]:
     control_port = free_port()
     control_url = f"http://127.0.0.1:{control_port}"
     engine_args = ["--log-level", "warning", "--eviction", "dart",
-                   "--control-port", str(control_port), "--control-token", token]  # fmt: skip
-    with run_server("prism_sim", engine_args, log_dir=log_dir, name="engine") as engine:
+                   "--control-port", str(control_port)]  # fmt: skip
+    secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
+    with run_server("prism_sim", engine_args, log_dir=log_dir, name="engine", env=secret) as engine:
         if not sidecar:
             yield Replica(engine, None, control_url)
             return
         proxy_args = ["serve", "--backend", engine.url, "--log-level", "warning",
-                      "--control-url", control_url, "--control-token", token]  # fmt: skip
-        with run_server("prism_proxy", proxy_args, log_dir=log_dir, name="proxy") as proxy:
+                      "--control-url", control_url]  # fmt: skip
+        with run_server(
+            "prism_proxy", proxy_args, log_dir=log_dir, name="proxy", env=secret
+        ) as proxy:
             yield Replica(engine, proxy, control_url)
 
 
@@ -135,8 +138,12 @@ def topology(
         # the engines serve builtin; a gateway may not route the check (then unverified)
         proxy_args = ["serve", "--backend", front.url, "--tokenizer", "builtin",
                       "--log-level", "warning", "--control-url", controls,
-                      "--control-token", token, *front_args]  # fmt: skip
-        proxy = stack.enter_context(run_server("prism_proxy", proxy_args, log_dir=log_dir))
+                      *front_args]  # fmt: skip
+        proxy = stack.enter_context(
+            run_server(
+                "prism_proxy", proxy_args, log_dir=log_dir, env={"PRISM_CONTROL_TOKEN": token}
+            )
+        )
         yield proxy.url, nodes, "none"
 
 

@@ -361,7 +361,9 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
     token = secrets.token_hex(8)
     control_port = None if line == "lru" else _port()
     eviction = "lru" if line == "lru" else "dart"
-    env = {"PYTHONPATH": str(code)} if code is not None else None
+    # The control token in the environment (never on a command line), read by the engine
+    # (prism-sim, SGLang's DART plugin) and the proxy.
+    env = {"PRISM_CONTROL_TOKEN": token, **({"PYTHONPATH": str(code)} if code is not None else {})}
     log_dir = setup.log_dir / line
     if setup.engine == "sim":
         module, python, startup = "prism_sim", sys.executable, 60.0
@@ -374,7 +376,7 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
             "warning",
         ]
         if control_port is not None:
-            args += ["--control-port", str(control_port), "--control-token", token]
+            args += ["--control-port", str(control_port)]
     else:
         module, python, startup = "sglang_cpu.serve", setup.sglang_python, 900.0
         args = [
@@ -385,7 +387,7 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
             f"--sglang-arg={SGLANG_TOOL_ARGS}",
         ]
         if control_port is not None:
-            args += ["--control-port", str(control_port), "--control-token", token]
+            args += ["--control-port", str(control_port)]
     with run_server(
         module,
         args,
@@ -406,12 +408,7 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
             "warning",
         ]
         if control_port is not None:
-            proxy_args += [
-                "--control-url",
-                f"http://127.0.0.1:{control_port}",
-                "--control-token",
-                token,
-            ]
+            proxy_args += ["--control-url", f"http://127.0.0.1:{control_port}"]
         with run_server(
             "prism_proxy", proxy_args, log_dir=log_dir, name="proxy", env=env, cwd=code
         ) as proxy:

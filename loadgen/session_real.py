@@ -47,11 +47,10 @@ def _stack(line: str, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
         with run_server("prism_sim", sim_args, log_dir=log_dir, name="sim") as sim:
             yield sim.url
         return
-    sim_args += ["--eviction", "dart", "--control-port", str(control_port),
-                 "--control-token", token]  # fmt: skip
+    sim_args += ["--eviction", "dart", "--control-port", str(control_port)]
     proxy_args = ["serve", "--control-url", f"http://127.0.0.1:{control_port}",
-                  "--control-token", token, "--window-ms", f"{WINDOW_MS / speed:g}",
-                  "--log-level", "warning"]  # fmt: skip
+                  "--window-ms", f"{WINDOW_MS / speed:g}", "--log-level", "warning"]  # fmt: skip
+    secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
     if line == "prism":
         proxy_args += ["--policy", "prism", "--qas", "full", "--set", "sessions=false"]
     elif line == "prism+sessions":
@@ -61,9 +60,9 @@ def _stack(line: str, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
                        "--set", "session_rank=program"]  # fmt: skip
     else:
         raise ValueError(f"unknown real-stack line {line!r}; choose from {REAL_LINES}")
-    with run_server("prism_sim", sim_args, log_dir=log_dir, name="sim") as sim:
+    with run_server("prism_sim", sim_args, log_dir=log_dir, name="sim", env=secret) as sim:
         args = [*proxy_args, "--backend", sim.url]
-        with run_server("prism_proxy", args, log_dir=log_dir, name="proxy") as proxy:
+        with run_server("prism_proxy", args, log_dir=log_dir, name="proxy", env=secret) as proxy:
             yield proxy.url
 
 

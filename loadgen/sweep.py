@@ -140,7 +140,8 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
     return path
 
 
-def sim_command(config: SweepConfig, variant: Variant, control_port: int, token: str) -> list[str]:
+def sim_command(config: SweepConfig, variant: Variant, control_port: int) -> list[str]:
+    """Arguments of `prism_sim` (the control token goes in its environment, `run`)."""
     args = [
         "--profile",
         config.profile,
@@ -158,7 +159,7 @@ def sim_command(config: SweepConfig, variant: Variant, control_port: int, token:
     if config.kv_capacity_tokens is not None:
         args += ["--kv-capacity-tokens", str(config.kv_capacity_tokens)]
     if has_control_rpc(config, variant):
-        args += ["--control-port", str(control_port), "--control-token", token]
+        args += ["--control-port", str(control_port)]
     return [*args, *config.sim_args]
 
 
@@ -210,9 +211,7 @@ def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
     }
 
 
-def sglang_cpu_command(
-    config: SweepConfig, variant: Variant, control_port: int, token: str
-) -> list[str]:
+def sglang_cpu_command(config: SweepConfig, variant: Variant, control_port: int) -> list[str]:
     """Arguments of `sglang_cpu.serve`: a real SGLang on this CPU.
 
     Lines on plain LRU (the baselines, native SGLang, `prism[lru]`) run SGLang's own
@@ -232,12 +231,12 @@ def sglang_cpu_command(
         f"--sglang-arg=--schedule-policy {variant.schedule_policy}",
     ]
     if has_control_rpc(config, variant):
-        args += ["--control-port", str(control_port), "--control-token", token]
+        args += ["--control-port", str(control_port)]
     return [*args, *config.sim_args]
 
 
 def proxy_command(
-    config: SweepConfig, variant: Variant, backend: str, control_port: int, token: str
+    config: SweepConfig, variant: Variant, backend: str, control_port: int
 ) -> list[str]:
     assert variant.policy is not None
     args = [
@@ -254,7 +253,7 @@ def proxy_command(
         "warning",
     ]
     if has_control_rpc(config, variant):
-        args += ["--control-url", f"http://127.0.0.1:{control_port}", "--control-token", token]
+        args += ["--control-url", f"http://127.0.0.1:{control_port}"]
     if variant.policy == "prism":
         args += ["--qas", variant.qas or config.qas]
         for name, value in config.qas_overrides:
@@ -319,14 +318,16 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
 
     trace = read_trace(ensure_trace(config, qps))
     logs = config.out / "logs"
-    token = secrets.token_hex(16)
+    # The control token in the environment of the engine and the proxy, never on a command
+    # line (readable by every local user).
+    secret = {"PRISM_CONTROL_TOKEN": secrets.token_hex(16)}
     control_port = free_port()
     if config.backend == "sglang-cpu":
         module, python, timeout_s = "sglang_cpu.serve", config.sglang_python, 300.0
-        sim_args = sglang_cpu_command(config, variant, control_port, token)
+        sim_args = sglang_cpu_command(config, variant, control_port)
     else:
         module, python, timeout_s = "prism_sim", sys.executable, 60.0
-        sim_args = sim_command(config, variant, control_port, token)
+        sim_args = sim_command(config, variant, control_port)
     proxy_args: list[str] = []
     settings: dict[str, Any] | None = None
     reorder_url: str | None = None
@@ -334,7 +335,7 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
     with (
         run_server(
             module, sim_args, log_dir=logs, name=engine_name, python=python,
-            startup_timeout_s=timeout_s,
+            startup_timeout_s=timeout_s, env=secret,
         ) as sim,
         contextlib.ExitStack() as stack,
     ):  # fmt: skip
@@ -350,9 +351,15 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
             else:  # the client asks the peer for an order, then sends to the engine
                 reorder_url = peer.url + (peer_server.reorder_path or "")
         elif variant.policy is not None:
-            proxy_args = proxy_command(config, variant, sim.url, control_port, token)
+            proxy_args = proxy_command(config, variant, sim.url, control_port)
             proxy = stack.enter_context(
-                run_server("prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{variant.label}")
+                run_server(
+                    "prism_proxy",
+                    proxy_args,
+                    log_dir=logs,
+                    name=f"proxy-{variant.label}",
+                    env=secret,
+                )
             )
             target, api = proxy.url, config.client_api
         replay_config = ReplayConfig(

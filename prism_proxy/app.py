@@ -72,6 +72,7 @@ async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics=app[state.METRICS],
         timeout_s=config.backend_timeout_s,
         connect_timeout_s=config.connect_timeout_s,
+        api_key=config.engine_api_key,
     )
     yield
     await app[state.BACKEND].drain()

@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the admission proxy",
         description="Settings: command line (a flag or --set) > PRISM_* environment variable > "
         "--config file > default.",
+        # No abbreviations: `--engine-api-key K` must not pass as `--engine-api-key-file K`.
+        allow_abbrev=False,
     )
     add_arguments(serve)
     serve.set_defaults(handler=_serve)

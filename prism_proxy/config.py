@@ -40,9 +40,12 @@ AUTOMATIC = (
 # The settings with a flag of their own; every other one is `--set KEY=VALUE`.
 FLAGS = (
     "backend", "host", "port", "tokenizer", "policy", "qas_variant", "control_url",
-    "control_token", "prefill_batch", "window_ms", "max_queue", "metrics_listen",
-    "log_level", "access_log",
+    "prefill_batch", "window_ms", "max_queue", "metrics_listen", "log_level",
+    "access_log", "control_token_file", "engine_api_key_file",
 )  # fmt: skip
+# Secrets: from the environment, a config file or a `*_file` setting naming a file,
+# never a flag or a `--set` value (a process's argv is world-readable in /proc/<pid>/cmdline).
+SECRETS = ("control_token", "engine_api_key")
 
 
 class ConfigError(ValueError):
@@ -98,8 +101,13 @@ class ProxyConfig:
     extraction_reorder: bool = True
     evidence_cache_bytes: int = 16 * 1024 * 1024
     control_url: str | None = None
-    control_token: str | None = None
+    control_token: str | None = field(default=None, repr=False)
     backend_replicas: int | None = None
+    # The engine's own API key (SGLang's `--api-key`), sent as `Authorization: Bearer`
+    # on every request to the engine; kept out of the repr so no log shows it.
+    engine_api_key: str | None = field(default=None, repr=False)
+    engine_api_key_file: str | None = None
+    control_token_file: str | None = None
     protect: int = 8
     sessions: bool = True
     session_ttl_quantile: float = 0.9
@@ -194,6 +202,13 @@ class ProxyConfig:
                 f"extraction: unknown layout(s) {', '.join(sorted(unknown))}; choose from "
                 f"{', '.join(EXTRACTION_LAYOUTS)}, or 'off'"
             )
+        for name in ("engine_api_key", "control_token"):
+            secret = getattr(self, name)
+            # Sent in a header: printable ASCII without spaces, so it cannot split one.
+            if secret is not None and not (secret.isascii() and secret.isprintable()):
+                raise ConfigError(f"{name}: must be printable ASCII")
+            if secret is not None and (not secret or " " in secret):
+                raise ConfigError(f"{name}: must be non-empty, without spaces")
         if not self.backend.startswith(("http://", "https://")):
             raise ConfigError(f"backend: expected an http(s) URL, got {self.backend!r}")
 
@@ -329,7 +344,12 @@ _HELP = {
     "the client port (port 0: any free port; unset: /metrics on the client port)",
     "control_url": "base URL of the DART control RPC, or several comma-separated (one per "
     "replica behind a gateway; unset: no pushes)",
-    "control_token": "bearer token for the control RPC",
+    "control_token": "bearer token for the control RPC: PRISM_CONTROL_TOKEN or a config "
+    "file, never a flag",
+    "control_token_file": "file holding the control RPC's bearer token",
+    "engine_api_key": "the engine's API key (SGLang's --api-key), sent as a bearer token on "
+    "every request to it: PRISM_ENGINE_API_KEY or a config file, never a flag",
+    "engine_api_key_file": "file holding the engine's API key",
     "backend_replicas": "engines behind --backend (a gateway): prefill pacing's budget and "
     "backstop count each replica's (auto: one per --control-url, else 1)",
     "protect": "DART protection budget f sent with each priority table",
@@ -457,8 +477,31 @@ def _set_values(pairs: Sequence[str]) -> dict[str, Any]:
         option = known.get(key)
         if not sep or option is None:
             raise ConfigError(f"--set {pair!r}: expected KEY=VALUE with a setting's key")
+        if option.name in SECRETS:
+            raise ConfigError(
+                f"--set {key}: a secret is never given on the command line (readable by "
+                f"every local user): set {option.env} or {option.env}_FILE"
+            )
         values[option.name] = _coerce(option, text, "--set")
     return values
+
+
+def _read_secrets(values: dict[str, Any]) -> None:
+    """Fill `control_token` and `engine_api_key` from their `*_file` settings (the file's
+    text without surrounding whitespace); a secret given both ways is an error."""
+    for name in SECRETS:
+        path = values.get(f"{name}_file")
+        if path is None:
+            continue
+        if values.get(name) is not None:
+            raise ConfigError(f"{name}: given both directly and as {name}_file; give one")
+        try:
+            secret = Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{name}_file: cannot read {path}: {exc.strerror}") from None
+        if not secret:
+            raise ConfigError(f"{name}_file: {path} is empty")
+        values[name] = secret
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
@@ -526,6 +569,7 @@ def build_config(
             values[name] = _coerce(option, environ[option.env], option.env)
         elif name in file_values:
             values[name] = _coerce(option, file_values[name], f"config {config_path}")
+    _read_secrets(values)
     qas_values = {k: v for k, v in values.items() if known[k].qas}
     proxy_values = {k: v for k, v in values.items() if not known[k].qas}
     try:
@@ -546,6 +590,6 @@ def parse_serve_args(
     argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
 ) -> ProxyConfig:
     """Parse `serve` flags alone (used by tests and by `cli.py`)."""
-    parser = argparse.ArgumentParser(prog="prism-proxy serve")
+    parser = argparse.ArgumentParser(prog="prism-proxy serve", allow_abbrev=False)
     add_arguments(parser)
     return build_config(vars(parser.parse_args(argv)), environ)

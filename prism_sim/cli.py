@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prism_sim.eviction import eviction_strategy_names
@@ -54,7 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--control-port", type=int, default=None)
-    p.add_argument("--control-token", default=None)
     p.add_argument(
         "--protect-fraction",
         type=float,
@@ -91,10 +92,25 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         served_model_name=args.served_model_name,
         incremental_streaming_output=args.incremental_streaming_output,
         control_port=args.control_port,
-        control_token=args.control_token,
+        control_token=secret(os.environ, "PRISM_CONTROL_TOKEN"),
         protect_fraction=args.protect_fraction,
         answer_text=args.answer_text,
+        api_key=secret(os.environ, "PRISM_ENGINE_API_KEY"),
     )
+
+
+def secret(environ: Mapping[str, str], name: str) -> str | None:
+    """A secret from `environ[name]`, else from the file `environ[name + "_FILE"]` names
+    (its text without surrounding whitespace): the DART control RPC's token
+    (PRISM_CONTROL_TOKEN) and SGLang's `--api-key` (PRISM_ENGINE_API_KEY). Never a
+    flag: a command line is readable by every local user."""
+    value = environ.get(name)
+    if value:
+        return value
+    path = environ.get(name + "_FILE")
+    if path:
+        return Path(path).read_text().strip() or None
+    return None
 
 
 async def serve(config: SimConfig, engine: SimEngine) -> None:

@@ -10,7 +10,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prism_sim.engine_loop import EngineLoop
@@ -51,11 +51,14 @@ class SimConfig:
     served_model_name: str | None = None
     incremental_streaming_output: bool = False
     control_port: int | None = None
-    control_token: str | None = None
+    control_token: str | None = field(default=None, repr=False)
     protect_fraction: float | None = None  # DART: share of the KV pool F_t may hold
     # A chat answer that calls no tool: this text, then the stop token (a model that
     # answers briefly and stops), instead of filler up to the request's max tokens.
     answer_text: str | None = None
+    # SGLang's `--api-key`: the bearer token its API requires (health, readiness and
+    # metrics excepted, as in SGLang 0.5.23's `utils/auth.py`); None: open.
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.speed <= 0:

@@ -7,7 +7,8 @@ starts with the app and is cancelled with it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -15,10 +16,34 @@ from prism_sim import embeddings_api, native_api, openai_api, tokenize_api
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.http_common import ENGINE_KEY
 
+# Paths SGLang serves without its API key, by prefix (probes and scrapes).
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def api_key_middleware(
+    api_key: str,
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """SGLang's check of `--api-key`: `Authorization: Bearer <key>` on every path but
+    `OPEN_PREFIXES`, else 401 `{"error": "Unauthorized"}` (its words)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "OPTIONS" and not request.path.startswith(OPEN_PREFIXES):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(
+                token.encode(), api_key.encode()
+            ):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
 
 def create_app(config: SimConfig, engine: SimEngine | None = None) -> web.Application:
     """Build the app; pass `engine` to reuse one built elsewhere (tests, DART)."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    middlewares = [api_key_middleware(config.api_key)] if config.api_key else []
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
     app[ENGINE_KEY] = engine or SimEngine(config)
 
     async def engine_loop(app: web.Application) -> AsyncIterator[None]:

@@ -209,14 +209,17 @@ def cpu_stack(
     control_port = free_port()
     logs = workdir / "logs"
     sim_args = ["--eviction", "dart", "--speed", str(speed)]
-    sim_args += ["--control-port", str(control_port), "--control-token", token]
+    sim_args += ["--control-port", str(control_port)]
     if kv_capacity_tokens is not None:
         sim_args += ["--kv-capacity-tokens", str(kv_capacity_tokens)]
-    with run_server("prism_sim", sim_args, log_dir=logs, name="prism-sim") as engine:
+    secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
+    with run_server("prism_sim", sim_args, log_dir=logs, name="prism-sim", env=secret) as engine:
         control_url = f"http://127.0.0.1:{control_port}"
         proxy_args = ["serve", "--backend", engine.url, "--policy", "prism"]
-        proxy_args += ["--control-url", control_url, "--control-token", token]
-        with run_server("prism_proxy", proxy_args, log_dir=logs, name="prism-proxy") as proxy:
+        proxy_args += ["--control-url", control_url]
+        with run_server(
+            "prism_proxy", proxy_args, log_dir=logs, name="prism-proxy", env=secret
+        ) as proxy:
             if not with_prometheus:
                 yield Stack(engine.url, proxy.url, control_url, token, None, workdir)
                 return

@@ -3,7 +3,7 @@ serving a model with the DART plugin (`make sglang-cpu [MODEL=smollm2]`,
 docs/sglang-cpu.md).
 
     python -m sglang_cpu.serve [--model tiny|smollm2] [--port 30000]
-        [--control-port 30001] [--control-token T] [--max-total-tokens 16384]
+        [--control-port 30001] [--max-total-tokens 16384]
         [--eviction dart] [--sglang-arg=--FLAG ...]
 
 It builds (or reuses) the model directory (`tiny`, the default: the tiny random-weight
@@ -78,13 +78,14 @@ def sglang_command(
     port: int,
     max_total_tokens: int,
     control_port: int | None,
-    control_token: str | None,
     eviction: str,
     extra: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
     """The command line of SGLang's launcher: through `backend_plugin.launch` (DART
-    selected) unless `eviction` is "stock", SGLang's own radix cache untouched."""
+    selected) unless `eviction` is "stock", SGLang's own radix cache untouched. No
+    secret is on it: the control token and the engine's keys go in the environment
+    (`sglang_environment`)."""
     stock = eviction == "stock"
     launcher = "sglang.launch_server" if stock else "backend_plugin.launch"
     command = [
@@ -102,14 +103,20 @@ def sglang_command(
     command += ["--prism-policy", eviction]
     if control_port is not None:
         command += ["--prism-control-port", str(control_port)]
-    if control_token:
-        command += ["--prism-control-token", control_token]
     return [*command, *extra]
 
 
-def sglang_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: CPU engine, offline, the shims first on the path."""
+def sglang_environment(
+    base: Mapping[str, str] | None = None, control_token: str | None = None
+) -> dict[str, str]:
+    """The server's environment: CPU engine, offline, the shims first on the path, the
+    control token (PRISM_CONTROL_TOKEN). The engine's keys pass through as given
+    (PRISM_ENGINE_API_KEY, PRISM_ENGINE_ADMIN_API_KEY or their *_FILE variants:
+    `backend_plugin.launch` hands them to SGLang; the stock launcher has no such step,
+    so `--eviction stock` runs without keys)."""
     env = dict(os.environ if base is None else base)
+    if control_token:
+        env["PRISM_CONTROL_TOKEN"] = control_token
     path = [str(SHIMS), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(
         {
@@ -142,9 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sglang_cpu.serve")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--control-port", type=int, default=None, help="DART control RPC")
     parser.add_argument(
-        "--control-token", default=None, help="(or PRISM_CONTROL_TOKEN; printed when made up)"
+        "--control-port",
+        type=int,
+        default=None,
+        help="DART control RPC; its token from PRISM_CONTROL_TOKEN or PRISM_CONTROL_TOKEN_FILE "
+        "(never a flag; made up and printed when neither is set)",
     )
     parser.add_argument("--max-total-tokens", type=int, default=DEFAULT_MAX_TOTAL_TOKENS)
     parser.add_argument(
@@ -167,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    token = args.control_token or os.environ.get("PRISM_CONTROL_TOKEN")
+    from backend_plugin.config import control_token
+
+    token = control_token(os.environ)
     if args.eviction == "stock" and args.control_port is not None:
         print("error: --eviction stock has no control RPC", file=sys.stderr)
         return 2
@@ -181,7 +193,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         max_total_tokens=args.max_total_tokens,
         control_port=args.control_port,
-        control_token=token,
         eviction=args.eviction,
         extra=[
             *TOOL_PARSERS.get(args.model, ()),
@@ -189,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
     )
     print(f"sglang-cpu: serving {model_dir} on http://{args.host}:{args.port}", flush=True)
-    process = subprocess.Popen(command, env=sglang_environment(), start_new_session=True)
+    process = subprocess.Popen(
+        command, env=sglang_environment(control_token=token), start_new_session=True
+    )
 
     def stop(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

@@ -74,17 +74,24 @@ def has_compose() -> bool:
     return shutil.which("docker-compose") is not None
 
 
+# The values `deploy/.env.example` leaves to the user (docs/deploy.md: generate each).
+SECRETS = (
+    "PRISM_CONTROL_TOKEN", "PRISM_ENGINE_API_KEY", "PRISM_ENGINE_ADMIN_API_KEY",
+    "GRAFANA_ADMIN_PASSWORD",
+)  # fmt: skip
+
+
 def env_file_with_token(directory: Path, token: str) -> Path:
-    """`deploy/.env.example` with the one value it leaves to the user, the control
-    token (`cp deploy/.env.example .env` and set PRISM_CONTROL_TOKEN, as docs/deploy.md
-    says), filled in; every other line as shipped."""
+    """`deploy/.env.example` with the values it leaves to the user (`cp deploy/.env.example
+    .env` and set the secrets, as docs/deploy.md says) filled in: the control token
+    `token`, the other secrets `<NAME>-<token>`; every other line as shipped."""
     text = ENV_EXAMPLE.read_text()
-    filled, count = re.subn(
-        r"^PRISM_CONTROL_TOKEN=$", f"PRISM_CONTROL_TOKEN={token}", text, count=1, flags=re.M
-    )
-    assert count == 1, "deploy/.env.example no longer leaves PRISM_CONTROL_TOKEN empty"
+    for name in SECRETS:
+        value = token if name == "PRISM_CONTROL_TOKEN" else f"{name.lower()}-{token}"
+        text, count = re.subn(rf"^{name}=$", f"{name}={value}", text, count=1, flags=re.M)
+        assert count == 1, f"deploy/.env.example no longer leaves {name} empty"
     path = directory / "deploy.env"
-    path.write_text(filled)
+    path.write_text(text)
     return path
 
 
@@ -281,6 +288,9 @@ class Loopback:
         for key, value in service.env.items():
             if key.endswith("_PORT"):
                 value = str(self.port(service.name, value))
+            elif key.endswith("_LISTEN") and value.startswith("0.0.0.0:"):
+                # a listener on all of the container's addresses (PRISM_METRICS_LISTEN)
+                value = f"{LOOPBACK}:{self.port(service.name, value.rpartition(':')[2])}"
             elif key.endswith("_HOST") and (value == "0.0.0.0" or self.owner(value)):
                 value = LOOPBACK
             elif key == "PRISM_CACHE_DIR":
@@ -517,10 +527,13 @@ def dockerfile_examples(variables: Mapping[str, str]) -> dict[str, Any]:
 # --- what the deployment tests check on a running stack ----------------------------
 
 
-def chat(base_url: str) -> Any:
-    """One chat with the real openai client, the model named as the server lists it."""
-    model = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
-    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", timeout=120)
+def chat(base_url: str, api_key: str | None = None) -> Any:
+    """One chat with the real openai client, the model named as the server lists it;
+    `api_key`: what a server that requires a key (smg with `--api-key`) wants."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    models = httpx.get(base_url + "/v1/models", headers=headers, timeout=30)
+    model = models.json()["data"][0]["id"]
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key=api_key or "unused", timeout=120)
     try:
         return client.chat.completions.create(
             model=model,
@@ -556,7 +569,9 @@ def assert_runs_with_its_settings(stack: Stack, name: str, engine_url: str) -> N
     assert settings["control_rpcs"] == len(expected.control_urls) > 0
     assert settings["backend_replicas"] == expected.replicas
     if expected.max_inflight is None:
-        engine = httpx.get(engine_url + "/server_info", timeout=30).json()
+        key = expected.engine_api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        engine = httpx.get(engine_url + "/server_info", headers=headers, timeout=30).json()
         running = engine["internal_states"][0]["effective_max_running_requests_per_dp"]
 
         def backstop() -> int:

@@ -48,7 +48,10 @@ ENGINE_KILLERS = [
     (CHAT_PATH, {"messages": MSG, "n": 1000}, "n"),
     (GENERATE, {"text": ["a", "b"], "sampling_params": [SP]}, "body"),
     (GENERATE, {"text": "a", "session_params": {"foo": 1}}, "session_params"),
-    (CHAT_PATH, {"messages": MSG, "chat_template_kwargs": {"add_generation_prompt": "x"}}, "body"),
+    (CHAT_PATH, {"messages": MSG, "chat_template_kwargs": {"add_generation_prompt": "x"}},
+     "chat_template_kwargs"),
+    (CHAT_PATH, {"messages": MSG, "chat_template_kwargs": {"messages": []}},
+     "chat_template_kwargs"),
     (CHAT_PATH, {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://169.254.169.254/"}}]}]},
      "messages.0.content.0"),

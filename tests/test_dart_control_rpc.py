@@ -239,7 +239,7 @@ def test_launcher_maps_its_options_to_env_and_selects_the_backend():
             "m",
             "--prism-control-port",
             "4100",
-            "--prism-control-token=t0k",
+            "--prism-control-token-file=/run/prism/control-token",
             "--prism-policy",
             "lru+active",
             "--prism-protect-fraction=0.1",
@@ -251,12 +251,50 @@ def test_launcher_maps_its_options_to_env_and_selects_the_backend():
     assert argv == ["--model-path", "m", "--tp-size", "1", "--radix-cache-backend", "prism_dart"]
     assert env == {
         "PRISM_CONTROL_PORT": "4100",
-        "PRISM_CONTROL_TOKEN": "t0k",
+        "PRISM_CONTROL_TOKEN_FILE": "/run/prism/control-token",
         "PRISM_DART_POLICY": "lru+active",
         "PRISM_DART_PROTECT_FRACTION": "0.1",
     }
     kept = build_argv(["--radix-cache-backend=other"], {})
     assert kept == ["--radix-cache-backend=other"]
+
+
+@pytest.mark.parametrize(
+    "flag", ["--prism-control-token", "--api-key", "--admin-api-key=k", "--prism-control-token=t"]
+)
+def test_launcher_refuses_a_secret_on_the_command_line(flag: str) -> None:
+    from backend_plugin.launch import build_argv
+
+    with pytest.raises(SystemExit, match="never given on the command line"):
+        build_argv(["--model-path", "m", flag, "t0k"], {})
+
+
+def test_launcher_gives_sglang_its_keys_from_the_environment_or_a_file(tmp_path) -> None:
+    """SGLang's `--api-key` and `--admin-api-key` reach its argv inside the process (the
+    kernel's command line never had them); the file variant strips its newline."""
+    from backend_plugin.launch import build_argv
+
+    admin = tmp_path / "admin-key"
+    admin.write_text("adm1n\n")
+    env = {"PRISM_ENGINE_API_KEY": "k3y", "PRISM_ENGINE_ADMIN_API_KEY_FILE": str(admin)}
+    argv = build_argv(["--model-path", "m", "--radix-cache-backend", "lru"], env)
+    assert argv == [
+        "--model-path", "m", "--radix-cache-backend", "lru",
+        "--api-key", "k3y", "--admin-api-key", "adm1n",
+    ]  # fmt: skip
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(SystemExit, match="is empty"):
+        build_argv([], {"PRISM_ENGINE_API_KEY_FILE": str(tmp_path / "empty")})
+
+
+def test_plugin_reads_the_control_token_from_a_file(tmp_path) -> None:
+    from backend_plugin.config import load_config
+
+    token = tmp_path / "control-token"
+    token.write_text("s3cret\n")
+    assert load_config({"PRISM_CONTROL_TOKEN_FILE": str(token)}).control.token == "s3cret"
+    both = {"PRISM_CONTROL_TOKEN": "env", "PRISM_CONTROL_TOKEN_FILE": str(token)}
+    assert load_config(both).control.token == "env"
 
 
 def test_inbox_orders_concurrent_submissions():

@@ -321,10 +321,16 @@ async def test_poller_follows_the_simulators_cache_under_pressure(tmp_path) -> N
     private suffixes, then B and D; A and C stay."""
     control_port = free_port()
     args = ["--eviction", "dart", "--kv-capacity-tokens", "64", "--max-running-requests", "1"]
-    args += ["--speed", "50", "--control-port", str(control_port), "--control-token", TOKEN]
+    args += ["--speed", "50", "--control-port", str(control_port)]
     target = ResidentSegments()
     with (
-        run_server("prism_sim", args, log_dir=tmp_path, name="sim-residency") as server,
+        run_server(
+            "prism_sim",
+            args,
+            log_dir=tmp_path,
+            name="sim-residency",
+            env={"PRISM_CONTROL_TOKEN": TOKEN},
+        ) as server,
         httpx.Client(base_url=server.url, timeout=30) as engine,
     ):
         async with aiohttp.ClientSession() as session:

@@ -56,9 +56,15 @@ def run_scenario(eviction: str, tmp_path) -> tuple[dict[str, int], dict | None]:
         "50",
     ]
     if eviction == "dart":  # prism-sim refuses a control port without DART
-        args += ["--control-port", str(control_port), "--control-token", TOKEN]
+        args += ["--control-port", str(control_port)]
     with (
-        run_server("prism_sim", args, log_dir=tmp_path, name=f"sim-{eviction}") as server,
+        run_server(
+            "prism_sim",
+            args,
+            log_dir=tmp_path,
+            name=f"sim-{eviction}",
+            env={"PRISM_CONTROL_TOKEN": TOKEN},
+        ) as server,
         httpx.Client(base_url=server.url, timeout=30) as client,
     ):
         for i, seg in enumerate("ABCD"):

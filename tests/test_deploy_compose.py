@@ -18,6 +18,20 @@ REPO = Path(__file__).resolve().parents[1]
 COMPOSE_FILES = {"gpu": "docker-compose.yml", "sim": "docker-compose.sim.yml"}
 ENGINE = {"gpu": "sglang", "sim": "prism-sim"}
 TOKEN = "test-token-0123456789abcdef"
+ENGINE_KEY = "engine-key-0123456789abcdef"
+ADMIN_KEY = "admin-key-0123456789abcdef"
+GRAFANA_PASSWORD = "grafana-0123456789abcdef"
+# The secrets each compose file requires (it refuses to start without one).
+SECRETS = {
+    "PRISM_CONTROL_TOKEN": TOKEN,
+    "PRISM_ENGINE_API_KEY": ENGINE_KEY,
+    "PRISM_ENGINE_ADMIN_API_KEY": ADMIN_KEY,
+    "GRAFANA_ADMIN_PASSWORD": GRAFANA_PASSWORD,
+}
+REQUIRED = {
+    "gpu": sorted(SECRETS),
+    "sim": sorted(set(SECRETS) - {"PRISM_ENGINE_ADMIN_API_KEY"}),  # prism-sim has no admin API
+}
 
 needs_compose = pytest.mark.skipif(
     shutil.which("docker-compose") is None,
@@ -44,7 +58,7 @@ def compose_config(
 
 
 def resolved(kind: str, tmp_path: Path, **env: str) -> dict[str, Any]:
-    result = compose_config(COMPOSE_FILES[kind], tmp_path, {"PRISM_CONTROL_TOKEN": TOKEN, **env})
+    result = compose_config(COMPOSE_FILES[kind], tmp_path, {**SECRETS, **env})
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -82,12 +96,44 @@ def test_compose_file_validates_and_wires_the_stack(kind: str, tmp_path: Path) -
         engine_names |= set((network or {}).get("aliases") or [])
     assert host in engine_names
 
-    # The engine publishes no port; the internal network has no route out.
+    # The engine publishes no port and is on the internal network only, which has no
+    # route out; Prometheus and Grafana meet on `monitoring`, which has none either.
     assert "ports" not in services[engine]
     assert config["networks"]["internal"]["internal"] is True
-    assert "internal" in services[engine]["networks"]
+    assert config["networks"]["monitoring"]["internal"] is True
+    assert set(services[engine]["networks"]) == {"internal"}
     assert "internal" in services["proxy"]["networks"]
     assert "internal" not in services["grafana"]["networks"]
+    assert set(services["prometheus"]["networks"]) == {"internal", "monitoring"}
+    # Only the proxy and Grafana publish a port.
+    assert {name for name in default if services[name].get("ports")} == {"proxy", "grafana"}
+
+    # The engine requires its API key, which the proxy holds (SGLang also its admin key).
+    assert services[engine]["environment"]["PRISM_ENGINE_API_KEY"] == ENGINE_KEY
+    assert services["proxy"]["environment"]["PRISM_ENGINE_API_KEY"] == ENGINE_KEY
+    if kind == "gpu":
+        assert services[engine]["environment"]["PRISM_ENGINE_ADMIN_API_KEY"] == ADMIN_KEY
+    # Grafana's admin password is the one given; Prometheus has no lifecycle API.
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == GRAFANA_PASSWORD
+    prometheus_argv = " ".join(services["prometheus"]["entrypoint"])
+    assert "--web.enable-lifecycle" not in prometheus_argv
+    # The proxy's /metrics is on its admin listener, which Prometheus scrapes, not on
+    # the client port.
+    listen = services["proxy"]["environment"]["PRISM_METRICS_LISTEN"]
+    metrics_port = listen.rpartition(":")[2]
+    assert metrics_port != "8000"
+    scrape = yaml.safe_load(
+        (
+            REPO
+            / "deploy"
+            / "prometheus"
+            / ("prometheus.yml" if kind == "gpu" else "prometheus.sim.yml")
+        ).read_text()
+    )
+    jobs = {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in scrape["scrape_configs"]
+    }
+    assert jobs["prism-proxy"] == [f"proxy:{metrics_port}"]
 
     # Grafana gets the provisioning and the dashboard; Prometheus its config.
     grafana_mounts = " ".join(services["grafana"]["volumes"])
@@ -102,7 +148,7 @@ def test_compose_file_validates_and_wires_the_stack(kind: str, tmp_path: Path) -
         assert services[name]["cap_drop"] == ["ALL"]
         assert "no-new-privileges:true" in services[name]["security_opt"]
     # Published ports bind to loopback unless told otherwise.
-    for name in ("proxy", "prometheus", "grafana"):
+    for name in ("proxy", "grafana"):
         assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])
 
 
@@ -139,11 +185,19 @@ def test_sim_stack_runs_dart_with_the_control_rpc(tmp_path: Path) -> None:
 
 
 @needs_compose
-@pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
-def test_compose_refuses_to_start_without_a_control_token(kind: str, tmp_path: Path) -> None:
-    result = compose_config(COMPOSE_FILES[kind], tmp_path, {})
-    assert result.returncode != 0
-    assert "PRISM_CONTROL_TOKEN" in result.stderr
+@pytest.mark.parametrize(
+    ("kind", "secret"), [(kind, secret) for kind in sorted(REQUIRED) for secret in REQUIRED[kind]]
+)
+def test_compose_refuses_to_start_without_a_secret(kind: str, secret: str, tmp_path: Path) -> None:
+    """Each secret is required: unset or empty, the file does not render (no default
+    password, no open engine)."""
+    for value in (None, ""):
+        env = {name: v for name, v in SECRETS.items() if name != secret}
+        if value is not None:
+            env[secret] = value
+        result = compose_config(COMPOSE_FILES[kind], tmp_path, env)
+        assert result.returncode != 0
+        assert secret in result.stderr
 
 
 def _dockerfile(name: str) -> str:
@@ -198,7 +252,9 @@ def _image_env(dockerfile: str) -> dict[str, str]:
 
 @needs_compose
 @pytest.mark.parametrize("kind", sorted(COMPOSE_FILES))
-def test_the_real_clis_accept_the_compose_settings(kind: str, tmp_path: Path) -> None:
+def test_the_real_clis_accept_the_compose_settings(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The proxy's environment (image + compose) and the engine's command line parse with
     the project's own configuration code into the intended settings."""
     from prism_proxy.config import build_config
@@ -211,6 +267,8 @@ def test_the_real_clis_accept_the_compose_settings(kind: str, tmp_path: Path) ->
     assert config.port == 8000
     assert config.backend == f"http://{engine}:30000"
     assert config.control_token == TOKEN
+    assert config.engine_api_key == ENGINE_KEY
+    assert config.metrics_listen == services["proxy"]["environment"]["PRISM_METRICS_LISTEN"]
     assert config.control_url == services["proxy"]["environment"]["PRISM_CONTROL_URL"]
     assert config.policy == "prism"
     assert config.tokenizer == ("auto" if kind == "gpu" else "builtin")
@@ -223,10 +281,20 @@ def test_the_real_clis_accept_the_compose_settings(kind: str, tmp_path: Path) ->
         assert plugin.control.token == TOKEN
         assert plugin.control.host == "sglang-control"
         assert config.control_url == f"http://{plugin.control.host}:{plugin.control.port}"
+        # The image's launcher gives SGLang both keys from the service's environment.
+        from backend_plugin.launch import build_argv
+
+        engine_env = {k: str(v) for k, v in services[engine]["environment"].items()}
+        argv = build_argv([str(a) for a in services[engine]["command"]], engine_env)
+        assert command_value(argv, "--api-key") == ENGINE_KEY
+        assert command_value(argv, "--admin-api-key") == ADMIN_KEY
     if kind == "sim":
         from prism_sim.cli import build_parser, config_from_args
 
+        engine_env = {k: str(v) for k, v in services[engine]["environment"].items()}
+        monkeypatch.setattr(os, "environ", engine_env)
         sim = config_from_args(build_parser().parse_args(services[engine]["command"]))
+        assert sim.api_key == ENGINE_KEY
         assert sim.eviction == "dart"
         assert sim.control_port == 30001
         assert sim.host == "0.0.0.0"
@@ -253,7 +321,7 @@ def scale_out_services(kind: str, profile: str, tmp_path: Path) -> dict[str, Any
     result = subprocess.run(
         ["docker-compose", "--env-file", str(env_file), "-f", COMPOSE_FILES[kind],
          "--profile", profile, "config"],
-        cwd=REPO, env={**clean, "PRISM_CONTROL_TOKEN": TOKEN}, capture_output=True,
+        cwd=REPO, env={**clean, **SECRETS}, capture_output=True,
         text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -275,6 +343,9 @@ def test_scale_out_profile_puts_one_prism_in_front_of_smg(kind: str, tmp_path: P
     assert _workers(gateway) == [f"http://{engine}{s}:30000" for s in ("", "-2", "-3")]
     assert command_value(gateway, "--policy") == "cache_aware"
     assert not services["gateway"].get("ports")
+    # smg holds the engines' key (it sends it to them), from its environment
+    assert services["gateway"]["environment"]["SMG_API_KEY"] == ENGINE_KEY
+    assert "--api-key" not in gateway
     front = services["proxy-front"]["environment"]
     assert front["PRISM_BACKEND"] == "http://gateway:8080"
     controls = front["PRISM_CONTROL_URL"].split(",")
@@ -310,7 +381,7 @@ def test_sidecar_profile_puts_smg_in_front_of_three_proxies(kind: str, tmp_path:
     targets = {
         job["job_name"]: job["static_configs"][0]["targets"] for job in scrape["scrape_configs"]
     }
-    assert {"proxy:8000", "proxy-front:8000", "proxy-2:8000", "proxy-3:8000"} == set(
+    assert {"proxy:9100", "proxy-front:9100", "proxy-2:9100", "proxy-3:9100"} == set(
         targets["prism-proxy"]
     )
     assert len(targets["sglang"]) == len(targets["prism-dart"]) == 3

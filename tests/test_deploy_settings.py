@@ -86,7 +86,9 @@ def test_sim_compose_file_starts_and_serves_a_chat(
             assert_served(chat(stack.base_url(name)))
             assert_runs_with_its_settings(stack, name, engine_url)
         for name in stack.of_kind("smg"):
-            assert_served(chat(stack.base_url(name)))
+            # smg in front of the engines holds their key and requires it of its clients
+            key = stack.running[name].env.get("SMG_API_KEY")
+            assert_served(chat(stack.base_url(name), key))
         # The proxies reach each engine's control RPC with the shipped token: every
         # engine a proxy pushes to has taken a priority table.
         controls = {
@@ -135,7 +137,7 @@ def test_every_env_example_value_parses() -> None:
     refuses the `0` the file once gave (the test can fail)."""
     values = env_file_values(ENV_EXAMPLE)
     proxy_env = {k: v for k, v in values.items() if k.startswith("PRISM_")}
-    proxy_env["PRISM_CONTROL_TOKEN"] = TOKEN
+    proxy_env |= {"PRISM_CONTROL_TOKEN": TOKEN, "PRISM_ENGINE_API_KEY": "k3y"}
     config = build_config({}, proxy_env)
     assert config.prefill_batch is None and config.max_inflight is None  # auto
     assert config.policy == values["PRISM_POLICY"]

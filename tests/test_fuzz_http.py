@@ -33,12 +33,20 @@ def stack(tmp_path_factory) -> Iterator[tuple[ServerProcess, ServerProcess, str]
     logs = tmp_path_factory.mktemp("fuzz")
     control_port = free_port()
     sim_args = ["--speed", "200", "--eviction", "dart", "--log-level", "warning"]
-    sim_args += ["--control-port", str(control_port), "--control-token", TOKEN]
-    with run_server("prism_sim", sim_args, log_dir=logs, name="sim") as sim:
+    sim_args += ["--control-port", str(control_port)]
+    with run_server(
+        "prism_sim", sim_args, log_dir=logs, name="sim", env={"PRISM_CONTROL_TOKEN": TOKEN}
+    ) as sim:
         control = f"http://127.0.0.1:{control_port}"
         proxy_args = ["serve", "--backend", sim.url, "--log-level", "warning"]
-        proxy_args += ["--control-url", control, "--control-token", TOKEN]
-        with run_server("prism_proxy", proxy_args, log_dir=logs, name="proxy") as proxy:
+        proxy_args += ["--control-url", control]
+        with run_server(
+            "prism_proxy",
+            proxy_args,
+            log_dir=logs,
+            name="proxy",
+            env={"PRISM_CONTROL_TOKEN": TOKEN},
+        ) as proxy:
             yield proxy, sim, control
 
 

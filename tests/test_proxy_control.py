@@ -104,13 +104,23 @@ def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
     from loadgen.processes import run_server
 
     control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port),
-                "--control-token", TOKEN, "--speed", "50"]  # fmt: skip
-    with run_server("prism_sim", sim_args, log_dir=tmp_path) as backend:
+    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
+    with run_server(
+        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
+    ) as backend:
         control_url = f"http://127.0.0.1:{control_port}"
-        proxy_args = ["serve", "--backend", backend.url, "--control-url", control_url,
-                      "--control-token", TOKEN, "--set", "protect=3"]  # fmt: skip
-        with run_server("prism_proxy", proxy_args, log_dir=tmp_path) as proxy:
+        proxy_args = [
+            "serve",
+            "--backend",
+            backend.url,
+            "--control-url",
+            control_url,
+            "--set",
+            "protect=3",
+        ]
+        with run_server(
+            "prism_proxy", proxy_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
+        ) as proxy:
             for segments in (["alpha", "beta"], ["beta", "gamma"]):
                 response = httpx.post(
                     proxy.url + "/v1/chat/completions", json=_chat(segments), timeout=30

@@ -130,9 +130,10 @@ async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path
     the documents) still reuses every document."""
     token = "residency-test-token"
     control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port),
-                "--control-token", token, "--speed", "50"]  # fmt: skip
-    with run_server("prism_sim", sim_args, log_dir=tmp_path) as backend:
+    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
+    with run_server(
+        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": token}
+    ) as backend:
         control_url = f"http://127.0.0.1:{control_port}"
         proxy = await start_proxy(
             proxy_config(backend.url, control_url=control_url, control_token=token)
@@ -170,11 +171,17 @@ async def test_one_proxy_pushes_to_every_replicas_dart(tmp_path) -> None:
     with contextlib.ExitStack() as stack:
 
         def sim_args(port: int) -> list[str]:
-            return ["--eviction", "dart", "--control-port", str(port),
-                    "--control-token", token, "--speed", "50"]  # fmt: skip
+            return ["--eviction", "dart", "--control-port", str(port), "--speed", "50"]  # fmt: skip
 
         sims = [
-            stack.enter_context(run_server("prism_sim", sim_args(port), log_dir=tmp_path))
+            stack.enter_context(
+                run_server(
+                    "prism_sim",
+                    sim_args(port),
+                    log_dir=tmp_path,
+                    env={"PRISM_CONTROL_TOKEN": token},
+                )
+            )
             for port in ports
         ]
         urls = ",".join(f"http://127.0.0.1:{port}" for port in ports)

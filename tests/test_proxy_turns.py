@@ -43,9 +43,14 @@ SYSTEM = "You are a travel agent. Use the tools to answer."
 @pytest.fixture(scope="module")
 def dart_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
     control_port = free_port()
-    args = ["--eviction", "dart", "--control-port", str(control_port), "--control-token", TOKEN]
+    args = ["--eviction", "dart", "--control-port", str(control_port)]
     args += ["--speed", "50"]
-    with run_server("prism_sim", args, log_dir=tmp_path_factory.mktemp("sim")) as server:
+    with run_server(
+        "prism_sim",
+        args,
+        log_dir=tmp_path_factory.mktemp("sim"),
+        env={"PRISM_CONTROL_TOKEN": TOKEN},
+    ) as server:
         yield server, f"http://127.0.0.1:{control_port}"
 
 

@@ -202,8 +202,8 @@ async def test_a_flood_that_never_returns_leaves_the_victims_prompt_cached(tmp_p
     by last access, as under LRU: the victim's prompt stays cached at every re-send."""
     control_port = free_port()
     sim_args = ["--eviction", "dart", "--control-port", str(control_port),
-                "--control-token", TOKEN, "--kv-capacity-tokens", str(POOL),
-                "--speed", "50", "--log-level", "warning"]  # fmt: skip
+                "--kv-capacity-tokens", str(POOL), "--speed", "50",
+                "--log-level", "warning"]  # fmt: skip
     control_url = f"http://127.0.0.1:{control_port}"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     victim_body = {
@@ -211,7 +211,9 @@ async def test_a_flood_that_never_returns_leaves_the_victims_prompt_cached(tmp_p
         "messages": [{"role": "user", "content": "Rules: " + _words(450, 1) + " Which rule?"}],
         "max_tokens": 4,
     }
-    with run_server("prism_sim", sim_args, log_dir=tmp_path) as sim:
+    with run_server(
+        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
+    ) as sim:
 
         def stats() -> dict:
             return httpx.get(control_url + "/prism/stats", headers=auth, timeout=10.0).json()

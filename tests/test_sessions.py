@@ -235,8 +235,7 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
     pause (no longer than what came back: ~320 of ~400 tokens) is retained, and that
     one's continuation releases it at its first token."""
     control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port),
-                "--control-token", TOKEN, "--speed", "50"]  # fmt: skip
+    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
     tools = [
         {
             "type": "function",
@@ -249,11 +248,22 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
     ]
     system = {"role": "system", "content": "You are a careful agent. " * 40}
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with run_server("prism_sim", sim_args, log_dir=tmp_path) as backend:
+    with run_server(
+        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
+    ) as backend:
         control_url = f"http://127.0.0.1:{control_port}"
-        proxy_args = ["serve", "--backend", backend.url, "--control-url", control_url,
-                      "--control-token", TOKEN, "--set", "sessions=true"]  # fmt: skip
-        with run_server("prism_proxy", proxy_args, log_dir=tmp_path) as proxy:
+        proxy_args = [
+            "serve",
+            "--backend",
+            backend.url,
+            "--control-url",
+            control_url,
+            "--set",
+            "sessions=true",
+        ]
+        with run_server(
+            "prism_proxy", proxy_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
+        ) as proxy:
             client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
 
             def dart(name: str) -> int:

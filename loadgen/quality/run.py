@@ -89,7 +89,8 @@ def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerP
     """A fresh engine (DART + control RPC) and a proxy with `order`'s policy in front."""
     logs = config.out / "logs"
     token, control_port = secrets.token_hex(16), free_port()
-    control = ["--control-port", str(control_port), "--control-token", token]
+    control = ["--control-port", str(control_port)]
+    secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
     if config.engine == "sim":
         engine = (
             "prism_sim",
@@ -108,6 +109,7 @@ def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerP
         name=f"engine-{order}",
         python=python,
         startup_timeout_s=timeout_s,
+        env=secret,
     ) as server:
         policy = PROXY_POLICY[order]
         proxy_args = [
@@ -127,10 +129,10 @@ def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerP
                 config.qas,
                 "--control-url",
                 f"http://127.0.0.1:{control_port}",
-                "--control-token",
-                token,
             ]
-        with run_server("prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{order}") as proxy:
+        with run_server(
+            "prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{order}", env=secret
+        ) as proxy:
             yield proxy
 
 

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Protocol, Self
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from prism_proxy.api.segments import (
     MinP,
@@ -474,11 +482,13 @@ class ChatCompletionRequest(_OpenAIFields):
     return_prompt_token_ids: bool | None = None
     input_ids: TokenIds | None = None
 
-    @model_validator(mode="after")
-    def _template_kwargs(self) -> Self:
-        kwargs = self.chat_template_kwargs
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, kwargs: Any) -> Any:
+        """Refuse what the engine's template renderer sets itself (a 500 from SGLang):
+        a 400 naming `chat_template_kwargs`."""
         if kwargs is None:
-            return self
+            return kwargs
         if not isinstance(kwargs, dict):
             raise ValueError("chat_template_kwargs: expected an object")
         if taken := sorted(CHAT_TEMPLATE_RESERVED & kwargs.keys()):
@@ -486,7 +496,7 @@ class ChatCompletionRequest(_OpenAIFields):
                 f"chat_template_kwargs: {', '.join(taken)} cannot be set (the template "
                 "renderer sets them)"
             )
-        return self
+        return kwargs
 
     def passthrough_reason(self) -> str | None:
         """Why the token path cannot serve this request (None: it can)."""

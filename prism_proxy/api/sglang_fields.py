@@ -106,8 +106,11 @@ PROXY_OWNED = frozenset(
 )
 
 # Keys `apply_chat_template` takes itself: in `chat_template_kwargs` they collide (500).
+# `messages` too: the renderer passes the conversation under that name, and SGLang 0.5.23
+# answers one set here with a 500 ("Internal server error: 'messages'", whatever its value).
 CHAT_TEMPLATE_RESERVED = frozenset(
     {
+        "messages",
         "add_generation_prompt",
         "tokenize",
         "conversation",

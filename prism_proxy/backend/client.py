@@ -5,7 +5,9 @@ The token path's `/generate` calls go through the lean HTTP/1.1 pool below
 `aiohttp.ClientSession` per app. Every call is tried exactly once (no retries, so
 a failing backend never sees a retry storm); failures become `BackendError` with the
 status the proxy answers: 502 when the backend is unreachable or answers 5xx, 503 when
-it answers 503 or times out, the backend's own status for its 4xx answers.
+it answers 503 or times out, the backend's own status for its 4xx answers but 401 and
+403 (the proxy's own credentials refused: 502). Every call carries the engine's API key
+(`api_key`, SGLang's `--api-key`) when one is set.
 
 Why a pool of its own: aiohttp's client cost about 0.04 ms of CPU and 0.08 ms of
 latency per proxied request on this machine, a third of what a Rust gateway spends on a
@@ -141,16 +143,25 @@ class BackendClient:
         metrics: ProxyMetrics,
         timeout_s: float,
         connect_timeout_s: float,
+        api_key: str | None = None,
     ) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
+        # The engine's own key (SGLang's `--api-key`), on every call below and nothing
+        # else: a client's headers are never forwarded, so its Authorization stays here.
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.json_headers = {**JSON_HEADERS, **self.auth}
+        self.credentials_refused = False  # the backend answered 401/403 (logged once)
         self.metrics = metrics
         # An inactivity limit, not a total: long streams may run as long as they flow.
         self.timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=timeout_s
         )
         self.pool = Http1Pool(
-            self.base_url, connect_timeout_s=connect_timeout_s, read_timeout_s=timeout_s
+            self.base_url,
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=timeout_s,
+            api_key=api_key,
         )
         self._background: set[asyncio.Task[None]] = set()
         self.aborts_sent = 0
@@ -203,6 +214,19 @@ class BackendClient:
         if status < 400:
             self._up(True)
             return
+        if status in (401, 403):
+            # The engine wants a key the proxy lacks: the deployment's fault, never the
+            # client's (whose own key the engine never sees), so not the client's 401.
+            self._up(True)
+            if not self.credentials_refused:  # once: every request would say it again
+                log.warning(
+                    "backend %s answered HTTP %d: it wants an API key the proxy lacks or has "
+                    "wrong (PRISM_ENGINE_API_KEY, PRISM_ENGINE_API_KEY_FILE)",
+                    self.base_url,
+                    status,
+                )
+            self.credentials_refused = True
+            raise BackendError(502, f"backend refused the proxy's credentials (HTTP {status})")
         message = self.scrub(_error_message(status, text))
         if status >= 500:
             self._up(False)
@@ -225,7 +249,7 @@ class BackendClient:
         self, path: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         data = _encoded(body)
-        sent = {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
+        sent = {**self.json_headers, **headers} if headers else self.json_headers
         try:
             async with self.session.post(
                 self.base_url + path, data=data, headers=sent, timeout=self.timeout
@@ -292,7 +316,9 @@ class BackendClient:
     async def get_ok(self, path: str) -> None:
         """GET `path` and only check the status (`/health_generate`)."""
         try:
-            async with self.session.get(self.base_url + path, timeout=self.timeout) as response:
+            async with self.session.get(
+                self.base_url + path, headers=self.auth, timeout=self.timeout
+            ) as response:
                 await self._check(response)
                 await response.read()
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
@@ -301,7 +327,9 @@ class BackendClient:
     async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self.timeout
         try:
-            async with self.session.get(self.base_url + path, timeout=timeout) as response:
+            async with self.session.get(
+                self.base_url + path, headers=self.auth, timeout=timeout
+            ) as response:
                 await self._check(response)
                 return await response.json(content_type=None)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
@@ -315,7 +343,10 @@ class BackendClient:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self.session.post(
-                self.base_url + path, data=_encoded(body), headers=JSON_HEADERS, timeout=timeout
+                self.base_url + path,
+                data=_encoded(body),
+                headers=self.json_headers,
+                timeout=timeout,
             ) as response:
                 await self._check(response)
                 return await response.json(content_type=None)
@@ -340,6 +371,7 @@ class BackendClient:
             async with self.session.post(
                 self.base_url + "/abort_request",
                 json={"rid": rid},
+                headers=self.auth,
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as response:
                 await response.read()
@@ -609,6 +641,7 @@ class Http1Pool:
         connect_timeout_s: float,
         read_timeout_s: float,
         idle_s: float = IDLE_S,
+        api_key: str | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -619,6 +652,9 @@ class Http1Pool:
         self.ssl = ssl.create_default_context() if https else None
         self._prefix = parts.path.rstrip("/").encode()
         self._host_header = parts.netloc.encode("idna")
+        # Every request's fixed headers after Host, the engine's key among them.
+        auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
+        self._fixed_headers = b"Content-Type: application/json\r\n" + auth
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.idle_s = idle_s
@@ -649,10 +685,13 @@ class Http1Pool:
         return Exchange(self, path, body, extra)
 
     def request_head(self, path: str, length: int, extra: bytes = b"") -> bytes:
-        return (
-            b"POST %s%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"%sContent-Length: %d\r\n\r\n"
-            % (self._prefix, path.encode(), self._host_header, extra, length)
+        return b"POST %s%s HTTP/1.1\r\nHost: %s\r\n%s%sContent-Length: %d\r\n\r\n" % (
+            self._prefix,
+            path.encode(),
+            self._host_header,
+            self._fixed_headers,
+            extra,
+            length,
         )
 
     async def acquire(self) -> Http1Connection:

@@ -12,6 +12,7 @@ quotes the offending input.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Mapping
 from http import HTTPStatus
@@ -186,9 +187,31 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
 
+# The engine's words for a grammar it could not compile (SGLang 0.5.23 with xgrammar:
+# "Failed to compile ebnf grammar: ...") and the field that carried it: the client's
+# input, whatever status the engine gave it.
+GRAMMAR_FAULT = re.compile(r"Failed to compile (ebnf|regex|json|structural_tag) grammar")
+GRAMMAR_FIELDS = {
+    "ebnf": "ebnf",
+    "regex": "regex",
+    "json": "response_format",
+    "structural_tag": "response_format",
+}
+
+
+def input_fault(message: str) -> str | None:
+    """The request field a backend's error message shows was at fault, else None."""
+    found = GRAMMAR_FAULT.search(message)
+    return GRAMMAR_FIELDS[found.group(1)] if found else None
+
+
 def backend_failure(exc: BackendError) -> ApiError:
     """The answer to a failed backend exchange: its status (502/503, or the backend's own
-    4xx: a request it refuses) and message."""
+    4xx: a request it refuses) and message; a failure the message shows was the
+    client's input (`input_fault`) is a 400 naming the field."""
+    param = input_fault(exc.message)
+    if param is not None:
+        return ApiError(400, exc.message, param=param)
     kind = "invalid_request_error" if 400 <= exc.status < 500 else "backend_error"
     return ApiError(exc.status, exc.message, kind=kind)
 

@@ -12,18 +12,24 @@ start-ups overlap, and stopped at the end:
   incremental chunks (`--incremental-streaming-output`, as docker-compose.yml deploys
   SGLang): the tight differential run against prism-sim (non-streamed), and the proxy
   relaying incremental streams.
-* `hostile`: 16,384 KV tokens, DART, as deployed: hostile input through the proxy
-  (test_live_hostile.py), on a server of its own so that a body the proxy let through
+* `hostile`: 16,384 KV tokens, DART, as deployed: SGLang's `--api-key` and
+  `--admin-api-key` set (from the environment, as docker-compose.yml sets them), hostile
+  input through the proxy (test_live_hostile.py) and the engine's key
+  (test_live_engine_key.py), on a server of its own so that a body the proxy let through
   by mistake fails those tests and no others.
+
+`PRISM_LIVE_SERVERS=hostile,ample` starts only the servers named (a test needing
+another then fails with a KeyError): for running one test file on a busy machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,10 +59,24 @@ class LiveServer:
     token: str
     max_total_tokens: int
     eviction: str
+    # SGLang's `--api-key` and `--admin-api-key` (None: an open engine).
+    api_key: str | None = None
+    admin_api_key: str | None = None
 
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a direct call of the engine's API carries: its key, if it has one."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """What an admin call (`/flush_cache`) carries: the admin key, else the API key."""
+        key = self.admin_api_key or self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def control(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -68,7 +88,8 @@ class LiveServer:
 
     def fresh(self) -> None:
         """An empty tree and no priority table (requests must be idle)."""
-        assert httpx.post(self.url + "/flush_cache", timeout=30.0).status_code == 200
+        flushed = httpx.post(self.url + "/flush_cache", headers=self.admin_headers, timeout=30.0)
+        assert flushed.status_code == 200, flushed.text
         if self.eviction != "stock":
             assert self.control("POST", "/prism/reset").status_code == 200
 
@@ -78,7 +99,9 @@ class LiveServer:
             "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
             **extra,
         }
-        response = httpx.post(self.url + "/generate", json=body, timeout=120.0)
+        response = httpx.post(
+            self.url + "/generate", json=body, headers=self.headers, timeout=120.0
+        )
         assert response.status_code == 200, response.text
         return response.json()
 
@@ -102,6 +125,17 @@ EXTRA_ARGS = {
     "stock": ["--sglang-arg=--incremental-streaming-output"],
     "hostile": ["--sglang-arg=--incremental-streaming-output"],
 }
+# Servers started with SGLang's keys, given in the environment (never on a command line).
+WITH_KEYS = ("hostile",)
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The servers of `SPECS` to start: all, or those PRISM_LIVE_SERVERS names."""
+    names = [n.strip() for n in environ.get("PRISM_LIVE_SERVERS", "").split(",") if n.strip()]
+    unknown = set(names) - set(SPECS)
+    if unknown:
+        raise ValueError(f"PRISM_LIVE_SERVERS: unknown {sorted(unknown)}; known {list(SPECS)}")
+    return names or list(SPECS)
 
 
 @contextlib.contextmanager
@@ -110,16 +144,24 @@ def live_servers(log_dir: Path) -> Iterator[dict[str, LiveServer]]:
     ensure_tiny_model()  # once, before three processes would race to build it
     servers: dict[str, LiveServer] = {}
     try:
-        for name, (tokens, eviction) in SPECS.items():
+        for name in wanted():
+            tokens, eviction = SPECS[name]
             token = secrets.token_hex(8)
             control_port = free_port()
             args = ["--max-total-tokens", str(tokens), "--eviction", eviction]
+            env = {"PRISM_CONTROL_TOKEN": token}
             if eviction != "stock":
-                args += ["--control-port", str(control_port), "--control-token", token]
+                args += ["--control-port", str(control_port)]
+            keys: tuple[str | None, str | None] = (None, None)
+            if name in WITH_KEYS:
+                keys = (secrets.token_hex(12), secrets.token_hex(12))
+                env |= {"PRISM_ENGINE_API_KEY": keys[0], "PRISM_ENGINE_ADMIN_API_KEY": keys[1]}
             args += EXTRA_ARGS.get(name, [])
-            process = spawn_server("sglang_cpu.serve", args, log_dir=log_dir, name=f"sglang-{name}")
+            process = spawn_server(
+                "sglang_cpu.serve", args, log_dir=log_dir, name=f"sglang-{name}", env=env
+            )
             servers[name] = LiveServer(
-                name, process, f"http://127.0.0.1:{control_port}", token, tokens, eviction
+                name, process, f"http://127.0.0.1:{control_port}", token, tokens, eviction, *keys
             )
         for live in servers.values():
             try:
@@ -143,6 +185,7 @@ async def proxy_for(live: LiveServer, **overrides: Any) -> RunningProxy:
         "tokenizer": str(ensure_tiny_model()),
         "control_url": live.control_url,
         "control_token": live.token,
+        "engine_api_key": live.api_key,
         "health_interval_s": 0,
         "ready_interval_s": 0,  # no readiness probes either
         "shutdown_timeout_s": 5.0,

@@ -59,7 +59,6 @@ pytestmark = [
 ]
 ENGINES = ("sglang", "sglang-2", "sglang-3")
 TOKEN = secrets.token_hex(16)
-ADMIN_KEY = "admin-" + secrets.token_hex(12)
 ENGINE_STARTUP_S = 600.0  # a deadline: under load SGLang took 260 s to start here
 
 
@@ -86,6 +85,18 @@ class Engine:
     def url(self) -> str:
         return self.stack.base_url("sglang")
 
+    @property
+    def api_key(self) -> str:
+        return self.stack.services["sglang"].env["PRISM_ENGINE_API_KEY"]
+
+    @property
+    def admin_api_key(self) -> str:
+        return self.stack.services["sglang"].env["PRISM_ENGINE_ADMIN_API_KEY"]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
@@ -98,7 +109,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     stack = Stack(
         config, None, workdir, pythons=pythons(), model_dir=ensure_tiny_model(),
         model_mount=model_mount.resolve(), same={name: "sglang" for name in ENGINES},
-        extra_args={"sglang": ["--admin-api-key", ADMIN_KEY, "--download-dir", str(download_dir)]},
+        extra_args={"sglang": ["--download-dir", str(download_dir)]},
     )  # fmt: skip
     try:
         stack.start("sglang", ENGINE_STARTUP_S)
@@ -126,7 +137,9 @@ def test_compose_file_starts_and_serves_a_chat(
             assert_runs_with_its_settings(stack, name, engine.url)
             controls |= set(stack.running[name].env["PRISM_CONTROL_URL"].split(","))
         for name in stack.of_kind("smg"):
-            assert_served(chat(stack.base_url(name)))
+            # smg in front of the engines holds their key and requires it of its clients
+            key = stack.running[name].env.get("SMG_API_KEY")
+            assert_served(chat(stack.base_url(name), key))
         # Every control URL of every proxy is the engine's DART RPC, which took pushes.
         (control,) = controls
         assert control == engine.loopback.url("sglang", "30001")
@@ -161,17 +174,19 @@ def get_paths() -> list[str]:
 def test_no_info_path_shows_the_engines_secrets(engine: Engine, tmp_path: Path) -> None:
     direct: dict[str, Any] = {}
     for path in ("/server_info", "/model_info", "/v1/models", "/v1/loads"):
-        answer = httpx.get(engine.url + path, timeout=60)
+        answer = httpx.get(engine.url + path, headers=engine.headers, timeout=60)
         assert answer.status_code == 200, (path, answer.text)
         direct[path] = answer.json()
-    leaks = Secrets(strings={engine.url, engine.url.split("://")[1], TOKEN})
+    leaks = Secrets(strings={engine.url, engine.url.split("://")[1], TOKEN, engine.api_key})
     for answer in direct.values():
         leaks.add_answer(answer)
     raw = direct["/server_info"]
     # SGLang's own answer holds them, at the top level and in internal_states: the rule
     # finds the admin key, the address, the paths, the launch command.
-    assert raw["admin_api_key"] == raw["internal_states"][0]["admin_api_key"] == ADMIN_KEY
-    assert {ADMIN_KEY, raw["host"], raw["model_path"], raw["download_dir"]} <= leaks.strings
+    admin_key = engine.admin_api_key
+    assert raw["admin_api_key"] == raw["internal_states"][0]["admin_api_key"] == admin_key
+    assert raw["api_key"] == engine.api_key  # the compose file's keys reached SGLang
+    assert {admin_key, raw["host"], raw["model_path"], raw["download_dir"]} <= leaks.strings
     assert raw["port"] in leaks.ports and raw["launch_command"] in leaks.strings
 
     stack = profile_stack(engine, None, tmp_path)

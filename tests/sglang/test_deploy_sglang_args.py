@@ -32,10 +32,19 @@ def with_defaults(value: str) -> str:
     return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
 
 
+KEYS = {"PRISM_ENGINE_API_KEY": "k3y", "PRISM_ENGINE_ADMIN_API_KEY": "adm1n"}
+
+
 def test_compose_command_is_a_valid_sglang_command_with_dart() -> None:
+    """The compose command, as the image's launcher (`backend_plugin.launch`) hands it to
+    SGLang with the keys of the service's environment."""
+    from backend_plugin.launch import build_argv
+
     service = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["sglang"]
-    argv = [with_defaults(str(a)) for a in service["command"]]
+    assert set(KEYS) <= set(service["environment"])  # the keys come from the environment
+    argv = build_argv([with_defaults(str(a)) for a in service["command"]], dict(KEYS))
     args = sglang_parser().parse_args(argv)
+    assert (args.api_key, args.admin_api_key) == ("k3y", "adm1n")
     assert args.radix_cache_backend == "prism_dart"
     assert args.enable_metrics is True
     assert args.incremental_streaming_output is True
@@ -49,9 +58,12 @@ def test_compose_command_is_a_valid_sglang_command_with_dart() -> None:
 def test_dockerfile_cmd_is_a_valid_sglang_command_with_dart() -> None:
     text = (REPO / "deploy" / "sglang.Dockerfile").read_text().replace("\\\n", " ")
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.MULTILINE).group(1))
-    assert entrypoint == ["python3", "-m", "sglang.launch_server"]
+    assert entrypoint == ["python3", "-m", "backend_plugin.launch"]
+    from backend_plugin.launch import build_argv
+
     cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.MULTILINE).group(1))
-    args = sglang_parser().parse_args([*cmd, "--model-path", "/models/m"])
+    args = sglang_parser().parse_args(build_argv([*cmd, "--model-path", "/models/m"], {}))
+    assert args.api_key is None  # an open engine unless the keys are given
     assert args.radix_cache_backend == "prism_dart"
     assert args.enable_metrics is True
     assert args.incremental_streaming_output is True

@@ -65,7 +65,7 @@ async def test_assembled_answers_equal_the_engines_own(live, live_proxy_factory,
     proxy = await live_proxy_factory(server)
     async with httpx.AsyncClient(timeout=120.0) as client:
         for path, body in CASES:
-            direct = await client.post(server.url + path, json=body)
+            direct = await client.post(server.url + path, json=body, headers=server.headers)
             through = await client.post(proxy.url + path, json=body)
             assert direct.status_code == through.status_code == 200, (path, through.text)
             assert comparable(through.json()) == comparable(direct.json()), (path, body)

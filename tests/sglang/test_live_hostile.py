@@ -9,7 +9,8 @@ every one of them.
 
 The proxy runs as `prism-proxy serve` (a subprocess) with the served model's tokenizer
 directory, in front of the `hostile` server of `live_support` (DART, incremental
-streams, as deployed)."""
+streams, SGLang's `--api-key` and `--admin-api-key`, as deployed); the proxy gets the
+engine's key and the control token from its environment."""
 
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ def stack(live, tmp_path_factory) -> Iterator[tuple[LiveServer, ServerProcess]]:
     server: LiveServer = live["hostile"]
     args = [
         "serve", "--backend", server.url, "--tokenizer", str(ensure_tiny_model()),
-        "--control-url", server.control_url, "--control-token", server.token,
+        "--control-url", server.control_url,
         "--set", "health_interval_s=0", "--log-level", "warning",
     ]  # fmt: skip
+    env = {"PRISM_CONTROL_TOKEN": server.token, "PRISM_ENGINE_API_KEY": server.api_key or ""}
     logs = tmp_path_factory.mktemp("hostile-proxy")
-    with run_server("prism_proxy", args, log_dir=logs, name="proxy") as proxy:
+    with run_server("prism_proxy", args, log_dir=logs, name="proxy", env=env) as proxy:
         yield server, proxy
 
 
@@ -52,7 +54,7 @@ def engine_serves(server: LiveServer) -> None:
     """The engine's processes are up and it answers a one-token generation."""
     assert server.server.process.poll() is None, server.server.log_text()[-3000:]
     body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1}}
-    answer = httpx.post(server.url + "/generate", json=body, timeout=120.0)
+    answer = httpx.post(server.url + "/generate", json=body, headers=server.headers, timeout=120.0)
     assert answer.status_code == 200, answer.text
 
 
@@ -99,6 +101,34 @@ def test_the_same_requests_within_bounds_are_served(stack) -> None:
     ]:  # fmt: skip
         response = httpx.post(proxy.url + path, json=body, timeout=120.0)
         assert response.status_code == 200, (path, body, response.text)
+    engine_serves(server)
+
+
+# Grammars SGLang's xgrammar cannot compile, and the field the proxy's 400 names.
+UNCOMPILABLE = [
+    (CHAT_PATH, {"messages": MSG, "max_tokens": 3, "ebnf": "root ::= ("}, "ebnf"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 3, "ebnf": 'rule ::= "a"'}, "ebnf"),
+    (CHAT_PATH, {"messages": MSG, "max_tokens": 3, "regex": "(("}, "regex"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 3, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "param"), UNCOMPILABLE)
+async def test_a_grammar_the_engine_cannot_compile_is_a_400_naming_it(
+    live, live_proxy_factory, path: str, body: dict[str, Any], param: str
+) -> None:
+    """With `grammars = on` the proxy sends grammars unchecked and SGLang compiles them;
+    one it cannot compile is the client's 400 naming the field (never a 5xx), and the
+    engine serves the next request."""
+    server: LiveServer = live["hostile"]
+    proxy = await live_proxy_factory(server, grammars="on")
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        response = await client.post(proxy.url + path, json={"model": "m", **body})
+    assert response.status_code == 400, response.text
+    assert is_json_error(response) and response.json()["error"]["param"] == param
+    assert "Failed to compile" in response.json()["error"]["message"]
     engine_serves(server)
 
 

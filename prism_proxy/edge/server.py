@@ -273,9 +273,8 @@ class ProxyProtocol(web_protocol.RequestHandler):
     def _reject(self, conn: asyncio.Transport, cap: str) -> None:
         """Over the proxy's cap or the client's (`cap`): 503 without reading a request,
         and close. The answer is followed by a FIN; what the client sent meanwhile is
-        read and dropped for
-        `REJECT_LINGER_S`, so that the close does not reset the connection before the
-        client has read the 503."""
+        read and dropped for `REJECT_LINGER_S`, so that the close does not reset the
+        connection before the client has read the 503."""
         self._rejected = True
         server = self._proxy_server
         server.note_refusal(cap)

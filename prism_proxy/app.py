@@ -35,6 +35,7 @@ from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.endpoints import add_routes
 from prism_proxy.edge.endpoints import metrics as metrics_handler
 from prism_proxy.edge.errors import error_middleware
+from prism_proxy.edge.grammar_ledger import GrammarLedger
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.edge.probes import add_probe_routes
 from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, listen
@@ -281,6 +282,9 @@ def create_app(config: ProxyConfig) -> web.Application:
     app[state.METRICS] = metrics = ProxyMetrics.create()
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()
+    app[state.STRUCTURED] = GrammarLedger(
+        config.max_client_grammar_compiles, config.max_client_grammars_per_minute
+    )
     app[state.SHARING] = SharedPrefixes(config.share_min_clients, config.share_cache_bytes // 2)
     app[state.OWN] = OwnPrefixes(config.share_cache_bytes // 2)
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))

@@ -114,7 +114,7 @@ class ProxyConfig:
     max_client_connections: int | None = None
     max_schema_bytes: int = 32 * 1024
     max_client_grammar_compiles: int = 2
-    max_client_grammars_per_minute: int = 30
+    max_client_grammars_per_minute: int = 10
     qas: QasParams = field(default_factory=lambda: qas_params(DEFAULT_QAS_VARIANT))
     # Derived from `extraction` once, not per request: the layouts looked for in
     # requests without hints (none: off).

@@ -12,6 +12,7 @@ from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.bodies import JsonParser
+from prism_proxy.edge.grammar_ledger import GrammarLedger
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
@@ -39,3 +40,4 @@ RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client deco
 SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients may see
 RENDERING = web.AppKey("rendering", RenderingCheck)  # the token path against the engine's rendering
 OWN = web.AppKey("own", OwnPrefixes)  # what each client sent, for its own reuse
+STRUCTURED = web.AppKey("structured", GrammarLedger)  # each client's new grammars

@@ -1,0 +1,79 @@
+"""Structured outputs admitted with care: one client's grammars cannot hold another
+client's request in the engine's grammar compiler, nor grow the engine without bound.
+
+* a grammar larger than `max_schema_bytes` is refused with 400 naming it;
+* a grammar the engine has not compiled yet ("new": no request carrying it was answered
+  by the engine through this proxy) is a compilation in the engine's shared pool: at
+  most `max_client_grammar_compiles` requests of one client carrying one may be in
+  flight at once, and at most `max_client_grammars_per_minute` new ones may come from
+  one client within a minute; beyond either, 429 with Retry-After. A grammar the engine
+  has compiled (same text, `api.structured`) is cheap and always passes.
+
+`edge.grammar_ledger` keeps the books, pure; `GrammarShare` is the block an endpoint
+holds around the request's way to the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from prism_proxy.api.structured import EngineGrammar, engine_grammars
+from prism_proxy.edge import state
+from prism_proxy.edge.accounts import client_key
+from prism_proxy.edge.errors import ApiError
+
+
+def check_sizes(grammars: Sequence[EngineGrammar], limit_bytes: int) -> None:
+    """400 naming the first grammar over `max_schema_bytes`."""
+    for grammar in grammars:
+        size = grammar.size_bytes
+        if size > limit_bytes:
+            raise ApiError(
+                400,
+                f"{grammar.param}: {size} bytes exceed the largest schema or grammar "
+                f"accepted, {limit_bytes} bytes (max_schema_bytes)",
+                param=grammar.param,
+            )
+
+
+class GrammarShare:
+    """The block around a request's way to the engine that holds its client's slot for
+    its new grammars (module docstring): 400 over `max_schema_bytes`, 429 with
+    Retry-After over the client's share; nothing held for a request without new
+    grammars. Leaving the block normally marks its grammars compiled."""
+
+    __slots__ = ("_client", "_ledger", "_new")
+
+    def __init__(self, request: web.Request, raw: dict) -> None:
+        config = request.app[state.CONFIG]
+        grammars = engine_grammars(raw)
+        self._new: list[bytes] = []
+        if not grammars:
+            return
+        check_sizes(grammars, config.max_schema_bytes)
+        ledger = self._ledger = request.app[state.STRUCTURED]
+        new = list(dict.fromkeys(ledger.new([g.key for g in grammars])))
+        if not new:
+            return
+        self._client = client_key(request)
+        refusal = ledger.admit(self._client, new, time.monotonic())
+        if refusal is not None:
+            retry_after = max(config.retry_after_s, math.ceil(refusal.retry_after_s))
+            raise ApiError(
+                429,
+                refusal.message,
+                kind="rate_limit_exceeded",
+                headers={"Retry-After": str(retry_after)},
+            )
+        self._new = new
+
+    async def __aenter__(self) -> GrammarShare:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if self._new:
+            self._ledger.finish(self._client, self._new, exc is None, time.monotonic())

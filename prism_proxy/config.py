@@ -215,11 +215,11 @@ class ProxyConfig:
 
     @property
     def client_connections(self) -> int:
-        """One client's connection cap: `max_client_connections`, else (auto) a quarter
-        of `max_connections`."""
+        """One client's connection cap: `max_client_connections`, else (auto) half of
+        `max_connections`."""
         if self.max_client_connections is not None:
             return self.max_client_connections
-        return max(1, self.max_connections // 4)
+        return max(1, self.max_connections // 2)
 
     @property
     def window_s(self) -> float:
@@ -344,7 +344,7 @@ _HELP = {
     "retry_after_s": "Retry-After seconds sent with 429",
     "log_level": "debug|info|warning|error",
     "max_client_connections": "client connections one client (peer address) may hold open "
-    "(503 and close above; auto: a quarter of max_connections; behind a reverse proxy every "
+    "(503 and close above; auto: half of max_connections; behind a reverse proxy every "
     "client is its address: raise it to max_connections)",
     "max_schema_bytes": "largest JSON schema (response_format, json_schema, a strict tool's "
     "parameters) or grammar a request may ask the engine to compile (400 above)",

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from proxy_support import eventually, loopback_app, running_proxy
 
+from prism_proxy.api.models import ChatCompletionRequest
 from prism_proxy.api.structured import EngineGrammar, engine_grammars
 from prism_proxy.edge import grammar_ledger, state
 from prism_proxy.edge.grammar_ledger import WINDOW_S, GrammarLedger
@@ -50,6 +51,12 @@ STRICT_TOOL = {"type": "function", "function": {"name": "f", "parameters": SCHEM
 )  # fmt: skip
 def test_the_grammars_a_body_makes_the_engine_compile(raw: dict, params: list[str]) -> None:
     assert [grammar.param for grammar in engine_grammars(raw)] == params
+
+
+def test_fields_that_do_not_reach_the_engine_compile_nothing() -> None:
+    raw = {"json_schema": "{}", "regex": "a"}  # a chat has no json_schema: dropped
+    served = ChatCompletionRequest.model_fields
+    assert [grammar.param for grammar in engine_grammars(raw, served)] == ["regex"]
 
 
 def test_a_grammar_is_keyed_by_the_text_the_engine_caches() -> None:
@@ -140,9 +147,12 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
     gets 429; client B's new one passes; once answered, A's schema is cheap."""
     release = asyncio.Event()
     seen: list[dict] = []
+    after_release: dict[str, bool] = {}  # schema text: whether it arrived after the release
 
     async def generate(request: web.Request) -> web.StreamResponse:
-        seen.append(await request.json())
+        body = await request.json()
+        seen.append(body)
+        after_release[body["sampling_params"]["json_schema"]] = release.is_set()
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await release.wait()
@@ -172,10 +182,17 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
         assert headers["Retry-After"] == "2"
         other = asyncio.create_task(post(proxy.url, structured(schema_named("s3")), b))
         await eventually(lambda: ledger.compiling(b) == 1)
+        # s1 again, from B (whose one slot is taken): it waits for A's s1 to be answered,
+        # then goes as a compiled grammar, without a slot (the engine compiles s1 once)
+        same = asyncio.create_task(post(proxy.url, structured(schema_named("s1")), b))
         release.set()
-        assert (await first)[0] == (await other)[0] == 200
+        assert (await first)[0] == (await other)[0] == (await same)[0] == 200
+        s1 = json.dumps(schema_named("s1"))
+        assert [body["sampling_params"]["json_schema"] for body in seen].count(s1) == 2
+        assert after_release[s1] is True  # the second s1 arrived after the release
         await eventually(lambda: ledger.compiling(a) == ledger.compiling(b) == 0)
         # s1 was answered: compiled, cheap for anyone, whatever the shares
+        await eventually(lambda: ledger.compiling(b) == 0)
         sent = len(seen)
         for _ in range(3):
             assert (await post(proxy.url, structured(schema_named("s1")), a))[0] == 200

@@ -17,7 +17,7 @@ validated body.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,9 +87,14 @@ GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 SAMPLING_GRAMMAR_FIELDS = (*GRAMMAR_FIELDS, "structural_tag")
 
 
-def engine_grammars(raw: Mapping[str, Any]) -> list[EngineGrammar]:
+def engine_grammars(
+    raw: Mapping[str, Any], served: Container[str] | None = None
+) -> list[EngineGrammar]:
     """Every grammar the (validated) body of a chat, completion or `/generate` request
-    asks the engine to compile."""
+    asks the engine to compile; `served`: the body's fields that reach the engine (the
+    others are dropped: they compile nothing), all when None."""
+    if served is not None:
+        raw = {name: value for name, value in raw.items() if name in served}
     found = [*_fields(raw, "", GRAMMAR_FIELDS), *_response_format(raw.get("response_format"))]
     found += _constrained_tools(raw)
     params = raw.get("sampling_params")

@@ -187,7 +187,7 @@ async def chat_relay(
     group = body.prompt_cache_key or ""
     async with (
         DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, raw),
+        GrammarShare(request, body, raw),
     ):
         return await passthrough(request, path, forwarded, set_rid=set_rid, job=job, group=group)
 
@@ -201,7 +201,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await chat_relay(request, body, raw, size)
     async with (
         DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, raw),
+        GrammarShare(request, body, raw),
     ):
         return await _chat_token_path(request, body, raw, size)
 
@@ -280,7 +280,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_prompt_size(request, size)
     async with (
         DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, raw),
+        GrammarShare(request, body, raw),
     ):
         return await _completions(request, body, raw, size)
 
@@ -337,7 +337,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     check_prompt_size(request, size)
     async with (
         DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, raw),
+        GrammarShare(request, body, raw),
     ):
         return await _generate(request, body, raw, size)
 

@@ -37,6 +37,8 @@ class GrammarLedger:
         self.max_compiles = max_compiles
         self.max_per_window = max_per_window
         self._known: OrderedDict[bytes, None] = OrderedDict()
+        # new grammars with a request in flight, and how many (bounded by those requests)
+        self._compiling: dict[bytes, int] = {}
         self._clients: dict[str, _Client] = {}
         self._swept_at = 0  # table size after the last sweep
 
@@ -48,6 +50,10 @@ class GrammarLedger:
         """`client`'s requests in flight with a new grammar."""
         entry = self._clients.get(client)
         return 0 if entry is None else entry.compiling
+
+    def being_compiled(self, key: bytes) -> bool:
+        """Whether a request carrying `key`, new to the engine, is in flight."""
+        return key in self._compiling
 
     def new(self, keys: Sequence[bytes]) -> list[bytes]:
         """The keys the engine has not compiled (as far as the proxy saw)."""
@@ -81,6 +87,8 @@ class GrammarLedger:
             )
         entry.compiling += 1
         entry.introduced.extend(now for _ in new)
+        for key in new:
+            self._compiling[key] = self._compiling.get(key, 0) + 1
         if len(self._clients) > 2 * max(self._swept_at, 1024):
             self._sweep(now)
         return None
@@ -93,6 +101,10 @@ class GrammarLedger:
             entry.compiling -= 1
             _expire(entry.introduced, now)
             self._forget_if_idle(client, entry)
+        for key in new:
+            left = self._compiling.pop(key, 1) - 1
+            if left > 0:
+                self._compiling[key] = left
         if compiled:
             for key in new:
                 self._known[key] = None

@@ -15,11 +15,13 @@ holds around the request's way to the engine.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Sequence
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from prism_proxy.api.structured import EngineGrammar, engine_grammars
 from prism_proxy.edge import state
@@ -40,38 +42,51 @@ def check_sizes(grammars: Sequence[EngineGrammar], limit_bytes: int) -> None:
             )
 
 
+# How often a request whose new grammars another request is compiling looks again.
+COMPILE_POLL_S = 0.02
+
+
 class GrammarShare:
     """The block around a request's way to the engine that holds its client's slot for
-    its new grammars (module docstring): 400 over `max_schema_bytes`, 429 with
-    Retry-After over the client's share; nothing held for a request without new
-    grammars. Leaving the block normally marks its grammars compiled."""
+    its new grammars (module docstring): 400 over `max_schema_bytes` (at once), 429 with
+    Retry-After over the client's share (on entering). A request whose new grammars are
+    all being compiled for another request waits in the proxy until that one is
+    answered, then goes as a cheap one (SGLang would compile them once more for each
+    request that arrives meanwhile). Nothing is held for a request without new
+    grammars; leaving the block normally marks its grammars compiled."""
 
-    __slots__ = ("_client", "_ledger", "_new")
+    __slots__ = ("_client", "_keys", "_ledger", "_new", "_retry_after_s")
 
-    def __init__(self, request: web.Request, raw: dict) -> None:
+    def __init__(self, request: web.Request, body: BaseModel, raw: dict) -> None:
         config = request.app[state.CONFIG]
-        grammars = engine_grammars(raw)
-        self._new: list[bytes] = []
-        if not grammars:
-            return
+        grammars = engine_grammars(raw, type(body).model_fields)
         check_sizes(grammars, config.max_schema_bytes)
-        ledger = self._ledger = request.app[state.STRUCTURED]
-        new = list(dict.fromkeys(ledger.new([g.key for g in grammars])))
-        if not new:
-            return
+        self._keys = list(dict.fromkeys(grammar.key for grammar in grammars))
+        self._ledger = request.app[state.STRUCTURED]
         self._client = client_key(request)
-        refusal = ledger.admit(self._client, new, time.monotonic())
-        if refusal is not None:
-            retry_after = max(config.retry_after_s, math.ceil(refusal.retry_after_s))
-            raise ApiError(
-                429,
-                refusal.message,
-                kind="rate_limit_exceeded",
-                headers={"Retry-After": str(retry_after)},
-            )
-        self._new = new
+        self._retry_after_s = config.retry_after_s
+        self._new: list[bytes] = []
 
     async def __aenter__(self) -> GrammarShare:
+        ledger = self._ledger
+        while self._keys:
+            new = ledger.new(self._keys)
+            if not new:
+                break
+            if all(ledger.being_compiled(key) for key in new):
+                await asyncio.sleep(COMPILE_POLL_S)  # until the other request is answered
+                continue
+            refusal = ledger.admit(self._client, new, time.monotonic())
+            if refusal is not None:
+                retry_after = max(self._retry_after_s, math.ceil(refusal.retry_after_s))
+                raise ApiError(
+                    429,
+                    refusal.message,
+                    kind="rate_limit_exceeded",
+                    headers={"Retry-After": str(retry_after)},
+                )
+            self._new = new
+            break
         return self
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:

@@ -69,7 +69,7 @@ async def test_slow_schemas_of_one_client_do_not_hold_another_clients_request(
     squatter, victim = client_from(proxy.url, SQUATTER), client_from(proxy.url, VICTIM)
     before = engine_requests(server)
     squat = [
-        asyncio.create_task(ask(squatter, slow_schema(12, f"{tag}-{i}"), f"s{i}")) for i in range(8)
+        asyncio.create_task(ask(squatter, slow_schema(16, f"{tag}-{i}"), f"s{i}")) for i in range(8)
     ]
     # two compile in the engine; the other six are refused at once
     await eventually(lambda: sum(task.done() for task in squat) == 6, timeout_s=60.0)

@@ -285,6 +285,7 @@ def create_app(config: ProxyConfig) -> web.Application:
     app[state.STRUCTURED] = GrammarLedger(
         config.max_client_grammar_compiles, config.max_client_grammars_per_minute
     )
+    app[state.COMPILED] = {}
     app[state.SHARING] = SharedPrefixes(config.share_min_clients, config.share_cache_bytes // 2)
     app[state.OWN] = OwnPrefixes(config.share_cache_bytes // 2)
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from prism_proxy.admission.driver import AdmissionController
@@ -41,3 +43,5 @@ SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients
 RENDERING = web.AppKey("rendering", RenderingCheck)  # the token path against the engine's rendering
 OWN = web.AppKey("own", OwnPrefixes)  # what each client sent, for its own reuse
 STRUCTURED = web.AppKey("structured", GrammarLedger)  # each client's new grammars
+# set when no request carrying the grammar (new to the engine) is in flight any more
+COMPILED = web.AppKey("compiled", dict[bytes, asyncio.Event])

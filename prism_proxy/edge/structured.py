@@ -7,7 +7,10 @@ client's request in the engine's grammar compiler, nor grow the engine without b
   most `max_client_grammar_compiles` requests of one client carrying one may be in
   flight at once, and at most `max_client_grammars_per_minute` new ones may come from
   one client within a minute; beyond either, 429 with Retry-After. A grammar the engine
-  has compiled (same text, `api.structured`) is cheap and always passes.
+  has compiled (same text, `api.structured`) is cheap and always passes;
+* a request whose new grammars are being compiled for another request waits in the
+  proxy for that one's answer (SGLang would start one more compilation of the same
+  grammar for each request arriving meanwhile), then passes as a cheap one.
 
 `edge.grammar_ledger` keeps the books, pure; `GrammarShare` is the block an endpoint
 holds around the request's way to the engine.
@@ -42,10 +45,6 @@ def check_sizes(grammars: Sequence[EngineGrammar], limit_bytes: int) -> None:
             )
 
 
-# How often a request whose new grammars another request is compiling looks again.
-COMPILE_POLL_S = 0.02
-
-
 class GrammarShare:
     """The block around a request's way to the engine that holds its client's slot for
     its new grammars (module docstring): 400 over `max_schema_bytes` (at once), 429 with
@@ -55,7 +54,7 @@ class GrammarShare:
     request that arrives meanwhile). Nothing is held for a request without new
     grammars; leaving the block normally marks its grammars compiled."""
 
-    __slots__ = ("_client", "_keys", "_ledger", "_new", "_retry_after_s")
+    __slots__ = ("_client", "_compiled", "_keys", "_ledger", "_new", "_retry_after_s")
 
     def __init__(self, request: web.Request, body: BaseModel, raw: dict) -> None:
         config = request.app[state.CONFIG]
@@ -63,6 +62,7 @@ class GrammarShare:
         check_sizes(grammars, config.max_schema_bytes)
         self._keys = list(dict.fromkeys(grammar.key for grammar in grammars))
         self._ledger = request.app[state.STRUCTURED]
+        self._compiled = request.app[state.COMPILED]
         self._client = client_key(request)
         self._retry_after_s = config.retry_after_s
         self._new: list[bytes] = []
@@ -74,7 +74,7 @@ class GrammarShare:
             if not new:
                 break
             if all(ledger.being_compiled(key) for key in new):
-                await asyncio.sleep(COMPILE_POLL_S)  # until the other request is answered
+                await self._compiled[new[0]].wait()  # until the other request is answered
                 continue
             refusal = ledger.admit(self._client, new, time.monotonic())
             if refusal is not None:
@@ -86,9 +86,15 @@ class GrammarShare:
                     headers={"Retry-After": str(retry_after)},
                 )
             self._new = new
+            for key in new:
+                self._compiled.setdefault(key, asyncio.Event())
             break
         return self
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if self._new:
-            self._ledger.finish(self._client, self._new, exc is None, time.monotonic())
+            ledger = self._ledger
+            ledger.finish(self._client, self._new, exc is None, time.monotonic())
+            for key in self._new:
+                if not ledger.being_compiled(key):
+                    self._compiled.pop(key).set()  # wakes the requests waiting for it

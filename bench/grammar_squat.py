@@ -30,7 +30,9 @@ from bench.engines import engine, proxy_args
 from loadgen.processes import run_server
 
 SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
-SLOW_PATTERN = "(([a-z]{1,30} ){1,30}){1,%d}"
+# Nested bounded repetitions; the innermost bound differs per schema and line, so that no
+# cache (SGLang's by text, xgrammar's by grammar) has seen a schema before.
+SLOW_PATTERN = "(([a-z]{1,%d} ){1,30}){1,%d}"
 UNGUARDED = ["--set", "max_client_grammar_compiles=1000",
              "--set", "max_client_grammars_per_minute=1000"]  # fmt: skip
 
@@ -53,18 +55,25 @@ async def post(url: str, address: str, body: dict[str, Any]) -> tuple[int, float
         return response.status_code, time.monotonic() - started
 
 
-async def squat(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    tag = secrets.token_hex(6)  # new to the engine's grammar cache
-    small = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+async def squat(url: str, args: argparse.Namespace, line: int) -> dict[str, Any]:
+    tag = secrets.token_hex(6)  # new to the engine's caches
+
+    def small(name: str) -> dict[str, Any]:
+        """A quick schema, new to the engine (its property's name is)."""
+        field = f"{name}_{tag}"
+        return {"type": "object", "properties": {field: {"type": "boolean"}}, "required": [field]}
+
     # the victim alone first, with a schema as new to the engine as the one it sends later
-    _, alone_s = await post(url, VICTIM, chat({**small, "description": f"{tag}-alone"}, "alone"))
+    _, alone_s = await post(url, VICTIM, chat(small("alone"), "alone"))
     slow = []
     for i in range(args.schemas):
-        schema = {"type": "string", "pattern": SLOW_PATTERN % args.depth}
-        slow.append(chat({**schema, "description": f"{tag}-{i}"}, f"s{i}"))
+        inner = 30 + line * args.schemas + i
+        slow.append(
+            chat({"type": "string", "pattern": SLOW_PATTERN % (inner, args.depth)}, f"s{i}")
+        )
     squatters = [asyncio.create_task(post(url, SQUATTER, body)) for body in slow]
     await asyncio.sleep(args.head_start_s)
-    status, victim_s = await post(url, VICTIM, chat({**small, "description": tag}, "victim"))
+    status, victim_s = await post(url, VICTIM, chat(small("beside"), "victim"))
     outcomes = await asyncio.gather(*squatters)
     statuses = Counter(code for code, _ in outcomes)
     last_s = max(seconds for _, seconds in outcomes)
@@ -83,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="grammar-squat-"))
     results: dict[str, dict[str, Any]] = {}
     with engine("sglang", work, args.sglang_python) as server:
-        for line in ("direct", "prism", "prism-unguarded"):
+        for number, line in enumerate(("direct", "prism", "prism-unguarded")):
             with contextlib.ExitStack() as stack:
                 url = server.url
                 if line != "direct":
@@ -92,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         serve += UNGUARDED
                     proxy = run_server("prism_proxy", serve, log_dir=work, name=line)
                     url = stack.enter_context(proxy).url
-                results[line] = asyncio.run(squat(url, args))
+                results[line] = asyncio.run(squat(url, args, number))
             print(f"  {line}: {results[line]}", file=sys.stderr, flush=True)
     print(
         f"\ngrammar squat on SGLang: {args.schemas} slow schemas (depth {args.depth}) from "

@@ -141,18 +141,16 @@ def schema_named(name: str) -> dict:
     return {"type": "object", "properties": {name: {"type": "string"}}}
 
 
-async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_served() -> None:
-    """A backend that holds every answer until told: client A's request with a new
-    schema is in flight (compiling, as far as the proxy can tell), so A's next new one
-    gets 429; client B's new one passes; once answered, A's schema is cheap."""
-    release = asyncio.Event()
-    seen: list[dict] = []
-    after_release: dict[str, bool] = {}  # schema text: whether it arrived after the release
+def holding_backend(
+    release: asyncio.Event, seen: list[dict], arrived: list[tuple[str, bool]]
+) -> web.Application:
+    """A backend whose `/generate` records each body, and its schema with whether it
+    arrived after `release` was set, then holds its answer until `release`."""
 
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append(body)
-        after_release[body["sampling_params"]["json_schema"]] = release.is_set()
+        arrived.append((body["sampling_params"]["json_schema"], release.is_set()))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await release.wait()
@@ -164,6 +162,17 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
 
     backend = web.Application()
     backend.router.add_post("/generate", generate)
+    return backend
+
+
+async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_served() -> None:
+    """A backend that holds every answer until told: client A's request with a new
+    schema is in flight (compiling, as far as the proxy can tell), so A's next new one
+    gets 429; client B's new one passes; once answered, A's schema is cheap."""
+    release = asyncio.Event()
+    seen: list[dict] = []
+    arrived: list[tuple[str, bool]] = []
+    backend = holding_backend(release, seen, arrived)
     a, b = "127.0.0.2", "127.0.0.3"
     async with (
         loopback_app(backend) as url,
@@ -188,8 +197,7 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
         release.set()
         assert (await first)[0] == (await other)[0] == (await same)[0] == 200
         s1 = json.dumps(schema_named("s1"))
-        assert [body["sampling_params"]["json_schema"] for body in seen].count(s1) == 2
-        assert after_release[s1] is True  # the second s1 arrived after the release
+        assert [after for text, after in arrived if text == s1] == [False, True]
         await eventually(lambda: ledger.compiling(a) == ledger.compiling(b) == 0)
         # s1 was answered: compiled, cheap for anyone, whatever the shares
         await eventually(lambda: ledger.compiling(b) == 0)
@@ -209,3 +217,27 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
         assert status == 400 and answer["error"]["param"] == "sampling_params.json_schema"
         assert "max_schema_bytes" in answer["error"]["message"]
         assert len(seen) == sent + 5  # none of the refused reached the engine
+
+
+async def test_a_fleet_with_the_same_new_schema_compiles_it_once_and_none_is_refused() -> None:
+    """20 requests at once from one client with one new schema (agents starting with
+    the same tools): the first goes to the engine; the others wait in the proxy for its
+    answer, then go as compiled. None gets 429, though the client's share is one."""
+    release = asyncio.Event()
+    seen: list[dict] = []
+    arrived: list[tuple[str, bool]] = []
+    backend = holding_backend(release, seen, arrived)
+    async with (
+        loopback_app(backend) as url,
+        running_proxy(url, tokenizer="builtin", max_client_grammar_compiles=1) as proxy,
+    ):
+        ledger = proxy.app[state.STRUCTURED]
+        body = structured(schema_named("tools"))
+        fleet = [asyncio.create_task(post(proxy.url, body, "127.0.0.2")) for _ in range(20)]
+        await eventually(lambda: len(seen) == 1 and ledger.compiling("127.0.0.2") == 1)
+        release.set()
+        statuses = [status for status, _, _ in await asyncio.gather(*fleet)]
+        assert statuses == [200] * 20
+        # only the first reached the engine before its answer; the others after it
+        assert [after for _, after in arrived] == [False] + [True] * 19
+        await eventually(lambda: not proxy.app[state.COMPILED] and len(ledger) <= 1)

@@ -5,8 +5,9 @@ Each line gets a fresh engine-cache tag. The squatter (127.0.0.2) sends `--schem
 chats at once, each with its own slow schema (nested bounded repetitions in a
 `pattern`, `--depth`); after `--head-start-s` the victim (127.0.0.1) sends one chat
 with a small new schema, and its latency is measured. Lines: straight to SGLang
-(`direct`), through the proxy at its defaults (`prism`), and through the proxy with the
-per-client grammar shares lifted (`prism-unguarded`). Prints a markdown table.
+(`direct`), through the proxy at its defaults (`prism`), with one new grammar a client
+at a time (`prism-1-compile`), and with the per-client grammar shares lifted
+(`prism-unguarded`). Prints a markdown table.
 
     python -m bench.grammar_squat [--depth 12] [--schemas 8]
 """
@@ -33,8 +34,13 @@ SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
 # Nested bounded repetitions; the innermost bound differs per schema and line, so that no
 # cache (SGLang's by text, xgrammar's by grammar) has seen a schema before.
 SLOW_PATTERN = "(([a-z]{1,%d} ){1,30}){1,%d}"
-UNGUARDED = ["--set", "max_client_grammar_compiles=1000",
-             "--set", "max_client_grammars_per_minute=1000"]  # fmt: skip
+# Settings of each proxy line beyond its defaults.
+LINES = {
+    "prism": [],
+    "prism-1-compile": ["--set", "max_client_grammar_compiles=1"],
+    "prism-unguarded": ["--set", "max_client_grammar_compiles=1000",
+                        "--set", "max_client_grammars_per_minute=1000"],
+}  # fmt: skip
 
 
 def chat(schema: dict[str, Any], name: str) -> dict[str, Any]:
@@ -92,13 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="grammar-squat-"))
     results: dict[str, dict[str, Any]] = {}
     with engine("sglang", work, args.sglang_python) as server:
-        for number, line in enumerate(("direct", "prism", "prism-unguarded")):
+        for number, line in enumerate(("direct", *LINES)):
             with contextlib.ExitStack() as stack:
                 url = server.url
                 if line != "direct":
-                    serve = proxy_args("sglang", server.url)
-                    if line == "prism-unguarded":
-                        serve += UNGUARDED
+                    serve = proxy_args("sglang", server.url) + LINES[line]
                     proxy = run_server("prism_proxy", serve, log_dir=work, name=line)
                     url = stack.enter_context(proxy).url
                 results[line] = asyncio.run(squat(url, args, number))

@@ -27,13 +27,13 @@ pytestmark = pytest.mark.sglang
 SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
 # Nested bounded repetitions: xgrammar expands them into a large automaton. Alone on
 # this CPU, depth 10 compiled in 3 s, 20 in 14.5 s (xgrammar 0.2.7, the tiny model's
-# 8,192-token vocabulary); `description` makes each schema distinct to the engine's
-# cache without changing the work.
-SLOW_PATTERN = "(([a-z]{1,30} ){1,30}){1,%d}"
+# 8,192-token vocabulary). The innermost bound differs per schema, so that neither
+# SGLang's cache (by text) nor xgrammar's (by grammar) has seen one before.
+SLOW_PATTERN = "(([a-z]{1,%d} ){1,30}){1,%d}"
 
 
-def slow_schema(depth: int, tag: str) -> dict:
-    return {"type": "string", "pattern": SLOW_PATTERN % depth, "description": tag}
+def slow_schema(index: int, depth: int) -> dict:
+    return {"type": "string", "pattern": SLOW_PATTERN % (30 + index, depth)}
 
 
 def client_from(url: str, address: str) -> openai.AsyncOpenAI:
@@ -69,7 +69,7 @@ async def test_slow_schemas_of_one_client_do_not_hold_another_clients_request(
     squatter, victim = client_from(proxy.url, SQUATTER), client_from(proxy.url, VICTIM)
     before = engine_requests(server)
     squat = [
-        asyncio.create_task(ask(squatter, slow_schema(16, f"{tag}-{i}"), f"s{i}")) for i in range(8)
+        asyncio.create_task(ask(squatter, slow_schema(i, depth=16), f"s{i}")) for i in range(8)
     ]
     # two compile in the engine; the other six are refused at once
     await eventually(lambda: sum(task.done() for task in squat) == 6, timeout_s=60.0)
@@ -81,8 +81,8 @@ async def test_slow_schemas_of_one_client_do_not_hold_another_clients_request(
     compiling = [task for task in squat if not task.done()]
     assert ledger.compiling(SQUATTER) == 2
     started = time.monotonic()
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "description": tag}  # fmt: skip
+    field = f"ok_{tag}"  # new to both caches
+    schema = {"type": "object", "properties": {field: {"type": "boolean"}}, "required": [field]}
     answer = await ask(victim, schema, "victim")
     elapsed_s = time.monotonic() - started
     # answered while the squatter's two grammars still compile: not held behind them

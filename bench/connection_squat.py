@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--every-s", type=float, default=0.5)
     parser.add_argument("--before", type=Path, default=None, help="an older checkout")
+    parser.add_argument(
+        "--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+        help="a proxy setting for every line (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the squatter's sockets
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             cwd = args.before if line == "prism-before" else None
             serve = proxy_args("sim", sim.url)
+            for setting in args.settings:
+                serve += ["--set", setting]
             with contextlib.ExitStack() as stack:
                 proxy = stack.enter_context(
                     run_server("prism_proxy", serve, log_dir=work, name=line, cwd=cwd)

@@ -109,12 +109,13 @@ class ProxyConfig:
     shutdown_timeout_s: float = 30.0
     retry_after_s: int = 1
     log_level: str = "info"
-    # One client's share of what all clients share (docs/limits.md): connections, and
-    # the engine's grammar compiler (a schema's size, new grammars at once and per minute).
+    # --- one client's share (docs/limits.md): connections, and the engine's grammar
+    # compiler (a schema's size, new grammars at once and per minute) ---
     max_client_connections: int | None = None
     max_schema_bytes: int = 32 * 1024
     max_client_grammar_compiles: int = 2
     max_client_grammars_per_minute: int = 10
+    # --- end of one client's share ---
     qas: QasParams = field(default_factory=lambda: qas_params(DEFAULT_QAS_VARIANT))
     # Derived from `extraction` once, not per request: the layouts looked for in
     # requests without hints (none: off).
@@ -343,6 +344,7 @@ _HELP = {
     "shutdown_timeout_s": "seconds to drain in-flight requests on shutdown",
     "retry_after_s": "Retry-After seconds sent with 429",
     "log_level": "debug|info|warning|error",
+    # --- one client's share ---
     "max_client_connections": "client connections one client (peer address) may hold open "
     "(503 and close above; auto: half of max_connections; behind a reverse proxy every "
     "client is its address: raise it to max_connections)",
@@ -352,6 +354,7 @@ _HELP = {
     "compiled yet that may be in flight at once (429 with Retry-After above)",
     "max_client_grammars_per_minute": "grammars new to the engine one client may introduce "
     "per minute (each grows the engine's grammar cache; 429 with Retry-After above)",
+    # --- end of one client's share ---
 }
 _QAS_HELP = {
     "f_front": "QAS f_front: segments moved to the front",

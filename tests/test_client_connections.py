@@ -44,3 +44,21 @@ def test_equal_holders_do_not_trade_slots() -> None:
     table.opened("b", "b1")
     assert table.reclaimable("b") is None  # b would hold 2, as many as a
     assert table.reclaimable("c") == "a1"
+
+
+def test_among_many_small_holders_the_big_one_is_found_and_the_table_empties() -> None:
+    table = ClientConnections[str](max_per_client=100)
+    for i in range(200):  # many addresses holding one connection each
+        table.opened(f"10.0.{i // 256}.{i % 256}", f"c{i}")
+    assert table.reclaimable("new") is None  # nobody holds more than 1 + 1
+    for k in range(5):
+        table.opened("big", f"big{k}")
+    assert table.reclaimable("new") == "big0"
+    for k in range(5):
+        table.busy("big", f"big{k}")
+    assert table.reclaimable("new") is None  # its requests are under way
+    for i in range(200):
+        table.closed(f"10.0.{i // 256}.{i % 256}", f"c{i}")
+    for k in range(5):
+        table.closed("big", f"big{k}")
+    assert len(table) == 0 and table.count("big") == 0

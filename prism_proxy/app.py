@@ -37,6 +37,7 @@ from prism_proxy.edge.endpoints import add_routes
 from prism_proxy.edge.endpoints import metrics as metrics_handler
 from prism_proxy.edge.errors import error_middleware
 from prism_proxy.edge.forwarded import add_routes as add_forwarded_routes
+from prism_proxy.edge.grammar_ledger import GrammarLedger
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.edge.probes import add_probe_routes
 from prism_proxy.edge.readiness import READINESS, add_readiness_routes
@@ -320,6 +321,10 @@ def create_app(config: ProxyConfig) -> web.Application:
     app[state.METRICS] = metrics = ProxyMetrics.create()
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()
+    app[state.STRUCTURED] = GrammarLedger(
+        config.max_client_grammar_compiles, config.max_client_grammars_per_minute
+    )
+    app[state.COMPILED] = {}
     app[state.SHARING] = SharedPrefixes(config.share_min_clients, config.share_cache_bytes // 2)
     app[state.OWN] = OwnPrefixes(config.share_cache_bytes // 2)
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))

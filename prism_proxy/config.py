@@ -35,7 +35,7 @@ ENV_PREFIX = "PRISM_"
 # Settings whose value may be automatic (None, written "auto").
 AUTOMATIC = (
     "prefill_batch", "max_inflight", "backend_replicas", "max_decode_tokens",
-    "max_client_decode_tokens",
+    "max_client_decode_tokens", "max_client_connections",
 )  # fmt: skip
 # The settings with a flag of their own; every other one is `--set KEY=VALUE`.
 FLAGS = (
@@ -125,6 +125,13 @@ class ProxyConfig:
     access_log: str = "off"
     tracing: str = "auto"
     # --- end of probes and tracing ---
+    # --- one client's share (docs/limits.md): connections, and the engine's grammar
+    # compiler (a schema's size, new grammars at once and per minute) ---
+    max_client_connections: int | None = None
+    max_schema_bytes: int = 32 * 1024
+    max_client_grammar_compiles: int = 2
+    max_client_grammars_per_minute: int = 10
+    # --- end of one client's share ---
     qas: QasParams = field(default_factory=lambda: qas_params(DEFAULT_QAS_VARIANT))
     # Derived from `extraction` once, not per request: the layouts looked for in
     # requests without hints (none: off).
@@ -178,7 +185,8 @@ class ProxyConfig:
             "segment_cache_bytes", "head_cache_bytes", "chat_cache_bytes", "header_timeout_s",
             "body_timeout_s", "keepalive_timeout_s", "send_timeout_s", "max_connections",
             "evidence_cache_bytes", "max_answer_bytes", "share_min_clients", "share_cache_bytes",
-            "backend_timeout_s",
+            "backend_timeout_s", "max_schema_bytes", "max_client_grammar_compiles",
+            "max_client_grammars_per_minute",
         )  # fmt: skip
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
@@ -239,6 +247,14 @@ class ProxyConfig:
         if self.backend_replicas is not None:
             return self.backend_replicas
         return max(1, len(self.control_urls))
+
+    @property
+    def client_connections(self) -> int:
+        """One client's connection cap: `max_client_connections`, else (auto) half of
+        `max_connections`."""
+        if self.max_client_connections is not None:
+            return self.max_client_connections
+        return max(1, self.max_connections // 2)
 
     @property
     def window_s(self) -> float:
@@ -379,6 +395,17 @@ _HELP = {
     "token, end): auto (when opentelemetry-api is installed, the 'otel' extra, and a tracer "
     "provider is configured at start) or off",
     # --- end of probes and tracing ---
+    # --- one client's share ---
+    "max_client_connections": "client connections one client (peer address) may hold open "
+    "(503 and close above; auto: half of max_connections; behind a reverse proxy every "
+    "client is its address: raise it to max_connections)",
+    "max_schema_bytes": "largest JSON schema (response_format, json_schema, a strict tool's "
+    "parameters) or grammar a request may ask the engine to compile (400 above)",
+    "max_client_grammar_compiles": "requests of one client whose grammar the engine has not "
+    "compiled yet that may be in flight at once (429 with Retry-After above)",
+    "max_client_grammars_per_minute": "grammars new to the engine one client may introduce "
+    "per minute (each grows the engine's grammar cache; 429 with Retry-After above)",
+    # --- end of one client's share ---
 }
 _QAS_HELP = {
     "f_front": "QAS f_front: segments moved to the front",

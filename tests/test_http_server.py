@@ -72,12 +72,16 @@ def parse_answer(data: bytes) -> Answer:
 
 @contextlib.asynccontextmanager
 async def connection(
-    proxy_url: str, *, rcvbuf: int | None = None
+    proxy_url: str, *, rcvbuf: int | None = None, source: str | None = None
 ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw connection to the proxy; `source`: the client's own loopback address
+    (127.0.0.2 is another client than 127.0.0.1)."""
     host, port = proxy_url.removeprefix("http://").rsplit(":", 1)
     sock = socket.socket()
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    if source is not None:
+        sock.bind((source, 0))
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
     reader, writer = await asyncio.open_connection(sock=sock)
@@ -259,7 +263,9 @@ async def test_unread_stream_is_aborted(sim_url) -> None:
 
 # --- the connection cap -------------------------------------------------------------------
 async def test_connections_over_the_cap_get_503_and_close(sim_url) -> None:
-    async with running_proxy(sim_url, max_connections=3, retry_after_s=2) as proxy:
+    async with running_proxy(
+        sim_url, max_connections=3, max_client_connections=3, retry_after_s=2
+    ) as proxy:
         async with contextlib.AsyncExitStack() as held:
             for _ in range(3):
                 await held.enter_async_context(connection(proxy.url))
@@ -293,6 +299,101 @@ def test_fd_budget_raises_the_soft_limit_or_lowers_the_cap(monkeypatch, caplog) 
         assert fd_budget(4096) == (2048 - FD_SLACK) // 2
     assert limits["soft"] == 2048
     assert "serving at most" in caplog.text
+
+
+# --- per-client connection caps -------------------------------------------------------------
+SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"  # two clients on loopback
+
+
+async def health_once(proxy: RunningProxy, source: str) -> int:
+    """One `GET /health` on a fresh connection from `source`: the answer's status."""
+    async with connection(proxy.url, source=source) as (reader, writer):
+        writer.write(head("GET", "/health", "Connection: close"))
+        data, _ = await read_to_close(reader)
+    return parse_answer(data).status if data else 0
+
+
+def clients_counted(proxy: RunningProxy) -> int:
+    server = proxy.runner.server
+    assert isinstance(server, http_server.ProxyServer)
+    return len(server.clients)
+
+
+async def test_a_client_over_its_cap_gets_503_and_another_client_is_served(sim_url) -> None:
+    async with running_proxy(
+        sim_url, max_connections=6, max_client_connections=2, retry_after_s=3
+    ) as proxy:
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(2):
+                await held.enter_async_context(connection(proxy.url, source=SQUATTER))
+            await eventually(lambda: open_connections(proxy) == 2)
+            async with connection(proxy.url, source=SQUATTER) as (reader, _):
+                data, elapsed = await read_to_close(reader)
+            answer = parse_answer(data)
+            assert answer.status == 503 and answer.error()["type"] == "service_unavailable"
+            assert answer.headers["retry-after"] == "3" and answer.headers["connection"] == "close"
+            assert elapsed < BOUND_S  # at once, not at the header timeout
+            assert open_connections(proxy) == 2
+            assert await health_once(proxy, VICTIM) == 200
+        await eventually(lambda: all_closed(proxy) and clients_counted(proxy) == 0)
+
+
+async def test_a_squatter_reopening_past_its_cap_leaves_another_client_served(sim_url) -> None:
+    """The must-show of issue 36: one client holding more idle connections than its cap
+    (reopening each one the proxy closes) beside another client: >= 95 % of the other's
+    requests are served. Without the per-client cap the squatter holds every slot."""
+    max_connections, wanted = 32, 60  # the squatter tries to hold 60; its cap is 32 / 2
+    async with running_proxy(sim_url, max_connections=max_connections) as proxy:
+        refused = 0
+
+        async def squat() -> None:
+            nonlocal refused
+            while True:  # hold a connection; when the proxy closes it, open another
+                with contextlib.suppress(ConnectionError):
+                    async with connection(proxy.url, source=SQUATTER) as (reader, _):
+                        data, _ = await read_to_close(reader)
+                        refused += data.startswith(b"HTTP/1.1 503")
+                await asyncio.sleep(0.01)
+
+        squatters = [asyncio.create_task(squat()) for _ in range(wanted)]
+        try:
+            await eventually(lambda: open_connections(proxy) == max_connections // 2)
+            await eventually(lambda: refused >= wanted)  # it keeps reopening
+            statuses = [await health_once(proxy, VICTIM) for _ in range(40)]
+            assert refused > wanted  # still reopening while the victim asked
+        finally:
+            for task in squatters:
+                task.cancel()
+            await asyncio.gather(*squatters, return_exceptions=True)
+        served = statuses.count(200)
+        assert served >= 0.95 * len(statuses), statuses
+        await eventually(lambda: all_closed(proxy) and clients_counted(proxy) == 0)
+
+
+async def test_at_the_proxy_cap_an_idle_connection_of_the_biggest_holder_is_closed(
+    sim_url,
+) -> None:
+    """Every slot held by one client (its cap as large as the proxy's, e.g. many
+    addresses behind it): a newcomer gets the slot of the squatter's oldest idle
+    connection; connections with a request under way are never closed for it."""
+    async with running_proxy(sim_url, max_connections=4, max_client_connections=4) as proxy:
+        async with contextlib.AsyncExitStack() as held:
+            oldest = await held.enter_async_context(connection(proxy.url, source=SQUATTER))
+            for _ in range(3):
+                await held.enter_async_context(connection(proxy.url, source=SQUATTER))
+            await eventually(lambda: open_connections(proxy) == 4)
+            assert await health_once(proxy, VICTIM) == 200
+            data, _ = await read_to_close(oldest[0])  # closed without an answer
+            assert data == b""
+        await eventually(lambda: all_closed(proxy))
+        async with contextlib.AsyncExitStack() as held:
+            for _ in range(4):  # each with a request under way (a head in pieces)
+                _, writer = await held.enter_async_context(connection(proxy.url, source=SQUATTER))
+                writer.write(b"GET /health HTTP/1.1\r\n")
+            await eventually(lambda: open_connections(proxy) == 4)
+            async with connection(proxy.url, source=VICTIM) as (reader, _):
+                data, _ = await read_to_close(reader)
+            assert parse_answer(data).status == 503
 
 
 # --- Expect, versions, errors -------------------------------------------------------------

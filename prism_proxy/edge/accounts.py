@@ -14,3 +14,12 @@ from aiohttp import web
 def client_key(request: web.Request) -> str:
     """The account a request's client is counted under: its peer address ("" unknown)."""
     return request.remote or ""
+
+
+def connection_key(peername: object) -> str:
+    """The account a connection is counted under before any request could name one
+    (`edge.connections`): its peer address, as `request.remote` gives it ("" for a
+    Unix socket)."""
+    if isinstance(peername, tuple) and peername:
+        return str(peername[0])
+    return ""

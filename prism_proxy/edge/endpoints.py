@@ -33,6 +33,7 @@ from prism_proxy.edge.openai_format import (
     ResponseFormat,
 )
 from prism_proxy.edge.relay import passthrough, token_path
+from prism_proxy.edge.structured import GrammarShare
 from prism_proxy.prompts.conversation import chat_job, find_turns, turns_job
 from prism_proxy.prompts.jobs import (
     Finding,
@@ -184,7 +185,10 @@ async def chat_relay(
     path = "/v1/chat/completions"
     set_rid = (body.n or 1) == 1
     group = body.prompt_cache_key or ""
-    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+    async with (
+        DecodeShare(request, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, body, raw),
+    ):
         return await passthrough(request, path, forwarded, set_rid=set_rid, job=job, group=group)
 
 
@@ -203,7 +207,10 @@ async def serve_chat(
     check_prompt_size(request, size)
     if body.passthrough_reason() is not None:
         return await chat_relay(request, body, raw, size)
-    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+    async with (
+        DecodeShare(request, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, body, raw),
+    ):
         return await _chat_token_path(request, body, raw, size)
 
 
@@ -279,7 +286,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body, raw = await read_body(request, CompletionRequest)
     size = body.prompt_size()
     check_prompt_size(request, size)
-    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+    async with (
+        DecodeShare(request, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, body, raw),
+    ):
         return await _completions(request, body, raw, size)
 
 
@@ -333,7 +343,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body, raw = await read_body(request, GenerateRequest)
     size = body.prompt_size()
     check_prompt_size(request, size)
-    async with DecodeShare(request, body.decode_ask(), stream=body.stream):
+    async with (
+        DecodeShare(request, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, body, raw),
+    ):
         return await _generate(request, body, raw, size)
 
 

@@ -3,6 +3,8 @@ policy. One job: what a client connection may do, before and around the handlers
 
 * time limits (`clock`): headers, body, keep-alive idle, responses left unread;
 * a cap on client connections: 503 and close above it, the open-file limit raised to fit;
+  a cap per client (peer address, `edge.connections`), and at the proxy's cap an idle
+  connection of the client holding the most closed for a newcomer holding fewer;
 * HTTP/1.0 and 1.1 only; `Expect: 100-continue` with a declared body over the limit gets
   413 at once (no "100 Continue"), other `Expect` values 417;
 * every error at this level is OpenAI-style JSON (`errors`).
@@ -33,7 +35,9 @@ from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
 
 from prism_proxy.config import ProxyConfig
+from prism_proxy.edge.accounts import connection_key
 from prism_proxy.edge.clock import ConnectionClock, ConnectionLimits, Expiry
+from prism_proxy.edge.connections import ClientConnections
 from prism_proxy.edge.errors import RequestTimeout, error_response, parser_error, raw_error
 
 log = logging.getLogger(__name__)
@@ -49,12 +53,14 @@ HEAD_SNIFF_BYTES = 8192  # bytes of a pending head kept to tell an HTTP/0.9 line
 @dataclass(frozen=True, slots=True)
 class ConnectionPolicy:
     """What a client connection may do (from `ProxyConfig`; `max_connections` is the
-    effective cap, which `fd_budget` may have lowered)."""
+    effective cap, which `fd_budget` may have lowered; `max_client_connections` is one
+    client's, at most that)."""
 
     limits: ConnectionLimits
     max_connections: int
     max_body_bytes: int
     retry_after_s: int
+    max_client_connections: int
 
     @classmethod
     def from_config(cls, config: ProxyConfig, max_connections: int) -> ConnectionPolicy:
@@ -64,7 +70,8 @@ class ConnectionPolicy:
             keepalive_s=config.keepalive_timeout_s,
             send_s=config.send_timeout_s,
         )
-        return cls(limits, max_connections, config.max_body_bytes, config.retry_after_s)
+        per_client = min(config.client_connections, max_connections)
+        return cls(limits, max_connections, config.max_body_bytes, config.retry_after_s, per_client)
 
 
 def fd_budget(max_connections: int) -> int:
@@ -104,10 +111,12 @@ class ProxyProtocol(web_protocol.RequestHandler):
     __slots__ = (
         "_active",
         "_body",
+        "_client",
         "_clock",
         "_close_after",
         "_conn",
         "_head",
+        "_idle",
         "_proxy_server",
         "_rejected",
         "_timer",
@@ -125,15 +134,23 @@ class ProxyProtocol(web_protocol.RequestHandler):
         self._head = b""  # the start of a pending head (HTTP/0.9 detection)
         self._close_after = False  # close once the current response is written
         self._rejected = False
+        self._client: str | None = None  # whom it is counted under, while it is counted
+        self._idle = True  # no request under way (the per-client table's view)
 
     # --- asyncio's protocol interface -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._proxy_server
         conn = cast(asyncio.Transport, transport)
-        if server.open_connections >= server.policy.max_connections:
-            self._reject(conn)
+        client = connection_key(conn.get_extra_info("peername"))
+        if not server.clients.admits(client):
+            self._reject(conn, "client")
+            return
+        if server.open_connections >= server.policy.max_connections and not server.reclaim(client):
+            self._reject(conn, "proxy")
             return
         server.open_connections += 1
+        server.clients.opened(client, self)
+        self._client = client
         self._conn = conn
         super().connection_made(transport)
         self._clock = ConnectionClock(server.policy.limits, self._loop.time())
@@ -148,9 +165,8 @@ class ProxyProtocol(web_protocol.RequestHandler):
                 self._proxy_server.lingering -= 1
                 self._conn = None
             return
-        if self._conn is not None:
-            self._proxy_server.open_connections -= 1
-            self._conn = None
+        self.uncount()
+        self._conn = None
         self._clock = None
         self._body = self._active = None
         super().connection_lost(exc)
@@ -164,6 +180,10 @@ class ProxyProtocol(web_protocol.RequestHandler):
         now = self._loop.time()
         if data and self._body is None:
             clock.head_bytes(now)
+            if self._idle:
+                self._idle = False
+                if self._client is not None:
+                    self._proxy_server.clients.busy(self._client, self)
             head = self._head
             if not head:
                 self._head = data  # usually the whole head: kept without a copy
@@ -200,6 +220,9 @@ class ProxyProtocol(web_protocol.RequestHandler):
             elif self._clock is not None and not self._messages:
                 self._clock.response_ended(self._loop.time())
                 self._rearm()
+                self._idle = True
+                if self._client is not None:
+                    self._proxy_server.clients.idle(self._client, self)
 
     def handle_error(
         self,
@@ -231,15 +254,30 @@ class ProxyProtocol(web_protocol.RequestHandler):
     def close_after_response(self) -> None:
         self._close_after = True
 
+    # --- the server's calls -------------------------------------------------------------
+    def uncount(self) -> None:
+        """Give up this connection's slot (at once when reclaimed; else when lost)."""
+        if self._client is not None:
+            server = self._proxy_server
+            server.open_connections -= 1
+            server.clients.closed(self._client, self)
+            self._client = None
+
+    def reclaim(self) -> None:
+        """Close this idle connection for another client's (its slot is free now)."""
+        log.debug("closing an idle connection of a client holding many for another client")
+        self.uncount()
+        self._close_now()
+
     # --- internals ----------------------------------------------------------------------
-    def _reject(self, conn: asyncio.Transport) -> None:
-        """Over the cap: 503 without reading a request, and close. The answer is
-        followed by a FIN; what the client sent meanwhile is read and dropped for
-        `REJECT_LINGER_S`, so that the close does not reset the connection before the
-        client has read the 503."""
+    def _reject(self, conn: asyncio.Transport, cap: str) -> None:
+        """Over the proxy's cap or the client's (`cap`): 503 without reading a request,
+        and close. The answer is followed by a FIN; what the client sent meanwhile is
+        read and dropped for `REJECT_LINGER_S`, so that the close does not reset the
+        connection before the client has read the 503."""
         self._rejected = True
         server = self._proxy_server
-        server.note_refusal()
+        server.note_refusal(cap)
         conn.write(server.over_cap_answer)
         if server.lingering >= MAX_LINGERING or not conn.can_write_eof():
             conn.close()
@@ -361,8 +399,9 @@ class ProxyServer(web.Server):
         self._protocol_loop = loop
         self._protocol_kwargs = protocol_kwargs
         self.open_connections = 0
+        self.clients = ClientConnections[ProxyProtocol](policy.max_client_connections)
         self.lingering = 0
-        self._refusal_logged_at = -math.inf
+        self._refusal_logged_at = {"proxy": -math.inf, "client": -math.inf}
         retry_after = {"Retry-After": str(policy.retry_after_s)}
         self.over_cap_answer = raw_error(503, "too many connections; retry later", retry_after)
         self.version_answer = raw_error(505)
@@ -373,14 +412,32 @@ class ProxyServer(web.Server):
     def __call__(self) -> ProxyProtocol:
         return ProxyProtocol(self, loop=self._protocol_loop, **self._protocol_kwargs)
 
-    def note_refusal(self) -> None:
+    def note_refusal(self, cap: str) -> None:
+        """Log a refusal over `cap` ("proxy" or "client"), at most every 10 s each."""
         now = self._protocol_loop.time()
-        if now - self._refusal_logged_at >= 10.0:
-            self._refusal_logged_at = now
+        if now - self._refusal_logged_at[cap] < 10.0:
+            return
+        self._refusal_logged_at[cap] = now
+        if cap == "client":
+            log.warning(
+                "a client holds %d connections (max_client_connections): refusing its new "
+                "ones with 503",
+                self.policy.max_client_connections,
+            )
+        else:
             log.warning(
                 "%d client connections open (the cap): refusing new ones with 503",
                 self.policy.max_connections,
             )
+
+    def reclaim(self, client: str) -> bool:
+        """At the cap: close an idle connection of the client holding the most, for
+        `client` (`ClientConnections.reclaimable`); False when none may go."""
+        victim = self.clients.reclaimable(client)
+        if victim is None:
+            return False
+        victim.reclaim()
+        return True
 
     async def gate(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every request passes here before the application: refusals at the HTTP

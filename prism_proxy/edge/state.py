@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from prism_proxy.admission.driver import AdmissionController
@@ -12,6 +14,7 @@ from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.bodies import JsonParser
+from prism_proxy.edge.grammar_ledger import GrammarLedger
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
@@ -39,3 +42,6 @@ RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client deco
 SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients may see
 RENDERING = web.AppKey("rendering", RenderingCheck)  # the token path against the engine's rendering
 OWN = web.AppKey("own", OwnPrefixes)  # what each client sent, for its own reuse
+STRUCTURED = web.AppKey("structured", GrammarLedger)  # each client's new grammars
+# set when no request carrying the grammar (new to the engine) is in flight any more
+COMPILED = web.AppKey("compiled", dict[bytes, asyncio.Event])

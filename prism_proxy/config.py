@@ -30,6 +30,9 @@ RESIDENCY_SOURCES = ("auto", "dart", "view")
 GRAMMAR_POLICIES = ("off", "checked", "on")
 TOKENIZER_MISMATCH = ("refuse", "forward")  # what a tokenizer unlike the engine's leads to
 ENV_PREFIX = "PRISM_"
+# Settings that hold secrets: never from the command line (`--set`), only the
+# environment or a config file.
+SECRET_SETTINGS = ("api_keys",)
 # Settings whose value may be automatic (None, written "auto").
 AUTOMATIC = (
     "prefill_batch", "max_inflight", "backend_replicas", "max_decode_tokens",
@@ -108,6 +111,14 @@ class ProxyConfig:
     health_interval_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     retry_after_s: int = 1
+    # Client API keys and per-key limits (docs/keys.md). `api_keys` is a secret: from the
+    # environment (PRISM_API_KEYS) or the config file only, never the command line.
+    api_keys_file: str | None = None
+    api_keys: str | None = field(default=None, repr=False)
+    key_max_inflight: int = 0
+    key_max_queued: int = 0
+    key_tokens_per_minute: int = 0
+    fair_share: bool = True
     log_level: str = "info"
     qas: QasParams = field(default_factory=lambda: qas_params(DEFAULT_QAS_VARIANT))
     # Derived from `extraction` once, not per request: the layouts looked for in
@@ -158,6 +169,7 @@ class ProxyConfig:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
         for name in (
             "window_ms", "protect", "health_interval_s", "retry_after_s", "rendering_check_every",
+            "key_max_inflight", "key_max_queued", "key_tokens_per_minute",
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
@@ -327,6 +339,19 @@ _HELP = {
     "health_interval_s": "seconds between backend health probes (0: only at start)",
     "shutdown_timeout_s": "seconds to drain in-flight requests on shutdown",
     "retry_after_s": "Retry-After seconds sent with 429",
+    "api_keys_file": "file of accepted client API keys, one sha256:<hex> digest a line with "
+    "optional name and per-key limits (docs/keys.md); unset, and without api_keys: no keys, "
+    "each client address is its own account",
+    "api_keys": "accepted client API keys (or sha256:<hex> digests), comma separated: a "
+    "secret, so only from PRISM_API_KEYS or the config file, never the command line",
+    "key_max_inflight": "default per key (per client address without keys): requests "
+    "accepted and not yet answered (0: no limit; 429 above)",
+    "key_max_queued": "default per key: requests waiting in QAS for release (0: no limit; "
+    "429 above)",
+    "key_tokens_per_minute": "default per key: prompt + completion tokens of its answers per "
+    "minute, a token bucket (0: no limit; 429 while it is empty)",
+    "fair_share": "share each QAS round's releases between the keys (client addresses without "
+    "keys) with requests waiting, weighted by each key's weight; QAS orders within each share",
     "log_level": "debug|info|warning|error",
 }
 _QAS_HELP = {
@@ -426,6 +451,11 @@ def _set_values(pairs: Sequence[str]) -> dict[str, Any]:
         option = known.get(key)
         if not sep or option is None:
             raise ConfigError(f"--set {pair!r}: expected KEY=VALUE with a setting's key")
+        if option.name in SECRET_SETTINGS:
+            raise ConfigError(
+                f"--set {key}: a secret is never taken from the command line (other users "
+                f"can read it in the process list): use {option.env} or the config file"
+            )
         values[option.name] = _coerce(option, text, "--set")
     return values
 

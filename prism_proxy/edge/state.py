@@ -11,7 +11,9 @@ from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig
+from prism_proxy.edge.account_limits import AccountUsage
 from prism_proxy.edge.bodies import JsonParser
+from prism_proxy.edge.keys import KeyTable
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
@@ -39,3 +41,5 @@ RESERVATIONS = web.AppKey("reservations", ClientReservations)  # per-client deco
 SHARING = web.AppKey("sharing", SharedPrefixes)  # which cached prefixes clients may see
 RENDERING = web.AppKey("rendering", RenderingCheck)  # the token path against the engine's rendering
 OWN = web.AppKey("own", OwnPrefixes)  # what each client sent, for its own reuse
+KEYS = web.AppKey("keys", KeyTable)  # accepted client API keys; set only with keys on
+USAGE = web.AppKey("usage", AccountUsage)  # what each account holds and used (its limits)

@@ -64,7 +64,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prism_proxy.admission.fair_share import plan_shared, share_wave, waiting_by_account
+from prism_proxy.admission.fair_share import plan_shared, share_wave
 from prism_proxy.qas.policies import SchedulingPolicy
 from prism_proxy.qas.types import ActiveRequest, Lane, QueuedRequest, RoundPlan
 
@@ -145,6 +145,8 @@ class AdmissionCore:
         self.share_accounts = share_accounts
         self.account_weight = account_weight or (lambda account: 1.0)
         self._credit: dict[str, float] = {}  # fair-share credit of backlogged accounts
+        # Requests queued per account, accounts in the order their backlog began.
+        self._by_account: dict[str, int] = {}
         self.pacing = pacing
         self.window_s = window_s
         self.max_queue = max_queue
@@ -195,6 +197,7 @@ class AdmissionCore:
         if deadline != request.deadline:
             request = replace(request, deadline=deadline)
         self._queue[request.rid] = _Waiting(request, now)
+        self._by_account[request.account] = self._by_account.get(request.account, 0) + 1
 
     def deadline_for(self, request: QueuedRequest, now: float) -> float:
         """When `request`'s admission wait runs out (inf: never)."""
@@ -210,7 +213,18 @@ class AdmissionCore:
 
     def withdraw(self, rid: str) -> bool:
         """Remove a request that is still queued; False if it is not queued."""
-        return self._queue.pop(rid, None) is not None
+        waiting = self._queue.pop(rid, None)
+        if waiting is None:
+            return False
+        self._left_queue(waiting.request.account)
+        return True
+
+    def _left_queue(self, account: str) -> None:
+        left = self._by_account[account] - 1
+        if left:
+            self._by_account[account] = left
+        else:
+            del self._by_account[account]
 
     def first_token(
         self, rid: str, uncached_tokens: int | None = None, now: float | None = None
@@ -239,6 +253,7 @@ class AdmissionCore:
         self.closed = True
         rids = list(self._queue)
         self._queue.clear()
+        self._by_account.clear()
         return rids
 
     # --- rounds ----------------------------------------------------------------------
@@ -259,14 +274,13 @@ class AdmissionCore:
         self._last_round = now
         queue = [waiting.request for waiting in self._queue.values()]
         shares = None
-        if self.share_accounts:
-            waiting = waiting_by_account(queue)
-            if len(waiting) > 1:
-                weights = {account: self.account_weight(account) for account in waiting}
-                split = share_wave(waiting, weights, wave_size, self._credit)
-                shares, self._credit = split.slots, split.credit
-            else:
-                self._credit = {}
+        if self.share_accounts and len(self._by_account) > 1:
+            waiting = self._by_account
+            weights = {account: self.account_weight(account) for account in waiting}
+            split = share_wave(waiting, weights, wave_size, self._credit)
+            shares, self._credit = split.slots, split.credit
+        elif self._credit:
+            self._credit = {}
         return RoundInput(
             now=now,
             queue=queue,
@@ -297,6 +311,7 @@ class AdmissionCore:
             waiting = self._queue.pop(entry.rid, None)
             if waiting is None:
                 continue
+            self._left_queue(waiting.request.account)
             skeleton = tuple(plan.skeletons.get(entry.rid, waiting.request.segments))
             head = waiting.request.head
             self._active[entry.rid] = ActiveRequest(entry.rid, skeleton, head)

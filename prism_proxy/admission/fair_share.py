@@ -74,15 +74,6 @@ def share_wave(
     return Shares({a: n for a, n in slots.items() if n > 0}, carried)
 
 
-def waiting_by_account(queue: Sequence[QueuedRequest]) -> dict[str, int]:
-    """Requests queued per account, accounts in order of their first request in
-    `queue` (the core's queue is in arrival order)."""
-    counts: dict[str, int] = {}
-    for request in queue:
-        counts[request.account] = counts.get(request.account, 0) + 1
-    return counts
-
-
 def plan_shared(
     policy: SchedulingPolicy,
     queue: Sequence[QueuedRequest],

@@ -39,7 +39,7 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a request is refused, and when to try again (whole seconds, >= 1)."""
+    """Why a request is refused, and when to try again (whole seconds)."""
 
     message: str
     retry_after_s: int
@@ -60,8 +60,11 @@ class AccountUsage:
     def __init__(self) -> None:
         self._use: dict[str, _Use] = {}
 
-    def enter(self, account: str, limits: Limits, now: float) -> Refusal | None:
-        """Count a new request of `account` as queued, or say why it is refused."""
+    def enter(
+        self, account: str, limits: Limits, now: float, retry_after_s: int = 1
+    ) -> Refusal | None:
+        """Count a new request of `account` as queued, or say why it is refused
+        (`retry_after_s` for the counts; the tokens' refill time for tokens per minute)."""
         use = self._use.get(account)
         if use is None:
             if len(self._use) >= MAX_ACCOUNTS:
@@ -71,13 +74,13 @@ class AccountUsage:
             return Refusal(
                 f"this API key has {use.open} requests in flight, its limit "
                 f"(max_inflight {limits.max_inflight})",
-                1,
+                retry_after_s,
             )
         if limits.max_queued and use.queued >= limits.max_queued:
             return Refusal(
                 f"this API key has {use.queued} requests queued, its limit "
                 f"(max_queued {limits.max_queued})",
-                1,
+                retry_after_s,
             )
         if limits.tokens_per_minute:
             level = self._refill(use, limits.tokens_per_minute, now)

@@ -150,7 +150,8 @@ class Admitted:
                 queued, ttft_slo_s=slo_s or queued.ttft_slo_s, account=account
             )
         usage = request.app[state.USAGE]
-        refusal = usage.enter(account, limits_of(request), time.monotonic())
+        retry_after_s = request.app[state.CONFIG].retry_after_s
+        refusal = usage.enter(account, limits_of(request), time.monotonic(), retry_after_s)
         if refusal is not None:
             raise refused(refusal)
         admission = self._admission

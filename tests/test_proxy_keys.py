@@ -90,6 +90,21 @@ async def test_per_key_in_flight_limit_is_429_with_retry_after(
         assert again.choices[0].finish_reason
 
 
+async def test_tokens_per_minute_is_429_once_used(proxy_factory: ProxyFactory) -> None:
+    """One token a minute: the first answer is admitted and charged its prompt and
+    completion tokens (more than one), so the bucket is empty for many seconds and the
+    next request gets 429 with the refill time as Retry-After."""
+    proxy = await proxy_factory(api_keys="sk-tpm", key_tokens_per_minute=1)
+    async with _client(proxy.url, "sk-tpm") as client:
+        first = await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert first.usage is not None and first.usage.total_tokens > 1
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        # 60 s per token refilled: at least a minute for the one token the answer overdrew
+        assert int(caught.value.response.headers["Retry-After"]) >= 60
+        assert "tokens_per_minute" in caught.value.message
+
+
 @pytest.mark.parametrize("fair_share", [True, False])
 async def test_steady_key_released_past_a_floods_backlog(
     proxy_factory: ProxyFactory, fair_share: bool

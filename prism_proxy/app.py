@@ -32,7 +32,7 @@ from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig, parse_listen
 from prism_proxy.edge import state
 from prism_proxy.edge.account_limits import AccountUsage
-from prism_proxy.edge.accounts import key_middleware, load_keys, weight_of
+from prism_proxy.edge.accounts import account_middleware, load_keys, weight_of
 from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.endpoints import add_routes
 from prism_proxy.edge.endpoints import metrics as metrics_handler
@@ -281,7 +281,7 @@ def create_app(config: ProxyConfig) -> web.Application:
     """The proxy's aiohttp application (no I/O until it starts)."""
     # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
     app = web.Application(
-        middlewares=[error_middleware, key_middleware], client_max_size=config.max_body_bytes
+        middlewares=[error_middleware, account_middleware], client_max_size=config.max_body_bytes
     )
     app[state.CONFIG] = config
     keys = load_keys(config)  # ConfigError on a bad key file: the proxy does not start

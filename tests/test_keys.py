@@ -103,18 +103,21 @@ def test_api_keys_never_from_the_command_line() -> None:
 def test_usage_counts_in_flight_and_queued() -> None:
     usage = AccountUsage()
     limits = Limits(max_inflight=2, max_queued=1)
-    assert usage.enter("a", limits, 0.0) is None
-    refusal = usage.enter("a", limits, 0.0)  # one queued already
+    assert usage.open("a", limits, 0.0) is None
+    assert usage.queue("a", limits, 0.0) is None
+    assert usage.open("a", limits, 0.0) is None  # 2 in flight
+    refusal = usage.queue("a", limits, 0.0)  # one queued already
     assert refusal is not None and "max_queued 1" in refusal.message
-    usage.released("a")
-    assert usage.enter("a", limits, 0.0) is None  # 2 in flight, 1 queued
-    refusal = usage.enter("a", limits, 0.0)
+    refusal = usage.open("a", limits, 0.0, retry_after_s=3)
     assert refusal is not None and "max_inflight 2" in refusal.message
-    assert usage.enter("b", limits, 0.0) is None  # another account is not held
-    usage.leave("a", queued=True, now=1.0)
-    usage.leave("a", queued=False, now=1.0)
+    assert refusal.retry_after_s == 3
+    assert usage.open("b", limits, 0.0) is None  # another account is not held
+    usage.unqueue("a", 1.0)  # released
+    assert usage.holding("a") == (2, 0)
+    usage.close("a", 1.0)
+    usage.close("a", 1.0)
     assert usage.holding("a") == (0, 0)
-    assert len(usage) == 1  # a holds nothing: forgotten; b still queued
+    assert len(usage) == 1  # a holds nothing: forgotten; b still in flight
 
 
 def test_tokens_per_minute_bucket_refills() -> None:
@@ -122,10 +125,10 @@ def test_tokens_per_minute_bucket_refills() -> None:
     bucket at 60 - 90 = -30: refused for ceil((1 + 30) / 1) = 31 s, then admitted."""
     usage = AccountUsage()
     limits = Limits(tokens_per_minute=60)
-    assert usage.enter("a", limits, 0.0) is None
+    assert usage.open("a", limits, 0.0) is None
     usage.charge("a", 90, 60, 0.0)
-    usage.leave("a", queued=False, now=0.0)
-    refusal = usage.enter("a", limits, 0.0)
+    usage.close("a", 0.0)
+    refusal = usage.open("a", limits, 0.0)
     assert refusal is not None and refusal.retry_after_s == 31
-    assert usage.enter("a", limits, 30.0) is not None  # -30 + 30 = 0: still empty
-    assert usage.enter("a", limits, 31.0) is None
+    assert usage.open("a", limits, 30.0) is not None  # -30 + 30 = 0: still empty
+    assert usage.open("a", limits, 31.0) is None

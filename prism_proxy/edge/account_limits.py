@@ -9,9 +9,12 @@
   tokens are charged when its answer ends (they are not known before), so the bucket
   may go below zero, and the account then waits until it refills.
 
-A request over a limit is refused at arrival, before it holds anything (429 with
-Retry-After). Each limit is the account's own (`KeyLimits`, from the key file) or the
-deployment's default; 0 means none.
+A request over a limit is refused before it holds anything (429 with Retry-After):
+over in flight or tokens per minute as soon as its headers are in
+(`accounts.account_middleware`, before its body is read or tokenized, so a flood's
+refusals cost the proxy little), over queued when it would enter QAS (`edge.admit`).
+Each limit is the account's own (`KeyLimits`, from the key file) or the deployment's
+default; 0 means none.
 
 `AccountUsage` is a sans-IO table (the caller passes `now`); an account is dropped
 from it when it holds nothing and its bucket is full again, so the table is bounded by
@@ -55,31 +58,31 @@ class _Use:
 
 
 class AccountUsage:
-    """What each account holds and has used; `enter` checks and counts a request."""
+    """What each account holds and has used. A request `open`s when it arrives (in
+    flight, tokens per minute checked), `queue`s when it enters QAS (queued checked),
+    `unqueue`s when released or withdrawn, and `close`s when answered."""
 
     def __init__(self) -> None:
         self._use: dict[str, _Use] = {}
 
-    def enter(
-        self, account: str, limits: Limits, now: float, retry_after_s: int = 1
-    ) -> Refusal | None:
-        """Count a new request of `account` as queued, or say why it is refused
-        (`retry_after_s` for the counts; the tokens' refill time for tokens per minute)."""
+    def _get(self, account: str, now: float) -> _Use:
         use = self._use.get(account)
         if use is None:
             if len(self._use) >= MAX_ACCOUNTS:
                 self._sweep(now)
             use = self._use[account] = _Use()
+        return use
+
+    def open(
+        self, account: str, limits: Limits, now: float, retry_after_s: int = 1
+    ) -> Refusal | None:
+        """Count a new request of `account` in flight, or say why it is refused
+        (`retry_after_s` over the count; the refill time over tokens per minute)."""
+        use = self._get(account, now)
         if limits.max_inflight and use.open >= limits.max_inflight:
             return Refusal(
                 f"this API key has {use.open} requests in flight, its limit "
                 f"(max_inflight {limits.max_inflight})",
-                retry_after_s,
-            )
-        if limits.max_queued and use.queued >= limits.max_queued:
-            return Refusal(
-                f"this API key has {use.queued} requests queued, its limit "
-                f"(max_queued {limits.max_queued})",
                 retry_after_s,
             )
         if limits.tokens_per_minute:
@@ -93,25 +96,35 @@ class AccountUsage:
                     wait_s,
                 )
         use.open += 1
+        return None
+
+    def queue(
+        self, account: str, limits: Limits, now: float, retry_after_s: int = 1
+    ) -> Refusal | None:
+        """Count a request of `account` as waiting in QAS, or say why it may not."""
+        use = self._get(account, now)
+        if limits.max_queued and use.queued >= limits.max_queued:
+            return Refusal(
+                f"this API key has {use.queued} requests queued, its limit "
+                f"(max_queued {limits.max_queued})",
+                retry_after_s,
+            )
         use.queued += 1
         return None
 
-    def released(self, account: str) -> None:
-        """A queued request of `account` was released to the engine."""
+    def unqueue(self, account: str, now: float) -> None:
+        """A queued request of `account` was released, or withdrawn."""
         use = self._use.get(account)
-        if use is not None and use.queued > 0:
-            use.queued -= 1
+        if use is not None:
+            use.queued = max(0, use.queued - 1)
+            self._forget_if_idle(account, use, now)
 
-    def leave(self, account: str, queued: bool, now: float) -> None:
-        """A request of `account` ended (answered, failed or withdrawn); `queued`:
-        it was never released."""
+    def close(self, account: str, now: float) -> None:
+        """A request of `account` ended (answered, refused or failed)."""
         use = self._use.get(account)
-        if use is None:
-            return
-        use.open = max(0, use.open - 1)
-        if queued and use.queued > 0:
-            use.queued -= 1
-        self._forget_if_idle(account, use, now)
+        if use is not None:
+            use.open = max(0, use.open - 1)
+            self._forget_if_idle(account, use, now)
 
     def charge(self, account: str, tokens: int, tokens_per_minute: int, now: float) -> None:
         """`account`'s answer used `tokens` (prompt + completion)."""

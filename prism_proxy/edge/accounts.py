@@ -2,9 +2,12 @@
 (per-key limits, the fair share of admission, agent-session retention in
 `admission.credit`, per-client decode reservations, prefix isolation).
 
-With API keys (`api_keys_file`, `PRISM_API_KEYS`; `edge.keys`), `key_middleware`
+With API keys (`api_keys_file`, `PRISM_API_KEYS`; `edge.keys`), `account_middleware`
 refuses a request that presents no accepted key with an OpenAI-style 401 on every
-path but `OPEN_PATHS`, and the account is the key's name. Without keys the proxy tells
+path but `OPEN_PATHS`, and the account is the key's name. Then, keys or not, it counts
+each POST (the generating endpoints) in flight for its account from its headers to its
+answer, refused with 429 over the account's in-flight or tokens-per-minute limit before
+its body is read (`edge.account_limits`). Without keys the proxy tells
 clients apart only by their peer address (aiohttp's `request.remote`: behind a
 reverse proxy, the reverse proxy's).
 """
@@ -114,22 +117,35 @@ def charge(request: web.Request, tokens: int) -> None:
 
 
 @web.middleware
-async def key_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def account_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     """With keys on: 401 (`invalid_api_key`) unless the request presents an accepted
-    key; the key's account is kept on the request for `client_key`."""
-    table = request.app.get(state.KEYS)
-    if table is None or request.path in OPEN_PATHS:
+    key; the key's account is kept on the request for `client_key`. A POST counts in
+    flight for its account until its answer is written (429 over its limits)."""
+    if request.path in OPEN_PATHS:
         return await handler(request)
-    headers = request.headers
-    key = _presented_key(headers.get("Authorization"), headers.get("x-api-key"))
-    account = table.lookup(key) if key is not None else None
-    if account is None:
-        raise ApiError(
-            401,
-            INVALID_KEY,
-            kind="invalid_request_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": 'Bearer realm="prism"'},
-        )
-    request[ACCOUNT] = account
-    return await handler(request)
+    table = request.app.get(state.KEYS)
+    if table is not None:
+        headers = request.headers
+        key = _presented_key(headers.get("Authorization"), headers.get("x-api-key"))
+        account = table.lookup(key) if key is not None else None
+        if account is None:
+            raise ApiError(
+                401,
+                INVALID_KEY,
+                kind="invalid_request_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": 'Bearer realm="prism"'},
+            )
+        request[ACCOUNT] = account
+    if request.method != "POST":
+        return await handler(request)
+    usage = request.app[state.USAGE]
+    name = client_key(request)
+    retry_after_s = request.app[state.CONFIG].retry_after_s
+    refusal = usage.open(name, limits_of(request), time.monotonic(), retry_after_s)
+    if refusal is not None:
+        raise refused(refusal)
+    try:
+        return await handler(request)
+    finally:
+        usage.close(name, time.monotonic())

@@ -123,12 +123,12 @@ class Admitted:
     after release finishes it, so no place leaks. Failures become answers: 429 when the
     queue is full (with Retry-After), 503 when stopping, 400 for a duplicate rid, and
     the backend's or the prompt's own errors raised inside the block. The request
-    counts against its account's limits (`edge.account_limits`: 429 with Retry-After
-    over one) from entering to leaving, as queued until its release. A class rather
+    counts as queued for its account until its release (`edge.account_limits`: 429
+    with Retry-After over its `max_queued`). A class rather
     than a generator-based context manager: it is entered once per request, and the
     generator machinery cost more than the admission itself on an idle proxy."""
 
-    __slots__ = ("_account", "_admission", "_lane", "_queued", "_request", "_waiting")
+    __slots__ = ("_account", "_admission", "_lane", "_queued", "_request")
 
     def __init__(
         self, request: web.Request, queued: QueuedRequest, lane: str | None = None
@@ -138,7 +138,6 @@ class Admitted:
         self._lane = lane
         self._admission = request.app[state.ADMISSION]
         self._account = client_key(request)
-        self._waiting = True  # counted as queued in its account's usage
 
     async def __aenter__(self) -> Released:
         request = self._request
@@ -151,14 +150,14 @@ class Admitted:
             )
         usage = request.app[state.USAGE]
         retry_after_s = request.app[state.CONFIG].retry_after_s
-        refusal = usage.enter(account, limits_of(request), time.monotonic(), retry_after_s)
+        refusal = usage.queue(account, limits_of(request), time.monotonic(), retry_after_s)
         if refusal is not None:
             raise refused(refusal)
         admission = self._admission
         try:
             future = admission.admit(queued)
         except Exception as exc:
-            usage.leave(account, True, time.monotonic())
+            usage.unqueue(account, time.monotonic())
             self._raise_mapped(exc)
             raise
         try:
@@ -168,15 +167,14 @@ class Admitted:
                 admission.finish(queued.rid)  # released just as the client left
             else:
                 admission.withdraw(queued.rid)
-            usage.leave(account, True, time.monotonic())
+            usage.unqueue(account, time.monotonic())
             raise
         except BaseException as exc:
             admission.withdraw(queued.rid)
-            usage.leave(account, True, time.monotonic())
+            usage.unqueue(account, time.monotonic())
             self._raise_mapped(exc)
             raise
-        usage.released(account)
-        self._waiting = False
+        usage.unqueue(account, time.monotonic())
         chosen = self._lane or release.lane.value
         request[LANE] = chosen
         metrics = request.app[state.METRICS]
@@ -185,7 +183,6 @@ class Admitted:
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         self._admission.finish(self._queued.rid)
-        self._request.app[state.USAGE].leave(self._account, self._waiting, time.monotonic())
         if exc is not None:
             self._raise_mapped(exc)
 

@@ -28,9 +28,10 @@ from prism_proxy.edge.keys import Account, KeyFileError, KeyTable, parse_env_key
 from prism_proxy.edge.keys import presented_key as _presented_key
 
 ACCOUNT = web.RequestKey("account", Account)
-# Paths served without a key: the liveness probe, and /metrics (which belongs on the
-# admin listener, `metrics_listen`, when the client port is exposed).
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Paths served without a key: the liveness and readiness probes orchestrators call,
+# and /metrics (which belongs on the admin listener, `metrics_listen`, when the client
+# port is exposed).
+OPEN_PATHS = frozenset({"/health", "/livez", "/readyz", "/metrics"})
 INVALID_KEY = (
     "Incorrect API key provided: send a key this proxy accepts as "
     "'Authorization: Bearer <key>' (or 'x-api-key: <key>')"

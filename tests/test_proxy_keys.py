@@ -61,6 +61,15 @@ async def test_wrong_or_missing_key_is_401_on_every_client_path(
         other = await http.post("/generate", json=body, headers={"x-api-key": "sk-good"})
         assert other.status_code == 200
         assert (await http.get("/health")).status_code == 200  # stays open
+        metrics = (await http.get("/metrics")).text
+        refused = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("prism:requests_total{")
+            and 'endpoint="chat"' in line
+            and 'status="401"' in line
+        ]
+        assert refused and float(refused[0].rsplit(" ", 1)[1]) == 1.0
 
 
 async def test_per_key_in_flight_limit_is_429_with_retry_after(

@@ -23,7 +23,7 @@ from aiohttp import web
 from prism_proxy.config import ConfigError, ProxyConfig
 from prism_proxy.edge import state
 from prism_proxy.edge.account_limits import Limits, Refusal
-from prism_proxy.edge.errors import ApiError
+from prism_proxy.edge.errors import ENDPOINT, ApiError
 from prism_proxy.edge.keys import Account, KeyFileError, KeyTable, parse_env_keys, parse_key_file
 from prism_proxy.edge.keys import presented_key as _presented_key
 
@@ -32,6 +32,13 @@ ACCOUNT = web.RequestKey("account", Account)
 # and /metrics (which belongs on the admin listener, `metrics_listen`, when the client
 # port is exposed).
 OPEN_PATHS = frozenset({"/health", "/livez", "/readyz", "/metrics"})
+# The endpoint label a request refused here is counted under in `prism:requests` (the
+# handlers set it themselves for the requests they serve).
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/generate": "generate",
+}
 INVALID_KEY = (
     "Incorrect API key provided: send a key this proxy accepts as "
     "'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
@@ -117,6 +124,12 @@ def charge(request: web.Request, tokens: int) -> None:
         usage.charge(client_key(request), tokens, tokens_per_minute, time.monotonic())
 
 
+def _count_refusal(request: web.Request) -> None:
+    endpoint = ENDPOINTS.get(request.path)
+    if endpoint is not None:
+        request[ENDPOINT] = endpoint
+
+
 @web.middleware
 async def account_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     """With keys on: 401 (`invalid_api_key`) unless the request presents an accepted
@@ -130,6 +143,7 @@ async def account_middleware(request: web.Request, handler: Any) -> web.StreamRe
         key = _presented_key(headers.get("Authorization"), headers.get("x-api-key"))
         account = table.lookup(key) if key is not None else None
         if account is None:
+            _count_refusal(request)
             raise ApiError(
                 401,
                 INVALID_KEY,
@@ -145,6 +159,7 @@ async def account_middleware(request: web.Request, handler: Any) -> web.StreamRe
     retry_after_s = request.app[state.CONFIG].retry_after_s
     refusal = usage.open(name, limits_of(request), time.monotonic(), retry_after_s)
     if refusal is not None:
+        _count_refusal(request)
         raise refused(refusal)
     try:
         return await handler(request)

@@ -142,7 +142,7 @@ async def test_steady_key_released_past_a_floods_backlog(
         return arrived and admission.queue_depth >= 4
 
     async with _client(proxy.url, "sk-flood") as flood, _client(proxy.url, "sk-steady") as steady:
-        flooding = [asyncio.create_task(ask(flood, "flood", 24)) for _ in range(6)]
+        flooding = [asyncio.create_task(ask(flood, "flood", 64)) for _ in range(6)]
         await eventually(flood_waiting, 30.0)
         steady_task = asyncio.create_task(ask(steady, "steady", 4))
         await asyncio.gather(*flooding, steady_task)

@@ -32,6 +32,8 @@ from prism_proxy.backend.residency_poller import ResidencyPoller
 from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig, parse_listen
 from prism_proxy.edge import state
+from prism_proxy.edge.account_limits import AccountUsage
+from prism_proxy.edge.accounts import account_middleware, load_keys, weight_of
 from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.endpoints import add_routes
 from prism_proxy.edge.endpoints import metrics as metrics_handler
@@ -219,6 +221,8 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
         cold_deadline_s=config.qas.cold_deadline_s,
         metrics=app[state.METRICS],
         on_wave=push_to_all(controls),
+        share_accounts=config.fair_share,
+        account_weight=weight_of(app.get(state.KEYS)),
     )
     app[state.ADMISSION] = admission
     if config.sessions:
@@ -314,10 +318,15 @@ def create_app(config: ProxyConfig) -> web.Application:
     """The proxy's aiohttp application (no I/O until it starts)."""
     # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
     app = web.Application(
-        middlewares=[tracing_middleware, error_middleware], client_max_size=config.max_body_bytes
+        middlewares=[tracing_middleware, error_middleware, account_middleware],
+        client_max_size=config.max_body_bytes,
     )
     app[state.CONFIG] = config
     add_tracing(app, config.access_log, config.tracing)
+    keys = load_keys(config)  # ConfigError on a bad key file: the proxy does not start
+    if keys is not None:
+        app[state.KEYS] = keys
+    app[state.USAGE] = AccountUsage()
     app[state.METRICS] = metrics = ProxyMetrics.create()
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()

@@ -12,8 +12,11 @@ from prism_proxy.config import ConfigError, add_arguments, build_config
 
 def _serve(args: argparse.Namespace) -> int:
     settings = {k: v for k, v in vars(args).items() if k != "command"}
+    from prism_proxy.edge.accounts import load_keys
+
     try:
         config = build_config(settings)
+        load_keys(config)  # a bad key file stops the start here, as a bad setting does
     except ConfigError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

@@ -45,7 +45,9 @@ FLAGS = (
 )  # fmt: skip
 # Secrets: from the environment, a config file or a `*_file` setting naming a file,
 # never a flag or a `--set` value (a process's argv is world-readable in /proc/<pid>/cmdline).
-SECRETS = ("control_token", "engine_api_key")
+# `api_keys_file` is a file of hashed keys in its own form (`edge.keys`), not the secret.
+SECRETS = ("control_token", "engine_api_key", "api_keys")
+SECRET_FILES = ("control_token", "engine_api_key")  # `*_file` holds the secret itself
 
 
 class ConfigError(ValueError):
@@ -118,6 +120,14 @@ class ProxyConfig:
     health_interval_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     retry_after_s: int = 1
+    # Client API keys and per-key limits (docs/keys.md). `api_keys` is a secret: from the
+    # environment (PRISM_API_KEYS) or the config file only, never the command line.
+    api_keys_file: str | None = None
+    api_keys: str | None = field(default=None, repr=False)
+    key_max_inflight: int = 0
+    key_max_queued: int = 0
+    key_tokens_per_minute: int = 0
+    fair_share: bool = True
     log_level: str = "info"
     # --- probes and tracing (docs/observability.md) ---
     ready_interval_s: float = 1.0
@@ -193,6 +203,7 @@ class ProxyConfig:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
         for name in (
             "window_ms", "protect", "health_interval_s", "retry_after_s", "rendering_check_every",
+            "key_max_inflight", "key_max_queued", "key_tokens_per_minute",
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
@@ -382,6 +393,19 @@ _HELP = {
     "health_interval_s": "seconds between backend health probes (0: only at start)",
     "shutdown_timeout_s": "seconds to drain in-flight requests on shutdown",
     "retry_after_s": "Retry-After seconds sent with 429",
+    "api_keys_file": "file of accepted client API keys, one sha256:<hex> digest a line with "
+    "optional name and per-key limits (docs/keys.md); unset, and without api_keys: no keys, "
+    "each client address is its own account",
+    "api_keys": "accepted client API keys (or sha256:<hex> digests), comma separated: a "
+    "secret, so only from PRISM_API_KEYS or the config file, never the command line",
+    "key_max_inflight": "default per key (per client address without keys): requests "
+    "accepted and not yet answered (0: no limit; 429 above)",
+    "key_max_queued": "default per key: requests waiting in QAS for release (0: no limit; "
+    "429 above)",
+    "key_tokens_per_minute": "default per key: prompt + completion tokens of its answers per "
+    "minute, a token bucket (0: no limit; 429 while it is empty)",
+    "fair_share": "share each QAS round's releases between the keys (client addresses without "
+    "keys) with requests waiting, weighted by each key's weight; QAS orders within each share",
     "log_level": "debug|info|warning|error",
     # --- probes and tracing ---
     "ready_interval_s": "seconds between the cheap readiness probes of the backend (its "
@@ -516,7 +540,7 @@ def _set_values(pairs: Sequence[str]) -> dict[str, Any]:
 def _read_secrets(values: dict[str, Any]) -> None:
     """Fill `control_token` and `engine_api_key` from their `*_file` settings (the file's
     text without surrounding whitespace); a secret given both ways is an error."""
-    for name in SECRETS:
+    for name in SECRET_FILES:
         path = values.get(f"{name}_file")
         if path is None:
             continue

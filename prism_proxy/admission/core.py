@@ -28,6 +28,11 @@ else `cold_deadline_s` (a parameter of the core); the policy's deadline lane rea
 What the backend reports enters as events too: `first_token` (its uncached tokens feed
 the B rule) and `learn_backend` (its batch limits).
 
+Accounts (issue 36): when requests of several accounts wait, `begin_round` splits the
+wave between them (`fair_share.share_wave`, weighted by `account_weight`) and `plan`
+lets the policy choose within each account's share (`fair_share.plan_shared`); with
+one account a round is planned exactly as without accounts.
+
 Rounds may be split (`begin_round` → `plan` → `commit`) so that a driver can run the
 pure `plan` elsewhere (a worker thread); `commit` tolerates requests withdrawn meanwhile.
 
@@ -55,10 +60,11 @@ counts `replicas` times, since every replica prefills its own batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from prism_proxy.admission.fair_share import plan_shared, share_wave
 from prism_proxy.qas.policies import SchedulingPolicy
 from prism_proxy.qas.types import ActiveRequest, Lane, QueuedRequest, RoundPlan
 
@@ -94,6 +100,8 @@ class RoundInput:
     queue: list[QueuedRequest]
     active: list[ActiveRequest]
     wave_size: int
+    # Releases per account when several accounts wait (None: one account, no split).
+    shares: dict[str, int] | None = None
 
     @property
     def occurrences(self) -> int:
@@ -130,8 +138,15 @@ class AdmissionCore:
         window_s: float,
         max_queue: int,
         cold_deadline_s: float | None = None,
+        share_accounts: bool = True,
+        account_weight: Callable[[str], float] | None = None,
     ) -> None:
         self.policy = policy
+        self.share_accounts = share_accounts
+        self.account_weight = account_weight or (lambda account: 1.0)
+        self._credit: dict[str, float] = {}  # fair-share credit of backlogged accounts
+        # Requests queued per account, accounts in the order their backlog began.
+        self._by_account: dict[str, int] = {}
         self.pacing = pacing
         self.window_s = window_s
         self.max_queue = max_queue
@@ -182,6 +197,7 @@ class AdmissionCore:
         if deadline != request.deadline:
             request = replace(request, deadline=deadline)
         self._queue[request.rid] = _Waiting(request, now)
+        self._by_account[request.account] = self._by_account.get(request.account, 0) + 1
 
     def deadline_for(self, request: QueuedRequest, now: float) -> float:
         """When `request`'s admission wait runs out (inf: never)."""
@@ -197,7 +213,18 @@ class AdmissionCore:
 
     def withdraw(self, rid: str) -> bool:
         """Remove a request that is still queued; False if it is not queued."""
-        return self._queue.pop(rid, None) is not None
+        waiting = self._queue.pop(rid, None)
+        if waiting is None:
+            return False
+        self._left_queue(waiting.request.account)
+        return True
+
+    def _left_queue(self, account: str) -> None:
+        left = self._by_account[account] - 1
+        if left:
+            self._by_account[account] = left
+        else:
+            del self._by_account[account]
 
     def first_token(
         self, rid: str, uncached_tokens: int | None = None, now: float | None = None
@@ -226,6 +253,7 @@ class AdmissionCore:
         self.closed = True
         rids = list(self._queue)
         self._queue.clear()
+        self._by_account.clear()
         return rids
 
     # --- rounds ----------------------------------------------------------------------
@@ -244,15 +272,33 @@ class AdmissionCore:
             return None
         self._run_now = False
         self._last_round = now
+        queue = [waiting.request for waiting in self._queue.values()]
+        shares = None
+        if self.share_accounts and len(self._by_account) > 1:
+            waiting = self._by_account
+            weights = {account: self.account_weight(account) for account in waiting}
+            split = share_wave(waiting, weights, wave_size, self._credit)
+            shares, self._credit = split.slots, split.credit
+        elif self._credit:
+            self._credit = {}
         return RoundInput(
             now=now,
-            queue=[waiting.request for waiting in self._queue.values()],
+            queue=queue,
             active=list(self._active.values()),
             wave_size=wave_size,
+            shares=shares,
         )
 
     def plan(self, round_input: RoundInput) -> RoundPlan:
         """The policy's decision (pure apart from the baselines' cache view)."""
+        if round_input.shares is not None:
+            return plan_shared(
+                self.policy,
+                round_input.queue,
+                round_input.active,
+                round_input.shares,
+                round_input.now,
+            )
         return self.policy.plan_round(
             round_input.queue, round_input.active, round_input.wave_size, now=round_input.now
         )
@@ -265,6 +311,7 @@ class AdmissionCore:
             waiting = self._queue.pop(entry.rid, None)
             if waiting is None:
                 continue
+            self._left_queue(waiting.request.account)
             skeleton = tuple(plan.skeletons.get(entry.rid, waiting.request.segments))
             head = waiting.request.head
             self._active[entry.rid] = ActiveRequest(entry.rid, skeleton, head)

@@ -63,9 +63,17 @@ class AdmissionController:
         on_wave: PushFn | None = None,
         offload_occurrences: int = OFFLOAD_OCCURRENCES,
         clock: Callable[[], float] = time.monotonic,
+        share_accounts: bool = True,
+        account_weight: Callable[[str], float] | None = None,
     ) -> None:
         self.core = AdmissionCore(
-            policy, pacing, window_s=window_s, max_queue=max_queue, cold_deadline_s=cold_deadline_s
+            policy,
+            pacing,
+            window_s=window_s,
+            max_queue=max_queue,
+            cold_deadline_s=cold_deadline_s,
+            share_accounts=share_accounts,
+            account_weight=account_weight,
         )
         self.metrics = metrics
         self.on_wave = on_wave

@@ -8,6 +8,7 @@ import asyncio
 import math
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -23,6 +24,7 @@ from prism_proxy.admission.driver import (
 from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state, tracing
+from prism_proxy.edge.accounts import client_key, limits_of, refused
 from prism_proxy.edge.errors import LANE, ApiError, backend_failure
 from prism_proxy.memory import release_free_memory
 from prism_proxy.prompts.jobs import PromptError, TokenJob
@@ -120,11 +122,13 @@ class Admitted:
     its own admission deadline); a cancellation while queued withdraws it, and any exit
     after release finishes it, so no place leaks. Failures become answers: 429 when the
     queue is full (with Retry-After), 503 when stopping, 400 for a duplicate rid, and
-    the backend's or the prompt's own errors raised inside the block. A class rather
+    the backend's or the prompt's own errors raised inside the block. The request
+    counts as queued for its account until its release (`edge.account_limits`: 429
+    with Retry-After over its `max_queued`). A class rather
     than a generator-based context manager: it is entered once per request, and the
     generator machinery cost more than the admission itself on an idle proxy."""
 
-    __slots__ = ("_admission", "_lane", "_queued", "_request")
+    __slots__ = ("_account", "_admission", "_lane", "_queued", "_request")
 
     def __init__(
         self, request: web.Request, queued: QueuedRequest, lane: str | None = None
@@ -133,18 +137,28 @@ class Admitted:
         self._queued = queued
         self._lane = lane
         self._admission = request.app[state.ADMISSION]
+        self._account = client_key(request)
 
     async def __aenter__(self) -> Released:
         request = self._request
         queued = self._queued
         slo_s = ttft_slo_s(request)
-        if slo_s is not None:
-            queued = self._queued = replace(queued, ttft_slo_s=slo_s)
+        account = self._account
+        if slo_s is not None or queued.account != account:
+            queued = self._queued = replace(
+                queued, ttft_slo_s=slo_s or queued.ttft_slo_s, account=account
+            )
+        usage = request.app[state.USAGE]
+        retry_after_s = request.app[state.CONFIG].retry_after_s
+        refusal = usage.queue(account, limits_of(request), time.monotonic(), retry_after_s)
+        if refusal is not None:
+            raise refused(refusal)
         admission = self._admission
         tracing.queued(request)
         try:
             future = admission.admit(queued)
         except Exception as exc:
+            usage.unqueue(account, time.monotonic())
             self._raise_mapped(exc)
             raise
         try:
@@ -154,11 +168,14 @@ class Admitted:
                 admission.finish(queued.rid)  # released just as the client left
             else:
                 admission.withdraw(queued.rid)
+            usage.unqueue(account, time.monotonic())
             raise
         except BaseException as exc:
             admission.withdraw(queued.rid)
+            usage.unqueue(account, time.monotonic())
             self._raise_mapped(exc)
             raise
+        usage.unqueue(account, time.monotonic())
         chosen = self._lane or release.lane.value
         request[LANE] = chosen
         tracing.released(request, chosen, release.wait_s)

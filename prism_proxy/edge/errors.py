@@ -178,8 +178,10 @@ class ApiError(Exception):
         param: str | None = None,
         kind: str = "invalid_request_error",
         headers: Mapping[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.code = code  # OpenAI's error code ("invalid_api_key"); None: the status
         self.status = status
         self.message = message
         self.param = param
@@ -239,7 +241,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except ApiError as exc:
         status = exc.status
         return json_answer(
-            openai_error(exc.message, kind=exc.kind, param=exc.param, code=exc.status),
+            openai_error(exc.message, kind=exc.kind, param=exc.param, code=exc.code or exc.status),
             status=exc.status,
             headers=exc.headers,
         )

@@ -37,7 +37,7 @@ from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.api.models import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state, tracing
-from prism_proxy.edge.accounts import client_key
+from prism_proxy.edge.accounts import charge, client_key
 from prism_proxy.edge.admit import Admitted, new_rid, off_loop
 from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
 from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, ApiError, json_answer
@@ -123,6 +123,7 @@ def _record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) ->
     metrics = request.app[state.METRICS]
     metrics.child(metrics.prompt_tokens, lane).inc(usage.prompt_tokens)
     metrics.child(metrics.cached_tokens, lane).inc(usage.cached_tokens)
+    charge(request, usage.prompt_tokens + usage.completion_tokens)
 
 
 async def token_path(

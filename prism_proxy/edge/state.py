@@ -13,8 +13,10 @@ from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig
+from prism_proxy.edge.account_limits import AccountUsage
 from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.grammar_ledger import GrammarLedger
+from prism_proxy.edge.keys import KeyTable
 from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
@@ -45,3 +47,5 @@ OWN = web.AppKey("own", OwnPrefixes)  # what each client sent, for its own reuse
 STRUCTURED = web.AppKey("structured", GrammarLedger)  # each client's new grammars
 # set when no request carrying the grammar (new to the engine) is in flight any more
 COMPILED = web.AppKey("compiled", dict[bytes, asyncio.Event])
+KEYS = web.AppKey("keys", KeyTable)  # accepted client API keys; set only with keys on
+USAGE = web.AppKey("usage", AccountUsage)  # what each account holds and used (its limits)

@@ -48,6 +48,11 @@ class QueuedRequest:
     `program_start` is set when the request continues an agent session the proxy saw
     pause on a tool call (`admission.sessions`): when that program's first call arrived
     (same clock as `arrival`). None: not a known continuation.
+
+    `account` is who sent it (the edge's `accounts.client_key`: an API key's account,
+    or the client's address without keys; "" when unknown, as in the twin): the
+    admission core shares each round's releases between accounts
+    (`admission.fair_share`).
     """
 
     rid: str
@@ -64,6 +69,7 @@ class QueuedRequest:
     glued: frozenset[str] = frozenset()
     group: str = ""
     program_start: float | None = None
+    account: str = ""
 
     def segment_length(self, index: int) -> int:
         return 1 if self.segment_tokens is None else self.segment_tokens[index]

@@ -1,0 +1,365 @@
+"""A key flooding at 10x capacity beside a steady key (issue 36, must show).
+
+    python -m bench.key_flood [--seconds 20] [--steady-qps 2] [--factor 10]
+                              [--lines share:16,noshare:16,share:4]
+
+prism-sim (real time, its defaults) behind the real proxy (`prism-proxy serve`, a
+subprocess), with two API keys from a key file (PRISM_API_KEYS_FILE): `steady` and
+`flood`, both with the per-key defaults of the line (PRISM_KEY_MAX_INFLIGHT,
+PRISM_KEY_MAX_QUEUED, PRISM_FAIR_SHARE).
+
+1. capacity: the flood's request shape (a unique prompt of `--flood-words` words,
+   `--flood-tokens` out) in `--calibrate-loops` closed loops for `--calibrate-seconds`
+   through the first line's proxy: answers per second.
+2. solo: the steady key alone (first line's proxy), streamed chats of one short prompt,
+   open loop at `--steady-qps` (Poisson, seeded) for `--seconds`; TTFT to the first
+   content chunk.
+3. per line (a fresh proxy each): the same steady load, and beside it the flood key
+   open loop at `--factor` x the capacity (Poisson), from another process so that its
+   client's CPU is not the steady client's. The rate it reaches is printed: a Python
+   client on a busy machine may not reach the target.
+
+Printed: the steady key's P50/P99 TTFT solo and beside the flood per line, the P99 ratio
+(target <= 1.5), the flood's answers by status (429s expected), and whether every
+request got exactly one response: a complete answer (a stream through `[DONE]`) or one
+error status; a connection error, a timeout or a stream cut short counts as lost, and
+the proxy must hold nothing once the phase's answers are in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.engines import proxy_args
+from loadgen.processes import run_server
+
+STEADY_KEY = "sk-steady-" + "0" * 16
+FLOOD_KEY = "sk-flood-" + "1" * 16
+WORDS = ("river", "delta", "basin", "bank", "ford", "weir", "lock", "estuary", "meander")
+
+
+@dataclass
+class Tally:
+    """Each request's one outcome: `done` (complete answer) or a status in `statuses`
+    (0: lost: connection error, timeout, or a stream cut short)."""
+
+    ttfts_s: list[float] = field(default_factory=list)
+    done: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+    sent: int = 0
+
+    def outcome(self, status: int) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    @property
+    def answered(self) -> int:
+        return self.done + sum(n for s, n in self.statuses.items() if s != 0)
+
+    @property
+    def lost(self) -> int:
+        return self.statuses.get(0, 0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ttfts_s": self.ttfts_s,
+            "done": self.done,
+            "sent": self.sent,
+            "statuses": self.statuses,
+        }
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def steady_body() -> dict[str, Any]:
+    return {
+        "model": "m",
+        "stream": True,
+        "max_tokens": 16,
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": "You answer in one short sentence."},
+            {"role": "user", "content": "Which river flows through Paris?"},
+        ],
+    }
+
+
+def flood_body(rng: random.Random, words: int, max_tokens: int) -> dict[str, Any]:
+    """A unique prompt (nothing cached) asking for `max_tokens`."""
+    text = " ".join(rng.choice(WORDS) + str(rng.randrange(100_000)) for _ in range(words))
+    return {
+        "model": "m",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": text}],
+    }
+
+
+async def one_stream(
+    client: httpx.AsyncClient, url: str, key: str, body: dict[str, Any], tally: Tally
+) -> None:
+    """One streamed chat: its TTFT and its one outcome."""
+    tally.sent += 1
+    start = time.monotonic()
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        async with client.stream(
+            "POST", url + "/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            if response.status_code != 200:
+                await response.aread()
+                tally.outcome(response.status_code)
+                return
+            seen = finished = False
+            async for line in response.aiter_lines():
+                compact = line.replace(" ", "")
+                if not seen and '"content":"' in compact and '"content":""' not in compact:
+                    tally.ttfts_s.append(time.monotonic() - start)
+                    seen = True
+                if compact == "data:[DONE]":
+                    finished = True
+        if finished:
+            tally.done += 1
+        else:
+            tally.outcome(0)  # cut short
+    except httpx.HTTPError:
+        tally.outcome(0)
+
+
+async def open_loop(
+    url: str, key: str, qps: float, seconds: float, seed: int, body_of: Any, connections: int
+) -> Tally:
+    rng = random.Random(seed)
+    tally = Tally()
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+        until = time.monotonic() + seconds
+        tasks = []
+        while time.monotonic() < until:
+            tasks.append(asyncio.create_task(one_stream(client, url, key, body_of(rng), tally)))
+            await asyncio.sleep(rng.expovariate(qps))
+        await asyncio.gather(*tasks)
+    return tally
+
+
+async def capacity(url: str, args: argparse.Namespace) -> float:
+    """Answers per second of the flood's shape from closed loops (the engine busy)."""
+    tally = Tally()
+    rng = random.Random(args.seed + 1)
+    until = time.monotonic() + args.calibrate_seconds
+
+    async def loop(client: httpx.AsyncClient) -> None:
+        while time.monotonic() < until:
+            body = flood_body(rng, args.flood_words, args.flood_tokens)
+            await one_stream(client, url, FLOOD_KEY, body, tally)
+
+    began = time.monotonic()
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        await asyncio.gather(*(loop(client) for _ in range(args.calibrate_loops)))
+    return tally.done / (time.monotonic() - began)
+
+
+def flood_role(args: argparse.Namespace) -> None:
+    """`--role flood`: the flood key's open loop; prints its tally as JSON."""
+
+    def body_of(rng: random.Random) -> dict[str, Any]:
+        return flood_body(rng, args.flood_words, args.flood_tokens)
+
+    tally = asyncio.run(
+        open_loop(args.url, FLOOD_KEY, args.flood_qps, args.seconds, args.seed + 2, body_of, 256)
+    )
+    print(json.dumps(tally.as_json()))
+
+
+def proxy_holds_nothing(url: str) -> bool:
+    health = httpx.get(url + "/health", timeout=10.0).json()
+    return health["queue_depth"] == 0 and health["inflight"] == 0
+
+
+@dataclass(frozen=True)
+class Line:
+    """One proxy configuration the flood phase runs against."""
+
+    name: str
+    fair_share: bool
+    key_max_inflight: int
+
+
+def parse_lines(text: str) -> list[Line]:
+    """`share:16,noshare:16,share:4`: fair share on/off and the per-key in-flight limit."""
+    lines = []
+    for item in text.split(","):
+        mode, _, inflight = item.strip().partition(":")
+        if mode not in ("share", "noshare") or not inflight.isdigit():
+            raise SystemExit(f"--lines: expected share:N or noshare:N, got {item!r}")
+        lines.append(Line(item.strip(), mode == "share", int(inflight)))
+    return lines
+
+
+def steady_phase(url: str, args: argparse.Namespace, seed: int) -> Tally:
+    return asyncio.run(
+        open_loop(
+            url, STEADY_KEY, args.steady_qps, args.seconds, seed, lambda rng: steady_body(), 64
+        )
+    )
+
+
+def flood_phase(url: str, args: argparse.Namespace, flood_qps: float) -> tuple[Tally, Tally]:
+    """The steady key here and the flood key from another process, at once."""
+    flood_cmd = [
+        sys.executable, "-m", "bench.key_flood", "--role", "flood", "--url", url,
+        "--flood-qps", str(flood_qps), "--seconds", str(args.seconds), "--seed", str(args.seed),
+        "--flood-words", str(args.flood_words), "--flood-tokens", str(args.flood_tokens),
+    ]  # fmt: skip
+    with subprocess.Popen(flood_cmd, stdout=subprocess.PIPE, text=True) as child:
+        beside = steady_phase(url, args, args.seed + 10)
+        out, _ = child.communicate(timeout=args.seconds + 300)
+    data = json.loads(out)
+    flood = Tally(**data)
+    flood.statuses = {int(k): v for k, v in data["statuses"].items()}
+    return beside, flood
+
+
+def settle(url: str) -> bool:
+    """Whether the proxy holds nothing once the phase's answers are in (waits up to 30 s
+    for handlers that are still returning)."""
+    deadline = time.monotonic() + 30.0
+    while not proxy_holds_nothing(url):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    lines = parse_lines(args.lines)
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="key-flood-") as tmp:
+        work = Path(tmp)
+        keys = work / "keys"
+        key_lines = [
+            f"sha256:{hashlib.sha256(key.encode()).hexdigest()} name={name}"
+            for key, name in ((STEADY_KEY, "steady"), (FLOOD_KEY, "flood"))
+        ]
+        keys.write_text("\n".join(key_lines) + "\n")
+        with run_server("prism_sim", ["--log-level", "warning"], log_dir=work) as sim:
+            serve = proxy_args("sim", sim.url)
+            solo: Tally | None = None
+            flood_qps = 0.0
+            for index, line in enumerate(lines):
+                env = {
+                    "PRISM_API_KEYS_FILE": str(keys),
+                    "PRISM_KEY_MAX_INFLIGHT": str(line.key_max_inflight),
+                    "PRISM_KEY_MAX_QUEUED": str(args.key_max_queued),
+                    "PRISM_FAIR_SHARE": "true" if line.fair_share else "false",
+                }
+                name = f"proxy-{index}"
+                with run_server("prism_proxy", serve, log_dir=work, name=name, env=env) as proxy:
+                    url = proxy.url
+                    if solo is None:
+                        cap = asyncio.run(capacity(url, args))
+                        flood_qps = args.factor * cap
+                        print(
+                            f"capacity (flood shape: {args.flood_words} unique words, "
+                            f"{args.flood_tokens} tokens out; {args.calibrate_loops} closed loops "
+                            f"through line {line.name}): {cap:.2f} answers/s; flood target "
+                            f"{args.factor:g}x = {flood_qps:.1f} req/s",
+                            flush=True,
+                        )
+                        solo = steady_phase(url, args, args.seed)
+                        ok &= settle(url)
+                        report_solo(solo)
+                    beside, flood = flood_phase(url, args, flood_qps)
+                    idle = settle(url)
+                    ok &= report_line(args, line, solo, beside, flood, idle)
+    print(f"every request got exactly one response, every line: {'yes' if ok else 'NO'}")
+    return 0 if ok else 1
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:.1f} ms"
+
+
+def report_solo(solo: Tally) -> None:
+    print(
+        f"steady solo: {solo.sent} sent, {solo.done} done, P50 "
+        f"{ms(percentile(solo.ttfts_s, 0.5))}, P99 {ms(percentile(solo.ttfts_s, 0.99))}",
+        flush=True,
+    )
+
+
+def report_line(
+    args: argparse.Namespace, line: Line, solo: Tally, beside: Tally, flood: Tally, idle: bool
+) -> bool:
+    solo_p99, beside_p99 = percentile(solo.ttfts_s, 0.99), percentile(beside.ttfts_s, 0.99)
+    ratio = beside_p99 / solo_p99
+    verdict = "met" if ratio <= 1.5 else "MISSED"
+    share = "on" if line.fair_share else "off"
+    tallies = (solo, beside, flood)
+    exact = all(t.answered == t.sent and t.lost == 0 for t in tallies) and idle
+    others = {s: n for s, n in flood.statuses.items() if s != 429}
+    print(
+        f"[{line.name}] fair share {share}, per-key max_inflight {line.key_max_inflight}, "
+        f"max_queued {args.key_max_queued}\n"
+        f"  steady beside flood: {beside.sent} sent, {beside.done} done "
+        f"{beside.statuses or ''}, P50 {ms(percentile(beside.ttfts_s, 0.5))}, P99 "
+        f"{ms(beside_p99)}; P99 ratio {ratio:.2f} (target <= 1.5: {verdict})\n"
+        f"  flood: {flood.sent} sent ({flood.sent / args.seconds:.1f} req/s), {flood.done} "
+        f"answered, {flood.statuses.get(429, 0)} x 429, other {others}\n"
+        f"  exactly one response each: {'yes' if exact else 'NO'} (lost "
+        f"{sum(t.lost for t in tallies)}, proxy idle after: {idle})",
+        flush=True,
+    )
+    return exact
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.key_flood",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="each phase's length")
+    parser.add_argument("--steady-qps", type=float, default=2.0)
+    parser.add_argument("--factor", type=float, default=10.0, help="flood rate / capacity")
+    parser.add_argument("--flood-words", type=int, default=150)
+    parser.add_argument("--flood-tokens", type=int, default=32)
+    parser.add_argument("--calibrate-seconds", type=float, default=10.0)
+    parser.add_argument("--calibrate-loops", type=int, default=16)
+    parser.add_argument(
+        "--lines",
+        default="share:16,noshare:16,share:4",
+        help="proxy lines for the flood phase: share|noshare:<per-key max_inflight>, ...",
+    )
+    parser.add_argument("--key-max-queued", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--role", choices=("main", "flood"), default="main", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--flood-qps", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role == "flood":
+        flood_role(args)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Client API keys through the real proxy on prism-sim with the real `openai` client
+(issue 36): 401 without an accepted key on every client path, per-key limits answered
+429 with Retry-After, and the fair share letting a steady key past a flood's backlog."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from proxy_support import ProxyFactory, eventually, proxy_factory_fixture
+
+from loadgen.processes import ServerProcess, run_server
+from prism_proxy.edge import state
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """prism-sim in real time (the A800 model): a long answer holds its request in
+    flight for seconds, so a test can hold one while it asks again."""
+    args = ["--speed", "1", "--log-level", "warning"]
+    with run_server("prism_sim", args, log_dir=tmp_path_factory.mktemp("sim")) as server:
+        yield server
+
+
+proxy_factory = pytest.fixture(proxy_factory_fixture)
+
+MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
+
+
+def _client(url: str, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+
+
+async def test_wrong_or_missing_key_is_401_on_every_client_path(
+    proxy_factory: ProxyFactory,
+) -> None:
+    proxy = await proxy_factory(api_keys="sk-good")
+    async with _client(proxy.url, "sk-wrong") as client:
+        with pytest.raises(openai.AuthenticationError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        error = caught.value.body
+        assert isinstance(error, dict) and error["code"] == "invalid_api_key"
+        assert error["type"] == "invalid_request_error"
+        with pytest.raises(openai.AuthenticationError):
+            await client.completions.create(model="m", prompt="The sea", max_tokens=4)
+        with pytest.raises(openai.AuthenticationError):
+            await client.models.list()
+    async with _client(proxy.url, "sk-good") as client:
+        answer = await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert answer.choices[0].message.content
+        assert (await client.models.list()).data
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as http:
+        body = {"text": "The sea", "sampling_params": {"max_new_tokens": 4}}
+        missing = await http.post("/generate", json=body)
+        assert missing.status_code == 401
+        assert missing.json()["error"]["code"] == "invalid_api_key"
+        other = await http.post("/generate", json=body, headers={"x-api-key": "sk-good"})
+        assert other.status_code == 200
+        assert (await http.get("/health")).status_code == 200  # stays open
+        metrics = (await http.get("/metrics")).text
+        refused = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("prism:requests_total{")
+            and 'endpoint="chat"' in line
+            and 'status="401"' in line
+        ]
+        assert refused and float(refused[0].rsplit(" ", 1)[1]) == 1.0
+
+
+async def test_per_key_in_flight_limit_is_429_with_retry_after(
+    proxy_factory: ProxyFactory, tmp_path: object
+) -> None:
+    """The key file gives `capped` one request in flight; `free` has the default (none).
+    A stream held open keeps capped's one request in flight."""
+    path = tmp_path / "keys"  # type: ignore[operator]
+    digest = hashlib.sha256(b"sk-capped").hexdigest()
+    path.write_text(f"sha256:{digest} name=capped max_inflight=1\n")
+    proxy = await proxy_factory(api_keys_file=str(path), api_keys="sk-free")
+    usage = proxy.app[state.USAGE]
+    async with _client(proxy.url, "sk-capped") as capped, _client(proxy.url, "sk-free") as free:
+        stream = await capped.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=4000, stream=True
+        )
+        await anext(aiter(stream))
+        with pytest.raises(openai.RateLimitError) as caught:
+            await capped.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert caught.value.response.headers["Retry-After"] == "1"
+        assert caught.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+        served = await free.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert served.choices[0].finish_reason
+        await stream.close()
+        await eventually(lambda: usage.holding("capped") == (0, 0))
+        again = await capped.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert again.choices[0].finish_reason
+
+
+async def test_tokens_per_minute_is_429_once_used(proxy_factory: ProxyFactory) -> None:
+    """One token a minute: the first answer is admitted and charged its prompt and
+    completion tokens (more than one), so the bucket is empty for many seconds and the
+    next request gets 429 with the refill time as Retry-After."""
+    proxy = await proxy_factory(api_keys="sk-tpm", key_tokens_per_minute=1)
+    async with _client(proxy.url, "sk-tpm") as client:
+        first = await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert first.usage is not None and first.usage.total_tokens > 1
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        # 60 s per token refilled: at least a minute for the one token the answer overdrew
+        assert int(caught.value.response.headers["Retry-After"]) >= 60
+        assert "tokens_per_minute" in caught.value.message
+
+
+@pytest.mark.parametrize("fair_share", [True, False])
+async def test_steady_key_released_past_a_floods_backlog(
+    proxy_factory: ProxyFactory, fair_share: bool
+) -> None:
+    """One request at the engine at a time (B = backstop = 1, fifo). The flood sends 6
+    long requests; once they have all arrived and at least 4 wait in the queue, the
+    steady key sends one. With the fair share it is released within two releases, so
+    flood requests that were queued before it finish after it; without, fifo serves
+    the whole flood first."""
+    proxy = await proxy_factory(
+        api_keys="sk-flood,sk-steady",
+        policy="fifo",
+        prefill_batch=1,
+        max_inflight=1,
+        fair_share=fair_share,
+    )
+    admission = proxy.app[state.ADMISSION]
+    done: list[str] = []
+
+    async def ask(client: openai.AsyncOpenAI, name: str, max_tokens: int) -> None:
+        await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=max_tokens)
+        done.append(name)
+
+    def flood_waiting() -> bool:
+        arrived = len(done) + admission.queue_depth + admission.inflight == 6
+        return arrived and admission.queue_depth >= 4
+
+    async with _client(proxy.url, "sk-flood") as flood, _client(proxy.url, "sk-steady") as steady:
+        flooding = [asyncio.create_task(ask(flood, "flood", 64)) for _ in range(6)]
+        await eventually(flood_waiting, 30.0)
+        steady_task = asyncio.create_task(ask(steady, "steady", 4))
+        await asyncio.gather(*flooding, steady_task)
+    flood_after = len(done) - 1 - done.index("steady")
+    if fair_share:
+        assert flood_after >= 1, done
+    else:
+        assert flood_after == 0, done

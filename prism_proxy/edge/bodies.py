@@ -86,6 +86,7 @@ class JsonParser:
         self.container_limit = container_limit
         self._pool: ProcessPoolExecutor | None = None
         self.checked_in_worker = 0
+        self._large_turn = asyncio.Lock()
 
     def _worker(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -96,15 +97,24 @@ class JsonParser:
         return self._pool
 
     async def parse(self, data: bytes) -> Any:
-        if data.count(b"{") + data.count(b"[") > self.container_limit:
-            self.checked_in_worker += 1
-            loop = asyncio.get_running_loop()
-            verdict = await loop.run_in_executor(
-                self._worker(), check_in_worker, data, self.container_limit
-            )
-            if verdict is not None:
-                raise BodyError(*verdict)
-        return parse_json(data)
+        # a body of n bytes holds at most n brackets: a short one is not counted
+        if len(data) <= self.container_limit:
+            return parse_json(data)
+        # Large bodies take turns: the loop holds one large body's count and parse at a
+        # time (~1 ms each per MB), each after a yield, so requests arriving meanwhile
+        # (a /health probe) wait for one of them, not for every large body that came in
+        # at once.
+        async with self._large_turn:
+            await asyncio.sleep(0)
+            limit = self.container_limit
+            if data.count(b"{") + data.count(b"[") > limit:
+                self.checked_in_worker += 1
+                loop = asyncio.get_running_loop()
+                verdict = await loop.run_in_executor(self._worker(), check_in_worker, data, limit)
+                if verdict is not None:
+                    raise BodyError(*verdict)
+            await asyncio.sleep(0)
+            return parse_json(data)
 
     def close(self) -> None:
         if self._pool is not None:

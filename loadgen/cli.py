@@ -24,11 +24,15 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from loadgen.agent_trace import AgentTraceParams, build_agent_trace
 from loadgen.apis import API_NAMES, CHAT_LAYOUTS
-from loadgen.rag_trace import RagTraceParams, build_rag_trace
-from loadgen.reorder_trace import ReorderTraceParams, build_reorder_trace
+from loadgen.routing import ROUTING_KEYS
 from loadgen.trace_format import read_trace, write_trace
+from loadgen.trace_params import AgentTraceParams, RagTraceParams, ReorderTraceParams
+
+# What the `loadgen` extra installs, by import name: the subcommands import them (below
+# the argument parser, so `prism-loadgen --help` runs without them).
+LOADGEN_EXTRA_MODULES = frozenset({"numpy", "matplotlib", "tqdm", "httpx", "blake3", "openai"})
+EXTRA_HINT = "pip install 'prism-serving[loadgen]'"
 
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: Any, skip: tuple[str, ...]) -> None:
@@ -56,6 +60,10 @@ def _tokenizer(spec: str | None) -> tuple[Any, str]:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
+    from loadgen.agent_trace import build_agent_trace
+    from loadgen.rag_trace import build_rag_trace
+    from loadgen.reorder_trace import build_reorder_trace
+
     tokenizer, name = _tokenizer(args.tokenizer)
     if args.workload == "rag":
         params = _params_from_args(RagTraceParams, args)
@@ -168,7 +176,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadgen.replay import ROUTING_KEYS
     from loadgen.sweep import add_sweep_flags
 
     parser = argparse.ArgumentParser(
@@ -288,8 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _run(argv: list[str]) -> int:
     if argv[:1] == ["scale-out"]:  # its own flags (loadgen/scale_out.py)
         from loadgen.scale_out import main as scale_out
 
@@ -303,6 +309,23 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except (ValueError, FileNotFoundError) as exc:
         print(f"prism-loadgen: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _run(argv)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in LOADGEN_EXTRA_MODULES:
+            raise
+        command = argv[0] if argv else "prism-loadgen"
+        print(
+            f"prism-loadgen: error: {command!r} needs {missing!r}, from the loadgen extra: "
+            f"{EXTRA_HINT}",
+            file=sys.stderr,
+        )
         return 2
 
 

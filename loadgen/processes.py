@@ -18,8 +18,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 # Ports our servers listen on: below Linux's ephemeral range (32768-60999), which the OS
 # hands to outgoing connections, and outside 22000-29999, where SGLang 0.5.23 draws the
 # NCCL port that each of its servers binds on 0.0.0.0 while it starts
@@ -77,6 +75,8 @@ class ServerProcess:
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float, path: str) -> None:
+    import httpx  # the loadgen extra (`prism-loadgen --help` runs without it)
+
     deadline = time.monotonic() + timeout_s
     last_error = "no answer yet"
     while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ at different QPS hold the same prompts in the same order.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from loadgen.corpus import load_corpus, synthetic_passages
@@ -27,46 +27,9 @@ from loadgen.sampling import (
 )
 from loadgen.textgen import TokenCounter, random_text
 from loadgen.trace_format import Segment, TraceHeader, TraceRequest
+from loadgen.trace_params import RagTraceParams
 
 WORKLOAD = "zipf_hotspot"
-
-
-@dataclass(frozen=True)
-class RagTraceParams:
-    """Every knob of zipf_hotspot; defaults are SPEC §6's."""
-
-    passages: int = 981
-    hot_set: int = 20
-    r_hot: float = 0.7
-    hot_count: int = 4
-    alpha: float = 1.2
-    k: int = 5
-    chunk_tokens: int = 128
-    num_requests: int = 2048
-    qps: float = 50.0
-    system_tokens: int = 64
-    question_tokens: int = 40
-    max_tokens: int = 32
-    corpus: str | None = None
-
-    @property
-    def max_hot(self) -> int:
-        """The most hot passages one request holds."""
-        return self.k if self.hot_count == -1 else self.hot_count
-
-    def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError("k must be at least 1")
-        if not 0.0 <= self.r_hot <= 1.0:
-            raise ValueError("r_hot is a probability")
-        if self.hot_count != -1 and not 1 <= self.hot_count <= self.k:
-            raise ValueError("hot_count must be in 1…k, or -1 (uniform in 1…k)")
-        if self.hot_set < self.max_hot:
-            raise ValueError("hot_set too small for the hot passages a request draws")
-        if self.corpus is None and self.passages - self.hot_set < self.k:
-            raise ValueError("need at least k cold passages (passages - hot_set >= k)")
-        if self.num_requests < 0 or self.qps <= 0:
-            raise ValueError("num_requests >= 0 and qps > 0")
 
 
 def passage_id(index: int) -> str:

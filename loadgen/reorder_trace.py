@@ -15,37 +15,15 @@ reuses every passage of a repeat.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from loadgen.corpus import synthetic_passages
 from loadgen.sampling import poisson_arrivals, sample_distinct, stream
 from loadgen.textgen import TokenCounter, random_text
 from loadgen.trace_format import Segment, TraceHeader, TraceRequest
+from loadgen.trace_params import ReorderTraceParams
 
 WORKLOAD = "reorder_replay"
-
-
-@dataclass(frozen=True)
-class ReorderTraceParams:
-    """Every knob of reorder_replay."""
-
-    passages: int = 981
-    k: int = 5
-    r_repeat: float = 0.5
-    chunk_tokens: int = 128
-    num_requests: int = 400
-    qps: float = 2.0
-    system_tokens: int = 64
-    question_tokens: int = 40
-    max_tokens: int = 32
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.k <= self.passages:
-            raise ValueError("k must be in 1…passages")
-        if not 0.0 <= self.r_repeat <= 1.0:
-            raise ValueError("r_repeat is a probability")
-        if self.num_requests < 0 or self.qps <= 0:
-            raise ValueError("num_requests >= 0 and qps > 0")
 
 
 def build_reorder_trace(

@@ -25,12 +25,10 @@ import aiohttp
 
 from loadgen.apis import build_request, parse_event
 from loadgen.hot_keys import BoundedKeys
-from loadgen.routing import ROUTING_KEY_HEADER, routing_headers
+from loadgen.routing import ROUTING_KEY_HEADER, ROUTING_KEYS, routing_headers
 from loadgen.smg_ring import SmgRing
 from loadgen.summary import RequestRecord, summarize
 from loadgen.trace_format import Trace, TraceRequest
-
-ROUTING_KEYS = ("none", "canonical", "anchor", "anchor-bounded")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from prism_proxy.qas.alignment import canonical_key
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+# What `replay --routing-key` sends (`loadgen.replay`).
+ROUTING_KEYS = ("none", "canonical", "anchor", "anchor-bounded")
 
 
 def anchor_segment(

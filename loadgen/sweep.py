@@ -40,8 +40,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from loadgen.apis import CHAT_LAYOUTS
 from loadgen.cpu_models import CPU_MODELS
 from loadgen.processes import free_port, run_server
@@ -267,6 +265,8 @@ def proxy_command(
 
 def engine_state(url: str) -> dict[str, Any]:
     """The engine's own view after a run (``/server_info``): loop lag, evictions, …"""
+    import httpx  # the loadgen extra (`prism-loadgen --help` runs without it)
+
     try:
         info = httpx.get(url + "/server_info", timeout=10.0).json()
         states = info.get("internal_states") or [{}]
@@ -278,6 +278,8 @@ def engine_state(url: str) -> dict[str, Any]:
 def proxy_counters(url: str) -> dict[str, float]:
     """The proxy's ``prism:`` counters, gauges and histogram sums/counts after a run,
     summed over labels."""
+    import httpx  # the loadgen extra (`prism-loadgen --help` runs without it)
+
     try:
         return metric_totals(httpx.get(url + "/metrics", timeout=10.0).text)
     except httpx.HTTPError:
@@ -287,6 +289,8 @@ def proxy_counters(url: str) -> dict[str, float]:
 def proxy_settings(url: str) -> dict[str, Any] | None:
     """The settings the proxy ran with, by its own account (`/server_info`'s
     `prism.settings`), or None when it cannot tell."""
+    import httpx  # the loadgen extra (`prism-loadgen --help` runs without it)
+
     try:
         info = httpx.get(url + "/server_info", timeout=30.0).json()
     except (httpx.HTTPError, ValueError):

@@ -273,6 +273,56 @@ async def test_a_large_prompt_is_tokenized_off_the_event_loop(sim_url, monkeypat
         assert large[0] > 200_000 and large[1] != loop_thread
 
 
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "q"}]}),
+        ("/v1/completions", {"model": "m", "prompt": "q"}),
+        ("/generate", {"text": "q"}),
+    ],
+)
+async def test_a_hint_is_checked_on_the_loop_and_serialized_off_it_when_large(
+    sim_url, monkeypatch, path, fields
+) -> None:
+    """Issue 36's stall: 1 MB hinted prompts, each refused with a 400. A hint's checks
+    (lengths, ids: O(segments)) run on the event loop, so a refused one never takes a
+    worker thread's hop; an accepted large one is serialized (tokenized) in a worker
+    thread. `python -m bench.loop_stall --hinted-seconds 30` measures /health meanwhile."""
+    from prism_proxy.edge import endpoints
+
+    checked: list[int] = []  # threads that checked a hint
+    serialized: list[int] = []  # threads that serialized one
+    hinted_prompt, segmented_job = endpoints.hinted_prompt, endpoints.segmented_job
+
+    def recording_check(*args, **kwargs):
+        checked.append(threading.get_ident())
+        return hinted_prompt(*args, **kwargs)
+
+    def recording_serialize(*args, **kwargs):
+        serialized.append(threading.get_ident())
+        return segmented_job(*args, **kwargs)
+
+    monkeypatch.setattr(endpoints, "hinted_prompt", recording_check)
+    monkeypatch.setattr(endpoints, "segmented_job", recording_serialize)
+    loop_thread = threading.get_ident()
+    too_long = {"id": "d0", "text": "w" * 256_001}  # over max_piece_chars (256,000)
+    large = [{"id": f"d{i}", "text": "word " * 10_000} for i in range(4)]  # 200k characters
+    async with running_proxy(sim_url) as proxy, aiohttp.ClientSession() as http:
+        refused = {**fields, "prism": {"segments": [too_long]}}
+        async with http.post(proxy.url + path, json=refused) as response:
+            error = (await response.json())["error"]
+        assert response.status == 400 and error["param"] == "prism.segments[0].text"
+        assert "too long: 256001 characters > limit 256000" in error["message"]
+        assert checked == [loop_thread] and serialized == []
+        short = {"sampling_params": {"max_new_tokens": 1}}
+        one = short if path == "/generate" else {"max_tokens": 1}
+        accepted = {**fields, **one, "prism": {"segments": large}}
+        async with http.post(proxy.url + path, json=accepted) as response:
+            assert response.status == 200, await response.text()
+        assert checked == [loop_thread, loop_thread]
+        assert len(serialized) == 1 and serialized[0] != loop_thread
+
+
 async def test_forwarded_bodies_hold_only_checked_served_fields() -> None:
     """What reaches the backend: the fields the proxy checked and serves, never the
     client's rid or priority, its hints, fields SGLang does not know, or message fields

@@ -43,7 +43,8 @@ def new_rid() -> str:
     return "prism-" + os.urandom(16).hex()  # uuid4().hex costs 4x as much
 
 
-def _prompt_error(exc: PromptError) -> ApiError:
+def prompt_error(exc: PromptError) -> ApiError:
+    """The 400 of a prompt the proxy cannot serve, naming its field."""
     return ApiError(400, str(exc), param=exc.param)
 
 
@@ -54,13 +55,19 @@ def _prompt_error(exc: PromptError) -> ApiError:
 OFFLOAD_CHARS = 32_768
 
 
+def _then_release(work: Callable[[], T]) -> T:
+    """`work()`, then the heap's free pages back to the OS, in the worker thread: the
+    trim (ctypes releases the GIL) never holds the event loop."""
+    try:
+        return work()
+    finally:
+        release_free_memory()
+
+
 async def off_loop(size: PromptSize, work: Callable[[], T]) -> T:
     """`work()` here for a small prompt, in a worker thread for a large one."""
     if size.work >= OFFLOAD_CHARS:
-        try:
-            return await asyncio.to_thread(work)
-        finally:
-            release_free_memory()
+        return await asyncio.to_thread(_then_release, work)
     return work()
 
 
@@ -70,7 +77,7 @@ async def make_job(size: PromptSize, build: Callable[[], TokenJob]) -> TokenJob:
     try:
         return await off_loop(size, build)
     except PromptError as exc:
-        raise _prompt_error(exc) from None
+        raise prompt_error(exc) from None
 
 
 SLO_HEADER = "x-prism-ttft-slo-ms"
@@ -111,7 +118,7 @@ def _admission_error(exc: BaseException, retry_after_s: float) -> ApiError | Non
     if isinstance(exc, BackendError):
         return backend_failure(exc)
     if isinstance(exc, PromptError):  # found only when serialized at release
-        return _prompt_error(exc)
+        return prompt_error(exc)
     return None
 
 

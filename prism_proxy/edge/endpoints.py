@@ -10,7 +10,7 @@ Every accepted request ends in exactly one response: errors raised anywhere beco
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -18,12 +18,14 @@ from prism_proxy.api.models import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    PrismHint,
     PromptSize,
 )
+from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.accounts import client_key
-from prism_proxy.edge.admit import make_job, new_rid, off_loop
+from prism_proxy.edge.admit import make_job, new_rid, off_loop, prompt_error
 from prism_proxy.edge.errors import ENDPOINT, LANE, ApiError, backend_failure, json_answer
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.openai_format import (
@@ -41,7 +43,7 @@ from prism_proxy.prompts.jobs import (
     TokenJob,
     chat_defaults,
     find_documents,
-    hinted_job,
+    hinted_prompt,
     message_text,
     private_job,
     segmented_job,
@@ -126,6 +128,26 @@ async def token_path_open(request: web.Request, hinted: bool) -> bool:
         count_origin(request, "forwarded")
         return False
     raise ApiError(503, guard.refusal(), kind="service_unavailable")
+
+
+class HintedPrompt(NamedTuple):
+    prompt: SegmentedPrompt
+    chat: bool  # serialized with the chat template
+
+
+def hint_prompt(
+    hint: PrismHint, *, system: str | None, suffix: str | None, chat: bool
+) -> HintedPrompt:
+    """A hinted request's prompt, checked here on the event loop (400 naming the field),
+    and whether it is serialized as a chat (the hint's `chat`, else the endpoint's
+    default `chat`). The checks are lengths and ids, O(segments), so a refused hint (a
+    1 MB segment over `max_piece_chars`) costs no worker thread's hop; only serializing
+    an accepted one (tokenization) leaves the loop (`make_job`)."""
+    try:
+        prompt = hinted_prompt(hint, system=system, suffix=suffix)
+    except PromptError as exc:
+        raise prompt_error(exc) from None
+    return HintedPrompt(prompt, chat if hint.chat is None else hint.chat)
 
 
 def _chat_turns(
@@ -228,11 +250,14 @@ async def _chat_token_path(
     rendering = request.app[state.RENDERING]
     drifts: list[tuple[bool, int]] = []
     finder = DocumentFinder(request, body.prism is not None)
+    hinted = None
+    if body.prism is not None:
+        system, suffix = chat_defaults(body.messages)
+        hinted = hint_prompt(body.prism, system=system, suffix=suffix, chat=True)
 
     def build() -> TokenJob:
-        if body.prism is not None:
-            system, suffix = chat_defaults(body.messages)
-            return hinted_job(serializer, body.prism, system=system, suffix=suffix, chat=True)
+        if hinted is not None:
+            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
         messages = body.forwarded(raw)["messages"]
         try:
             found = chat_job(
@@ -311,11 +336,14 @@ async def _completions(
     prompt = body.single_prompt()
     serializer = request.app[state.SERIALIZER]
     finder = DocumentFinder(request, body.prism is not None)
+    hinted = None
+    if body.prism is not None:
+        text = prompt if isinstance(prompt, str) else None
+        hinted = hint_prompt(body.prism, system=None, suffix=text, chat=False)
 
     def build() -> TokenJob:
-        if body.prism is not None:
-            text = prompt if isinstance(prompt, str) else None
-            return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
+        if hinted is not None:
+            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
         if isinstance(prompt, str):
             if (finding := finder.find(prompt, None)) is not None:
                 return segmented_job(serializer, finding.prompt, chat=False)
@@ -361,11 +389,14 @@ async def _generate(
         return await passthrough(request, "/generate", body.forwarded(raw), set_rid=True)
     serializer = request.app[state.SERIALIZER]
     finder = DocumentFinder(request, body.prism is not None)
+    hinted = None
+    if body.prism is not None:
+        text = body.text if isinstance(body.text, str) else None
+        hinted = hint_prompt(body.prism, system=None, suffix=text, chat=False)
 
     def build() -> TokenJob:
-        if body.prism is not None:
-            text = body.text if isinstance(body.text, str) else None
-            return hinted_job(serializer, body.prism, system=None, suffix=text, chat=False)
+        if hinted is not None:
+            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
         if body.input_ids is not None:  # checked in read_body
             return private_job({"input_ids": body.input_ids}, len(body.input_ids))
         if isinstance(body.text, str):

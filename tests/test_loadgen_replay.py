@@ -21,6 +21,7 @@ from loadgen.trace_format import Trace, read_trace, write_trace
 from prism_tokens.tokenizer import load_tokenizer
 
 SPEED = 4.0
+MAX_TOKENS = 8  # each request's answer, in tokens
 SUMMARY_KEYS = {
     "completed",
     "failed",
@@ -62,7 +63,9 @@ RECORD_KEYS = {
 
 @pytest.fixture(scope="module")
 def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    params = RagTraceParams(passages=40, hot_set=5, num_requests=40, qps=40.0, max_tokens=8)
+    params = RagTraceParams(
+        passages=40, hot_set=5, num_requests=40, qps=40.0, max_tokens=MAX_TOKENS
+    )
     header, requests = build_rag_trace(params, 11, load_tokenizer("builtin"))
     path = tmp_path_factory.mktemp("trace") / "rag.jsonl"
     write_trace(path, header, requests)
@@ -130,10 +133,18 @@ def test_replay_through_proxy_cli(sim, trace_file: Path, tmp_path: Path) -> None
             return totals.get("prism:prompt_tokens_total", 0) >= summary["total_input_tokens"]
 
         wait_until(counted)
-    # The proxy saw (and counted) the same prompt and cached tokens the replay recorded.
+    # The proxy saw (and counted) the same prompt tokens the replay recorded.
     assert summary["total_input_tokens"] > 0
     assert totals["prism:prompt_tokens_total"] == summary["total_input_tokens"]
-    assert totals["prism:cached_tokens_total"] == summary["total_cached_tokens"]
+    # Cached tokens: the metric counts the engine's whole match; the client is told at
+    # most what it sent or was generated for it (prompts.sharing), and an answer counts
+    # as its own once the proxy has relayed its end. A prompt that runs on into tokens
+    # the engine cached from an earlier answer still being relayed is told less, by at
+    # most that answer's length (a race that a busy machine widens).
+    engine_cached = totals["prism:cached_tokens_total"]
+    told_cached = summary["total_cached_tokens"]
+    assert 0 < told_cached <= engine_cached
+    assert engine_cached - told_cached <= summary["completed"] * MAX_TOKENS
 
 
 def test_replay_unreachable_target(trace_file: Path, tmp_path: Path) -> None:

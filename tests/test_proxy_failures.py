@@ -387,3 +387,39 @@ async def test_error_chunk_in_a_backend_stream(chunks_before_error: int) -> None
         assert r.status == 502
         error = json.loads(text)["error"]
     assert error["message"] == "backend error: out of memory"
+
+
+async def test_one_requests_engine_error_leaves_the_engine_up() -> None:
+    """An engine's 500 on one request is that request's 502; the engine stays up (no
+    client can mark it down for everyone, flip readiness or stale the tokenizer check
+    with input that makes the engine fail), while a failing probe still marks it down."""
+    from aiohttp import web
+
+    healthy = [True]
+
+    async def server_info(request: web.Request) -> web.Response:
+        if healthy[0]:
+            return web.json_response({"chunked_prefill_size": 2048, "max_running_requests": 5})
+        return web.json_response({"error": {"message": "down"}}, status=500)
+
+    async def generate(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "Internal server error"}}, status=500)
+
+    app = web.Application()
+    app.router.add_get("/server_info", server_info)
+    app.router.add_post("/generate", generate)
+    async with (
+        loopback_app(app) as url,
+        running_proxy(url, health_interval_s=0.02, tokenizer="builtin") as proxy,
+        aiohttp.ClientSession() as session,
+    ):
+        backend, registry = proxy.app[state.BACKEND], proxy.app[state.METRICS].registry
+        assert backend.up is True
+        downs = backend.downs
+        for _ in range(3):
+            async with session.post(proxy.url + "/generate", json={"text": "hi"}) as response:
+                assert response.status == 502
+        assert (backend.up, backend.downs) == (True, downs)
+        assert registry.get_sample_value("prism:backend_up") == 1
+        healthy[0] = False
+        await eventually(lambda: registry.get_sample_value("prism:backend_up") == 0)

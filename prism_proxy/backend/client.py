@@ -229,7 +229,9 @@ class BackendClient:
             raise BackendError(502, f"backend refused the proxy's credentials (HTTP {status})")
         message = self.scrub(_error_message(status, text))
         if status >= 500:
-            self._up(False)
+            # One request's 5xx leaves the up state alone: a client can provoke one with
+            # its own input, and must not mark the engine down (readiness, the tokenizer
+            # check) for everyone. The readiness probe finds a failing engine in a second.
             raise BackendError(
                 503 if status == 503 else 502, f"backend answered HTTP {status}: {message}"
             )
@@ -396,7 +398,9 @@ class BackendClient:
         when it does not answer; updates `backend_up`."""
         try:
             info = await self.get_info("server_info", timeout_s=5.0)
-        except BackendError:
+        except BackendError as exc:
+            if exc.status >= 500:
+                self._up(False)  # a probe's failure, unlike one request's, is the engine's
             return None
         info = info if isinstance(info, dict) else {}
         self._private = _private_names(self.base_url, info)

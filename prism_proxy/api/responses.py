@@ -25,8 +25,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from prism_proxy.api.models import STRICT, BoundedJson, ModelName
-from prism_proxy.api.models import Tag as ShortText
+from prism_proxy.api.field_types import STRICT, BoundedJson, ModelName
+from prism_proxy.api.field_types import Tag as ShortText
 from prism_proxy.api.segments import Temperature, TokenCount, TopP
 
 # OpenAI's own bounds on `metadata`: 16 pairs, keys of 64 characters, values of 512.

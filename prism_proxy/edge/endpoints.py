@@ -14,13 +14,11 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
-from prism_proxy.api.models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    PrismHint,
-    PromptSize,
-)
+from prism_proxy.api.chat import ChatCompletionRequest
+from prism_proxy.api.completions import CompletionRequest
+from prism_proxy.api.costs import PromptSize
+from prism_proxy.api.generate import GenerateRequest
+from prism_proxy.api.hints import PrismHint
 from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from prism_proxy.api.models import ChatCompletionRequest
+from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.responses import (
     ResponseEvents,
     ResponseIds,

@@ -25,7 +25,7 @@ from aiohttp import web
 from prism_proxy.admission.core import BackendLimits, PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, PushFn
 from prism_proxy.admission.sessions import Push, RetainPush, SessionKeeper
-from prism_proxy.api.grammars import GrammarGate
+from prism_proxy.api.grammars.gate import GrammarGate
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.residency_poller import ResidencyPoller

@@ -160,7 +160,7 @@ OFFLOAD_GRAMMAR_CHARS = 4096
 
 async def check_grammars(request: web.Request, body: CheckedBody) -> None:
     """400 naming the first grammar (`ebnf`, `regex`, `structural_tag`) the deployment's
-    `grammars` policy does not let through (`api.grammars.GrammarGate`)."""
+    `grammars` policy does not let through (`api.grammars.gate.GrammarGate`)."""
     gate = request.app[state.GRAMMARS]
     for param, kind, text in body.grammars():
         found, reason = gate.known(kind, text)

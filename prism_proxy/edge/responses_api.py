@@ -1,6 +1,6 @@
 """`/v1/responses`: the OpenAI Responses API, served as a chat completion.
 
-The body is checked (`api.responses.refusal`, then its model), translated into the
+The body is checked (`api.responses.request.refusal`, then its model), translated into the
 proxy's own chat request (`api.responses.to_chat`) and checked again as a chat, then
 served by the chat endpoint's own path (`endpoints.serve_chat`: the same limits, QAS
 scheduling, the token path, or the engine's chat endpoint and its tool-call parser).
@@ -19,15 +19,10 @@ import orjson
 from aiohttp import web
 
 from prism_proxy.api.chat import ChatCompletionRequest
-from prism_proxy.api.responses import (
-    ResponseEvents,
-    ResponseIds,
-    ResponsesRequest,
-    refusal,
-    response_param,
-    to_chat,
-    to_response,
-)
+from prism_proxy.api.responses.answer import ResponseIds, to_response
+from prism_proxy.api.responses.events import ResponseEvents
+from prism_proxy.api.responses.request import ResponsesRequest, refusal
+from prism_proxy.api.responses.to_chat import response_param, to_chat
 from prism_proxy.edge import state
 from prism_proxy.edge.admit import new_rid
 from prism_proxy.edge.endpoints import serve_chat

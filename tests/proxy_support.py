@@ -7,13 +7,15 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
 from aiohttp import web
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.processes import ServerProcess, free_port, run_server
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.config import ProxyConfig
 
@@ -94,6 +96,51 @@ def recording_generate(
         return response
 
     return generate
+
+
+def holding_backend(
+    release: asyncio.Event, record: Callable[[dict], None] = lambda body: None
+) -> web.Application:
+    """A stub backend whose `/generate` hands each body to `record` on arrival, then
+    holds its answer (one chunk "x", 3 prompt tokens, 1 completion token, ended by
+    length) until `release` is set: requests stay in flight for as long as a test needs."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        record(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await release.wait()
+        meta = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0,
+                "finish_reason": {"type": "length"}}  # fmt: skip
+        chunk = {"text": "x", "output_ids": [5], "meta_info": meta}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    backend = web.Application()
+    backend.router.add_post("/generate", generate)
+    return backend
+
+
+class DartStack(NamedTuple):
+    """`dart_stack`'s servers: the proxy, and the DART control RPC it pushes to."""
+
+    proxy: ServerProcess
+    control_url: str
+
+
+@contextlib.contextmanager
+def dart_stack(tmp_path: Path, token: str, proxy_args: Sequence[str] = ()) -> Iterator[DartStack]:
+    """`prism-sim --eviction dart` with its control RPC, and `prism-proxy serve` in front
+    of it pushing to that RPC, both as subprocesses sharing the control `token` (from
+    PRISM_CONTROL_TOKEN, as deployed); `proxy_args` are more `serve` flags."""
+    control_port = free_port()
+    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
+    env = {"PRISM_CONTROL_TOKEN": token}
+    with run_server("prism_sim", sim_args, log_dir=tmp_path, env=env) as backend:
+        control_url = f"http://127.0.0.1:{control_port}"
+        serve = ["serve", "--backend", backend.url, "--control-url", control_url, *proxy_args]
+        with run_server("prism_proxy", serve, log_dir=tmp_path, env=env) as proxy:
+            yield DartStack(proxy, control_url)
 
 
 @contextlib.asynccontextmanager

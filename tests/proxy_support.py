@@ -121,26 +121,51 @@ def holding_backend(
     return backend
 
 
-class DartStack(NamedTuple):
-    """`dart_stack`'s servers: the proxy, and the DART control RPC it pushes to."""
+class DartSim(NamedTuple):
+    """`dart_sim`'s engine, and the URL of its DART control RPC."""
 
-    proxy: ServerProcess
+    engine: ServerProcess
     control_url: str
 
 
 @contextlib.contextmanager
-def dart_stack(tmp_path: Path, token: str, proxy_args: Sequence[str] = ()) -> Iterator[DartStack]:
-    """`prism-sim --eviction dart` with its control RPC, and `prism-proxy serve` in front
-    of it pushing to that RPC, both as subprocesses sharing the control `token` (from
-    PRISM_CONTROL_TOKEN, as deployed); `proxy_args` are more `serve` flags."""
+def dart_sim(
+    log_dir: Path, token: str, sim_args: Sequence[str] = ("--speed", "50")
+) -> Iterator[DartSim]:
+    """`prism-sim --eviction dart` with its control RPC on a free port, as a subprocess
+    taking the control `token` from PRISM_CONTROL_TOKEN (as deployed); `sim_args` are
+    more flags."""
     control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
+    args = ["--eviction", "dart", "--control-port", str(control_port), *sim_args]
     env = {"PRISM_CONTROL_TOKEN": token}
-    with run_server("prism_sim", sim_args, log_dir=tmp_path, env=env) as backend:
-        control_url = f"http://127.0.0.1:{control_port}"
-        serve = ["serve", "--backend", backend.url, "--control-url", control_url, *proxy_args]
-        with run_server("prism_proxy", serve, log_dir=tmp_path, env=env) as proxy:
-            yield DartStack(proxy, control_url)
+    with run_server("prism_sim", args, log_dir=log_dir, env=env) as engine:
+        yield DartSim(engine, f"http://127.0.0.1:{control_port}")
+
+
+class DartStack(NamedTuple):
+    """`dart_stack`'s servers: the proxy, its engine, and the DART control RPC the proxy
+    pushes to."""
+
+    proxy: ServerProcess
+    engine: ServerProcess
+    control_url: str
+
+
+@contextlib.contextmanager
+def dart_stack(
+    log_dir: Path,
+    token: str,
+    proxy_args: Sequence[str] = (),
+    sim_args: Sequence[str] = ("--speed", "50"),
+) -> Iterator[DartStack]:
+    """`dart_sim`, and `prism-proxy serve` in front of it pushing to its control RPC, a
+    subprocess with the same `token` from PRISM_CONTROL_TOKEN; `proxy_args` are more
+    `serve` flags."""
+    with dart_sim(log_dir, token, sim_args) as (engine, control_url):
+        serve = ["serve", "--backend", engine.url, "--control-url", control_url, *proxy_args]
+        env = {"PRISM_CONTROL_TOKEN": token}
+        with run_server("prism_proxy", serve, log_dir=log_dir, env=env) as proxy:
+            yield DartStack(proxy, engine, control_url)
 
 
 @contextlib.asynccontextmanager

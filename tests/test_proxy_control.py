@@ -108,7 +108,7 @@ def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
     proxy's tables and sees the anchors of the requests."""
     import httpx
 
-    with dart_stack(tmp_path, TOKEN, ["--set", "protect=3"]) as (proxy, control_url):
+    with dart_stack(tmp_path, TOKEN, ["--set", "protect=3"]) as (proxy, _, control_url):
         for segments in (["alpha", "beta"], ["beta", "gamma"]):
             response = httpx.post(
                 proxy.url + "/v1/chat/completions", json=_chat(segments), timeout=30

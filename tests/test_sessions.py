@@ -245,7 +245,7 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
     ]
     system = {"role": "system", "content": "You are a careful agent. " * 40}
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with dart_stack(tmp_path, TOKEN, ["--set", "sessions=true"]) as (proxy, control_url):
+    with dart_stack(tmp_path, TOKEN, ["--set", "sessions=true"]) as (proxy, _, control_url):
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
 
         def dart(name: str) -> int:

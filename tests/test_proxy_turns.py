@@ -16,6 +16,7 @@ import openai
 import proxy_support
 import pytest
 from proxy_support import DartSim, running_proxy
+from sim_support import common_prefix
 
 from prism_proxy.edge import state
 from prism_proxy.prompts.conversation import find_turns
@@ -44,15 +45,6 @@ SYSTEM = "You are a travel agent. Use the tools to answer."
 def dart_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DartSim]:
     with proxy_support.dart_sim(tmp_path_factory.mktemp("sim"), TOKEN) as sim:
         yield sim
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 async def test_an_agent_loop_is_scheduled_by_its_turns_and_anchored(dart_sim) -> None:

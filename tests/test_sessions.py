@@ -10,7 +10,7 @@ from dataclasses import replace
 import httpx
 import openai
 import pytest
-from proxy_support import dart_stack, running_proxy, sim_server
+from proxy_support import dart_stack, running_proxy, sim_server, wait_until
 
 from loadgen.session_trace import SessionParams, belady_bound, build_session_trace
 from loadgen.session_twin import SessionFeatures, SessionTwin, shared_tokens, simulate_sessions
@@ -274,7 +274,7 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
             return answer.usage, usage
 
         def unearned() -> None:
-            _wait(lambda: dart("discards") >= 1)  # the pause's word reached DART
+            wait_until(lambda: dart("discards") >= 1)  # the pause's word reached DART
             assert dart("retained") == 0 and dart("retain_entries") == 0
             metrics = httpx.get(proxy.url + "/metrics").text
             assert "prism:sessions_paused 1.0" in metrics
@@ -285,7 +285,7 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
         assert 'prism:session_calls_total{kind="continued"} 1.0' in metrics
 
         def earned() -> None:
-            _wait(lambda: dart("retained") == 1)
+            wait_until(lambda: dart("retained") == 1)
             assert "prism:sessions_retained 1.0" in httpx.get(proxy.url + "/metrics").text
 
         first, after = call_and_continue(8, 80, earned)
@@ -294,17 +294,8 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
         assert 'prism:session_calls_total{kind="continued"} 2.0' in metrics
         assert 'prism:session_calls_total{kind="new"} 2.0' in metrics
         # released at its first token; its own answer ended without a tool call
-        _wait(lambda: dart("retained") == 0)
+        wait_until(lambda: dart("retained") == 0)
         client.close()
-
-
-def _wait(predicate, timeout_s: float = 20.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.05)
 
 
 sim = pytest.fixture(scope="module")(sim_server)

@@ -178,14 +178,18 @@ async def running_proxy(backend: str, **overrides: object) -> AsyncIterator[Runn
         await proxy.stop()
 
 
-def sim_metric(sim: ServerProcess, name: str) -> float:
-    """A sample of the simulated engine's Prometheus text (sum over label sets)."""
-    text = httpx.get(sim.url + "/metrics", timeout=5.0).text
+def metric_total(text: str, name: str) -> float:
+    """The sample `name` of Prometheus text, summed over its label sets (0 when absent)."""
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name) and line[len(name)] in " {":
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def sim_metric(sim: ServerProcess, name: str) -> float:
+    """A sample of the simulated engine's `/metrics` (`metric_total`)."""
+    return metric_total(httpx.get(sim.url + "/metrics", timeout=5.0).text, name)
 
 
 async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:

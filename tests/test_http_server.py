@@ -81,8 +81,12 @@ async def connection(
     if source is not None:
         sock.bind((source, 0))
     sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock)
+    except BaseException:  # refused, reset or cancelled while connecting: nothing leaks
+        sock.close()
+        raise
     try:
         yield reader, writer
     finally:

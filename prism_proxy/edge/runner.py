@@ -44,9 +44,15 @@ class ProxyRunner(web.AppRunner):
         )
 
 
+# Connections the kernel may hold for the proxy to accept (it caps this at
+# net.core.somaxconn). aiohttp's default, 128, overflows when a burst of clients
+# connects at once while the loop is busy; nginx, uvicorn and gunicorn take 511-2048.
+LISTEN_BACKLOG = 2048
+
+
 async def listen(runner: web.AppRunner, host: str, port: int) -> str:
     """Listen on `host:port` (port 0: any free port); returns the base URL."""
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG).start()
     bound_host, bound_port = runner.addresses[-1][:2]
     if ":" in bound_host:
         bound_host = f"[{bound_host}]"

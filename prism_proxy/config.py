@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from prism_proxy.admission.pieces import MIN_PIECE_TOKENS
 from prism_proxy.admission.sessions import SessionParams
 from prism_proxy.prompts.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
@@ -77,6 +78,7 @@ class ProxyConfig:
     residency: str = "auto"
     prefill_batch: int | None = None
     max_inflight: int | None = None
+    prefill_piece_tokens: int = 512
     window_ms: float = 10.0
     max_queue: int = 10_000
     max_body_bytes: int = 8 * 1024 * 1024
@@ -211,6 +213,11 @@ class ProxyConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}: must be 'auto' or >= 1, got {value}")
+        if 0 < self.prefill_piece_tokens < MIN_PIECE_TOKENS:
+            raise ConfigError(
+                f"prefill_piece_tokens: must be 0 (off) or >= {MIN_PIECE_TOKENS}, "
+                f"got {self.prefill_piece_tokens}"
+            )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: out of range: {self.port}")
         if self.metrics_listen is not None:
@@ -323,6 +330,9 @@ _HELP = {
     "(auto: the backend's prefill budget / observed uncached tokens per request)",
     "max_inflight": "backstop on released, unfinished requests (auto: the backend's "
     "max_running_requests)",
+    "prefill_piece_tokens": "a released prompt with more uncached tokens than twice this "
+    "is prefilled in pieces of about this many tokens while other requests wait or run, so "
+    "short requests are not held behind its whole prefill (0: off; docs/proxy.md)",
     "window_ms": "QAS round window Δt_win in milliseconds",
     "max_queue": "queued requests beyond which new ones get 429",
     "max_body_bytes": "largest request body accepted (413 above)",

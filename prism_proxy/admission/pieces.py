@@ -32,10 +32,21 @@ import asyncio
 import heapq
 import itertools
 
+from prism_proxy.admission.core import DEFAULT_PREFILL_BUDGET_TOKENS
+
 # Piece ends are multiples of this: the sharing table's block (`prompts.sharing`), and
 # a multiple of any paged KV cache's page size, so every piece is cached whole.
 PIECE_ALIGN = 64
 MIN_PIECE_TOKENS = PIECE_ALIGN
+
+
+def piece_size(setting: int | None, engine_budget: int | None) -> int:
+    """Tokens per piece: the setting, or (auto, None) the engine's prefill budget per
+    step (SGLang's `chunked_prefill_size`), which keeps the engine's own step size:
+    only prompts longer than two steps are cut, and one piece fills one step."""
+    if setting is not None:
+        return setting
+    return engine_budget or DEFAULT_PREFILL_BUDGET_TOKENS
 
 
 def piece_ends(length: int, known: int, piece_tokens: int) -> list[int]:

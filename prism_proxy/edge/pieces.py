@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from prism_proxy.admission.pieces import PrefillTurns, piece_ends
+from prism_proxy.admission.pieces import PrefillTurns, piece_ends, piece_size
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 from prism_wire import make_kv_hints, parse_kv_hints
@@ -100,12 +100,13 @@ async def send_pieces(
     request: a prompt alone costs one extra engine call). None when the prompt is
     not cut (pieces off, or too little uncached): it is sent as always, no turn."""
     app = request.app
-    piece_tokens = app[state.CONFIG].prefill_piece_tokens
+    setting = app[state.CONFIG].prefill_piece_tokens
     ids = payload.get("input_ids")
-    if not piece_tokens or not isinstance(ids, list):
+    if setting == 0 or not isinstance(ids, list):
         return None
-    ends = piece_ends(len(ids), known, piece_tokens)
     admission = app[state.ADMISSION]
+    tokens = piece_size(setting, admission.pacing.backend.prefill_budget_tokens)
+    ends = piece_ends(len(ids), known, tokens)
     if not ends:
         return None
     turns: PrefillTurns = admission.turns

@@ -26,7 +26,7 @@ import uvloop
 
 import prism_proxy.admission.driver as admission
 import prism_proxy.backend.client as backend_client
-import prism_proxy.edge.endpoints as endpoints
+import prism_proxy.edge.chat as chat_endpoint
 from bench.stub_backend import create_app
 from prism_proxy.app import start_proxy
 from prism_proxy.config import ProxyConfig
@@ -51,7 +51,7 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 def instrument(stages: dict[str, list[float]]) -> None:
     """Wrap the token path, the backend stream and admission with timestamps."""
     current: dict[str, float] = {}
-    token_path = endpoints.token_path
+    token_path = chat_endpoint.token_path
     generate_batches = backend_client.BackendClient.generate_batches
     submit = admission.AdmissionController.admit  # what the edge's `Admitted` calls
 
@@ -84,7 +84,7 @@ def instrument(stages: dict[str, list[float]]) -> None:
             )
         return future
 
-    endpoints.token_path = timed_token_path
+    chat_endpoint.token_path = timed_token_path
     backend_client.BackendClient.generate_batches = timed_batches
     admission.AdmissionController.admit = timed_submit
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen.trace_format import TraceRequest
-from prism_proxy.api.models import PrismHint
+from prism_proxy.api.hints import PrismHint
 from prism_proxy.prompts.jobs import TokenJob, hinted_job
 from prism_proxy.prompts.serializer import Serializer
 

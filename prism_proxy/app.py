@@ -25,7 +25,7 @@ from aiohttp import web
 from prism_proxy.admission.core import BackendLimits, PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, PushFn
 from prism_proxy.admission.sessions import Push, RetainPush, SessionKeeper
-from prism_proxy.api.grammars import GrammarGate
+from prism_proxy.api.grammars.gate import GrammarGate
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.residency_poller import ResidencyPoller
@@ -35,6 +35,7 @@ from prism_proxy.edge import state
 from prism_proxy.edge.account_limits import AccountUsage
 from prism_proxy.edge.accounts import account_middleware, load_keys, weight_of
 from prism_proxy.edge.bodies import JsonParser
+from prism_proxy.edge.connection_policy import ConnectionPolicy, fd_budget
 from prism_proxy.edge.endpoints import add_routes
 from prism_proxy.edge.endpoints import metrics as metrics_handler
 from prism_proxy.edge.errors import error_middleware
@@ -44,7 +45,7 @@ from prism_proxy.edge.limits import ClientReservations
 from prism_proxy.edge.probes import add_probe_routes
 from prism_proxy.edge.readiness import READINESS, add_readiness_routes
 from prism_proxy.edge.responses_api import add_routes as add_responses_routes
-from prism_proxy.edge.server import ConnectionPolicy, ProxyRunner, fd_budget, listen
+from prism_proxy.edge.runner import ProxyRunner, listen
 from prism_proxy.edge.tracing import add_tracing, install_log_context, tracing_middleware
 from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck

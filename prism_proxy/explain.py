@@ -131,7 +131,7 @@ def find_request(body: dict[str, Any]) -> dict[str, Any]:
     evidence yet (a first request: blank-line blocks stay in the client's order): the
     documents of a single turn (its user message, else its system message), else a
     chat's turns under the builtin tokenizer."""
-    from prism_proxy.api.models import ChatCompletionRequest
+    from prism_proxy.api.chat import ChatCompletionRequest
     from prism_proxy.prompts.jobs import single_turn
 
     if "messages" not in body:

@@ -38,7 +38,10 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from proxy_support import SIM_ARGS, ProxyFactory, proxy_factory_fixture
 
 from loadgen.processes import ServerProcess, run_server
-from prism_proxy.api.responses import ResponseEvents, ResponseIds, ResponsesRequest, to_chat
+from prism_proxy.api.responses.answer import ResponseIds
+from prism_proxy.api.responses.events import ResponseEvents
+from prism_proxy.api.responses.request import ResponsesRequest
+from prism_proxy.api.responses.to_chat import to_chat
 from prism_proxy.edge.responses_api import ChatToResponses
 
 # A chat answer that calls no tool ends with the stop token, as a model's answer does:

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_proxy.prompts.extraction import ALL_LAYOUTS, Extraction, extract
+from prism_proxy.prompts.document_spans import Extraction
+from prism_proxy.prompts.extraction import ALL_LAYOUTS, extract
 
 CERTAIN_LAYOUTS = {"xml", "numbered", "markdown"}
 

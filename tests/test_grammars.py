@@ -13,7 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proxy_support import ProxyFactory, proxy_factory_fixture, sim_server
 
-from prism_proxy.api.grammars import GrammarError, GrammarGate, check_ebnf, check_regex
+from prism_proxy.api.grammars.ebnf import check_ebnf
+from prism_proxy.api.grammars.gate import GrammarGate
+from prism_proxy.api.grammars.regex import check_regex
+from prism_proxy.api.grammars.rules import GrammarError
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)

@@ -25,7 +25,7 @@ from prism_proxy.app import RunningProxy
 from prism_proxy.config import ConfigError, parse_listen
 from prism_proxy.edge import server as http_server
 from prism_proxy.edge import state
-from prism_proxy.edge.server import FD_SLACK, fd_budget
+from prism_proxy.edge.connection_policy import FD_SLACK, fd_budget
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app
 from prism_tokens.tokenizer import load_tokenizer
@@ -295,7 +295,7 @@ def test_fd_budget_raises_the_soft_limit_or_lowers_the_cap(monkeypatch, caplog) 
     # Hard limit 2048 (systemd's default soft limit is 1024): soft raised to 2048, and
     # the cap falls to what fits: (2048 - slack) / 2.
     limits.update(soft=1024, hard=2048)
-    with caplog.at_level(logging.WARNING, logger="prism_proxy.edge.server"):
+    with caplog.at_level(logging.WARNING, logger="prism_proxy.edge.connection_policy"):
         assert fd_budget(4096) == (2048 - FD_SLACK) // 2
     assert limits["soft"] == 2048
     assert "serving at most" in caplog.text

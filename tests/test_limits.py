@@ -19,7 +19,9 @@ from proxy_support import (
     sim_server,
 )
 
-from prism_proxy.api.models import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from prism_proxy.api.chat import ChatCompletionRequest
+from prism_proxy.api.completions import CompletionRequest
+from prism_proxy.api.generate import GenerateRequest
 from prism_proxy.edge import state
 from prism_proxy.edge.limits import (
     ClientReservations,

@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from prism_proxy.api.models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    describe_validation_error,
-)
+from prism_proxy.api.chat import ChatCompletionRequest
+from prism_proxy.api.completions import CompletionRequest
+from prism_proxy.api.error_body import describe_validation_error
+from prism_proxy.api.generate import GenerateRequest
 
 USER = [{"role": "user", "content": "hi"}]
 HINT = {"segments": [{"id": "d1", "text": "doc"}]}

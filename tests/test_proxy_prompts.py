@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from prism_proxy.api.models import PrismHint
+from prism_proxy.api.hints import PrismHint
 from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.prompts.jobs import PromptError, hinted_job, private_job
 from prism_proxy.prompts.serializer import Serializer

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from proxy_support import eventually, loopback_app, running_proxy
 
-from prism_proxy.api.models import ChatCompletionRequest
+from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.structured import EngineGrammar, engine_grammars
 from prism_proxy.edge import grammar_ledger, state
 from prism_proxy.edge.grammar_ledger import WINDOW_S, GrammarLedger

@@ -2,7 +2,7 @@
 `/v1/embeddings`, `/v1/tokenize`, `/v1/detokenize` (SGLang 0.5.23's `EmbeddingRequest`,
 `TokenizeRequest`, `DetokenizeRequest`).
 
-As for the chat endpoint (`api.models`): each field SGLang reads is served (declared,
+As for the chat endpoint (`api.chat`): each field SGLang reads is served (declared,
 checked, forwarded), owned by the proxy (`rid`, `priority`: never forwarded) or refused
 with a 400 naming it (`sglang_fields.REFUSED`: embedding overrides, LoRA); fields SGLang
 does not know are dropped. Inputs are bounded like prompts: at most `MAX_BATCH` of them,
@@ -17,21 +17,19 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from prism_proxy.api.chat import ToolChoice
+from prism_proxy.api.costs import DecodeAsk, PromptSize, prompt_size
 from prism_proxy.api.engine_info import DROP, model_name
-from prism_proxy.api.models import (
+from prism_proxy.api.field_types import (
     STRICT,
     BoundedJson,
-    ChatMessage,
-    DecodeAsk,
     ModelName,
-    PromptSize,
     Tag,
     Text,
     TokenIds,
-    ToolChoice,
-    _json_chars,
-    prompt_size,
+    json_chars,
 )
+from prism_proxy.api.messages import ChatMessage
 from prism_proxy.api.sglang_fields import CHAT_TEMPLATE_RESERVED, MAX_BATCH, PROXY_OWNED
 
 # Longest embedding a request may ask for (`dimensions`): SGLang checks it against the
@@ -137,7 +135,7 @@ class TokenizeRequest(_ForwardedBody):
     def prompt_size(self) -> PromptSize:
         if self.messages is None:
             return prompt_size(self.prompt, None)
-        chars = sum(m.chars() for m in self.messages) + _json_chars(self.tools)
+        chars = sum(m.chars() for m in self.messages) + json_chars(self.tools)
         return PromptSize(chars, sum(m.items() for m in self.messages) + len(self.tools or ()))
 
 

@@ -10,8 +10,9 @@ each kill the server; one `stop_regex` wedged its scheduler for good.
 
 So every field of SGLang's bodies is in exactly one class, per endpoint:
 
-* **served**: declared in the proxy's models (`api.models`), checked (types, SGLang's
-  own bounds, the vocabulary, counts) and forwarded, or used by the token path;
+* **served**: declared in the proxy's body models (`api.chat`, `api.completions`,
+  `api.generate`), checked (types, SGLang's own bounds, the vocabulary, counts) and
+  forwarded, or used by the token path;
 * **owned by the proxy**: accepted and never forwarded (`rid` names only the client's
   response; `priority`, `kv_hints`, `log_metrics`, `received_time` are the proxy's;
   `prompt_cache_key` is a grouping hint for QAS);

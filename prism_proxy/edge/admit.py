@@ -21,7 +21,7 @@ from prism_proxy.admission.driver import (
     Released,
     ShuttingDownError,
 )
-from prism_proxy.api.models import PromptSize
+from prism_proxy.api.costs import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state, tracing
 from prism_proxy.edge.accounts import client_key, limits_of, refused

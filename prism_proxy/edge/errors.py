@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import http_exceptions, web
 
-from prism_proxy.api.models import openai_error
+from prism_proxy.api.error_body import openai_error
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state
 

@@ -13,7 +13,8 @@ from typing import Any, TypeVar, cast
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from prism_proxy.api.models import CheckedBody, DecodeAsk, PromptSize, describe_validation_error
+from prism_proxy.api.costs import CheckedBody, DecodeAsk, PromptSize
+from prism_proxy.api.error_body import describe_validation_error
 from prism_proxy.api.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, REFUSED
 from prism_proxy.config import ProxyConfig
 from prism_proxy.edge import state
@@ -159,7 +160,7 @@ OFFLOAD_GRAMMAR_CHARS = 4096
 
 async def check_grammars(request: web.Request, body: CheckedBody) -> None:
     """400 naming the first grammar (`ebnf`, `regex`, `structural_tag`) the deployment's
-    `grammars` policy does not let through (`api.grammars.GrammarGate`)."""
+    `grammars` policy does not let through (`api.grammars.gate.GrammarGate`)."""
     gate = request.app[state.GRAMMARS]
     for param, kind, text in body.grammars():
         found, reason = gate.known(kind, text)

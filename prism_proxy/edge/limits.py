@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prism_proxy.api.models import DecodeAsk
+from prism_proxy.api.costs import DecodeAsk
 
 # Without the engine's numbers (before its first server info).
 DEFAULT_POOL_TOKENS = 131_072

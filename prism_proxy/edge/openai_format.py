@@ -1,12 +1,14 @@
 """SGLang `/generate` results → OpenAI objects and SSE chunks (SPEC §4).
 
-Pure functions: the handlers pass ids, model names and timestamps in. `usage` carries
+Pure functions: the handlers pass ids, model names and timestamps in (but
+`answer_format`, which stamps a new answer's time of creation). `usage` carries
 `prompt_tokens_details.cached_tokens` from `meta_info.cached_tokens`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -326,3 +328,11 @@ class GenerateFormat(ResponseFormat):
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
         self.assembled.feed(chunk)  # what was generated, for `prompts.sharing`
         return [sse(self._named(chunk))]
+
+
+def answer_format(cls: type[ResponseFormat], rid: str, prefix: str, model: str, usage: bool):
+    """A new answer format of `cls` for one request (its id `prefix-rid`, created now)."""
+    return cls(
+        completion_id=f"{prefix}-{rid}" if prefix else rid, model=model, created=int(time.time()),
+        include_usage=usage,
+    )  # fmt: skip

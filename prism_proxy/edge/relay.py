@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 
 from prism_proxy.admission.sessions import SessionKeeper
-from prism_proxy.api.models import PromptSize
+from prism_proxy.api.costs import PromptSize
 from prism_proxy.backend.client import BackendError
 from prism_proxy.edge import state, tracing
 from prism_proxy.edge.accounts import charge, client_key

@@ -1,8 +1,8 @@
 """`/v1/responses`: the OpenAI Responses API, served as a chat completion.
 
-The body is checked (`api.responses.refusal`, then its model), translated into the
+The body is checked (`api.responses.request.refusal`, then its model), translated into the
 proxy's own chat request (`api.responses.to_chat`) and checked again as a chat, then
-served by the chat endpoint's own path (`endpoints.serve_chat`: the same limits, QAS
+served by the chat endpoint's own path (`edge.chat.serve_chat`: the same limits, QAS
 scheduling, the token path, or the engine's chat endpoint and its tool-call parser).
 Its answer comes back as a Response object (`to_response`) or, streamed, as the
 Responses events: the chat stream's bytes pass through `ChatToResponses` as they are
@@ -18,19 +18,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from prism_proxy.api.models import ChatCompletionRequest
-from prism_proxy.api.responses import (
-    ResponseEvents,
-    ResponseIds,
-    ResponsesRequest,
-    refusal,
-    response_param,
-    to_chat,
-    to_response,
-)
+from prism_proxy.api.chat import ChatCompletionRequest
+from prism_proxy.api.responses.answer import ResponseIds, to_response
+from prism_proxy.api.responses.events import ResponseEvents
+from prism_proxy.api.responses.request import ResponsesRequest, refusal
+from prism_proxy.api.responses.to_chat import response_param, to_chat
 from prism_proxy.edge import state
 from prism_proxy.edge.admit import new_rid
-from prism_proxy.edge.endpoints import serve_chat
+from prism_proxy.edge.chat import serve_chat
 from prism_proxy.edge.errors import ENDPOINT, ApiError, json_answer
 from prism_proxy.edge.intake import checked_body, engine_size, read_raw
 from prism_proxy.edge.limits import answer_bytes

@@ -2,17 +2,18 @@
 policy. One job: what a client connection may do, before and around the handlers.
 
 * time limits (`clock`): headers, body, keep-alive idle, responses left unread;
-* a cap on client connections: 503 and close above it, the open-file limit raised to fit;
-  a cap per client (peer address, `edge.connections`), and at the proxy's cap an idle
-  connection of the client holding the most closed for a newcomer holding fewer;
+* a cap on client connections: 503 and close above it, the open-file limit raised to fit
+  (`edge.connection_policy`); a cap per client (peer address, `edge.connections`), and
+  at the proxy's cap an idle connection of the client holding the most closed for a
+  newcomer holding fewer;
 * HTTP/1.0 and 1.1 only; `Expect: 100-continue` with a declared body over the limit gets
   413 at once (no "100 Continue"), other `Expect` values 417;
 * every error at this level is OpenAI-style JSON (`errors`).
 
-How it attaches to aiohttp 3.14: `ProxyRunner` is an `AppRunner` whose server (its
-`_make_server`) is a `ProxyServer` (a `web.Server`). That builds one `ProxyProtocol` (a
-`RequestHandler`) per connection and passes every request through `ProxyServer.gate`
-before the application. The protocol overrides asyncio's `connection_made/lost`,
+How it attaches to aiohttp 3.14: `ProxyRunner` (`edge.runner`) is an `AppRunner` whose
+server (its `_make_server`) is a `ProxyServer` (a `web.Server`). That builds one
+`ProxyProtocol` (a `RequestHandler`) per connection and passes every request through
+`ProxyServer.gate` before the application. The protocol overrides asyncio's `connection_made/lost`,
 `data_received` and `pause/resume_writing`, and RequestHandler's `finish_response` and
 `handle_error`. It reads RequestHandler's queue of parsed requests (`_messages`) to see
 a head complete, and uses the loop it holds (`_loop`); aiohttp's own keep-alive timer
@@ -26,76 +27,23 @@ import asyncio
 import itertools
 import logging
 import math
-import resource
-from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import hdrs, web, web_protocol
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
 
-from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.accounts import connection_key
-from prism_proxy.edge.clock import ConnectionClock, ConnectionLimits, Expiry
+from prism_proxy.edge.clock import ConnectionClock, Expiry
+from prism_proxy.edge.connection_policy import MAX_LINGERING, ConnectionPolicy
 from prism_proxy.edge.connections import ClientConnections
 from prism_proxy.edge.errors import RequestTimeout, error_response, parser_error, raw_error
 
 log = logging.getLogger(__name__)
 
-NEVER_S = 10 * 365 * 86400.0  # aiohttp's keep-alive timer, disarmed (the clock keeps time)
 BODY_GRACE_S = 1.0  # a handler's time to answer 408 once its body read failed
 REJECT_LINGER_S = 1.0  # a refused connection reads (and drops) input this long, then closes
-MAX_LINGERING = 256  # refused connections lingering at once (beyond: closed at once)
-FD_SLACK = 128 + MAX_LINGERING  # files besides client and backend connections
 HEAD_SNIFF_BYTES = 8192  # bytes of a pending head kept to tell an HTTP/0.9 line
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionPolicy:
-    """What a client connection may do (from `ProxyConfig`; `max_connections` is the
-    effective cap, which `fd_budget` may have lowered; `max_client_connections` is one
-    client's, at most that)."""
-
-    limits: ConnectionLimits
-    max_connections: int
-    max_body_bytes: int
-    retry_after_s: int
-    max_client_connections: int
-
-    @classmethod
-    def from_config(cls, config: ProxyConfig, max_connections: int) -> ConnectionPolicy:
-        limits = ConnectionLimits(
-            header_s=config.header_timeout_s,
-            body_s=config.body_timeout_s,
-            keepalive_s=config.keepalive_timeout_s,
-            send_s=config.send_timeout_s,
-        )
-        per_client = min(config.client_connections, max_connections)
-        return cls(limits, max_connections, config.max_body_bytes, config.retry_after_s, per_client)
-
-
-def fd_budget(max_connections: int) -> int:
-    """Raise the soft open-file limit towards the hard one so that `max_connections`
-    clients fit (each may hold a backend connection too: 2x, plus `FD_SLACK`); return
-    the cap that fits, lower than asked (with a warning) when the hard limit is short."""
-    need = 2 * max_connections + FD_SLACK
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as exc:
-            log.warning("cannot raise the open-file limit to %d: %s", target, exc)
-    if soft == resource.RLIM_INFINITY or soft >= need:
-        return max_connections
-    fits = max(1, (soft - FD_SLACK) // 2)
-    log.warning(
-        "max_connections %d needs %d open files; the limit is %d (hard %s): serving at most"
-        " %d client connections (raise the hard limit, e.g. LimitNOFILE= or ulimit -Hn)",
-        max_connections, need, soft, hard, fits,
-    )  # fmt: skip
-    return fits
 
 
 def answerable(head: bytes) -> bool:
@@ -478,41 +426,3 @@ class ProxyServer(web.Server):
             protocol.transport.write(self.version_answer)
         protocol.force_close()
         return web.Response()  # never written: the connection is closed
-
-
-class ProxyRunner(web.AppRunner):
-    """An `AppRunner` serving its application through `ProxyServer`."""
-
-    __slots__ = ("_access_log", "_policy")
-
-    def __init__(
-        self,
-        app: web.Application,
-        policy: ConnectionPolicy,
-        *,
-        shutdown_timeout: float,
-        access_log: logging.Logger | None = None,
-    ) -> None:
-        super().__init__(app, shutdown_timeout=shutdown_timeout)
-        self._policy = policy
-        self._access_log = access_log
-
-    async def _make_server(self) -> web.Server:
-        app_server = await super()._make_server()  # starts the application
-        return ProxyServer(
-            app_server.request_handler,
-            policy=self._policy,
-            request_factory=app_server.request_factory,
-            loop=asyncio.get_running_loop(),
-            access_log=self._access_log,
-            keepalive_timeout=NEVER_S,
-        )
-
-
-async def listen(runner: web.AppRunner, host: str, port: int) -> str:
-    """Listen on `host:port` (port 0: any free port); returns the base URL."""
-    await web.TCPSite(runner, host, port).start()
-    bound_host, bound_port = runner.addresses[-1][:2]
-    if ":" in bound_host:
-        bound_host = f"[{bound_host}]"
-    return f"http://{bound_host}:{bound_port}"

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from prism_proxy.admission.driver import AdmissionController
 from prism_proxy.admission.sessions import SessionKeeper
-from prism_proxy.api.grammars import GrammarGate
+from prism_proxy.api.grammars.gate import GrammarGate
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.tokenizer_guard import TokenizerGuard

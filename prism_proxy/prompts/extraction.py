@@ -80,9 +80,20 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Sequence
 from itertools import pairwise
+
+from prism_proxy.prompts.document_spans import (
+    MAX_MARKUP_PER_DOCUMENT,
+    Extraction,
+    Finder,
+    attach_separator,
+    block_starts,
+    close_last,
+    texts_between,
+    through_blank_lines,
+)
+from prism_proxy.prompts.numbered_layout import find_numbered
 
 ALL_LAYOUTS = ("xml", "dashed", "numbered", "markdown", "blank")
 XML_TAG_NAMES = (
@@ -100,32 +111,6 @@ XML_TAG_NAMES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Extraction:
-    """One message's text as preamble, documents and suffix (invariants: module doc)."""
-
-    layout: str  # "xml" | "numbered" | "markdown" | "dashed" | "blank"
-    preamble: str  # text before the first document (instructions, an opening rule ...)
-    documents: tuple[str, ...]  # each with its trailing separator ("</doc>\n", "\n\n")
-    suffix: str  # everything after the last document's separator (the question ...)
-    labels: tuple[str, ...] | None  # numbered only: each label as written ("[3] ")
-    label_format: str | None  # numbered only: the label with "{n}" ("[{n}] ")
-    certain: bool  # the layout fixes the boundaries (not blank-line blocks)
-
-    def with_no_question(self) -> Extraction:
-        """This extraction of a text that no question follows (documents in a system
-        message, a tool's result): blank-line blocks' last block is a document too."""
-        if self.layout != "blank" or not self.suffix.strip():
-            return self
-        return replace(self, documents=(*self.documents, self.suffix), suffix="")
-
-
-# Whitespace is Python's (`str.isspace`, regex `\s`); lines end at "\n" only.
-# A blank-line separator: from the newline that ends a line through the newline that
-# ends the last of the whitespace-only lines after it (`\s*` backtracks at most over
-# the next line's indentation).
-_SEPARATOR = re.compile(r"\n\s*\n")
-_SPACES = re.compile(r"\s*")
 _RULE = re.compile(r"^(?:-{3,}+|={3,}+|\*{3,}+)[^\S\n]*+$", re.M)  # possessive: no backtracking
 # Each line-start pattern first checks the line's first character (a lookahead that
 # costs one test per line), then tries its alternatives.
@@ -134,81 +119,6 @@ _XML_TAG = re.compile(
     r"<(/?)(" + "|".join(sorted(XML_TAG_NAMES, key=len, reverse=True)) + r")(?=[\s/>])"
     r"([^<>]{0,4096})>"
 )
-_NUMBER = "[1-9][0-9]{0,5}"
-# Nouns that name a retrieved document in a numbered label ("Document 1:", "Search
-# result [2]", "Chunk #3"); sequences whose order means something (steps, questions,
-# examples, rules) are deliberately not among them.
-DOCUMENT_NOUNS = (
-    "document",
-    "doc",
-    "source",
-    "passage",
-    "context",
-    "chunk",
-    "result",
-    "reference",
-    "ref",
-    "excerpt",
-    "snippet",
-    "article",
-    "citation",
-    "evidence",
-    "record",
-    "entry",
-    "page",
-    "file",
-    "node",
-    "text",
-    "fact",
-    "paragraph",
-    "content",
-    "information",
-)
-_NUMBERED_MARKER = re.compile(
-    r"^[ \t]{0,16}+(?=[\[(#<*_0-9A-Za-z])"  # indented as a template's loop writes it
-    r"(?P<em>\*\*|__|\*)?"
-    r"(?P<outer>[\[(](?=[A-Za-z]))?"  # brackets around a named label: "[Document 1]"
-    r"(?P<word>(?:[A-Za-z]{1,24}+ )?(?i:" + "|".join(DOCUMENT_NOUNS) + r")s?[ \t]?)?"
-    r"(?P<open>[\[(#<])?"
-    rf"(?P<number>{_NUMBER})"
-    r"(?(open)(?P<close>[\])>])?)"
-    r"(?(outer)(?P<outer_close>[\])])?)"
-    r"(?P<em1>\*\*|__|\*)?"  # emphasis closed before the punctuation: "**Source 1**:"
-    r"(?P<punct>[:.)]|[ \t]?[-–—](?=[ \t]))?"
-    r"(?P<em2>\*\*|__|\*)?"
-    r"(?:[ \t]+|(?=\n)|\Z)",
-    re.M,
-)
-_PAIRS = {"[": "]", "(": ")", "<": ">", "#": None, None: None}
-
-
-def _marker_family(marker: re.Match[str]) -> int | None:
-    """How strongly a label says "document": 0 a document noun or a bracket ("Source
-    1:", "[1]", "#1"), 1 a parenthesis ("(1)"), 2 a bare number ("1.", "1)"); None when
-    the label is not well formed (unpaired brackets or emphasis, a bare number without
-    punctuation)."""
-    opened, closed = marker.group("open"), marker.group("close")
-    outer = marker.group("outer")
-    em_closes = [em for em in (marker.group("em1"), marker.group("em2")) if em]
-    if _PAIRS[opened] != closed or len(em_closes) > 1:
-        return None
-    if marker.group("em") != (em_closes[0] if em_closes else None):
-        return None
-    if outer is not None and (
-        not marker.group("word") or _PAIRS[outer] != marker.group("outer_close")
-    ):
-        return None
-    if marker.group("word") or opened in ("[", "#", "<"):
-        return 0
-    if opened == "(":
-        return 1
-    return 2 if marker.group("punct") in (".", ")", ":") else None
-
-
-# Known tags or headers per allowed document past which a text is not a layout.
-MAX_MARKUP_PER_DOCUMENT = 64
-
-Finder = Callable[[str, int, int, Collection[str]], Extraction | None]
 
 
 def extract(
@@ -231,65 +141,6 @@ def extract(
             if found is not None:
                 return found
     return None
-
-
-def _ends_with(doc: str) -> str:
-    return doc[len(doc.rstrip()) :]
-
-
-def _attach_separator(text: str, content_end: int, earlier: Sequence[str]) -> int:
-    """The end of the last document whose content ends at `content_end`: the separator
-    all earlier documents end with if the text continues with it, else the whitespace
-    lines that follow."""
-    separators = {_ends_with(doc) for doc in earlier}
-    if len(separators) == 1:
-        separator = separators.pop()
-        if separator and text.startswith(separator, content_end):
-            return content_end + len(separator)
-    return _through_blank_lines(text, content_end)
-
-
-def _close_last(text: str, start: int, earlier: Sequence[str]) -> int:
-    """Where the last document, starting at `start`, ends (module doc)."""
-    interiors = [doc.rstrip() for doc in earlier]
-    text_end = len(text.rstrip())
-    if any(_SEPARATOR.search(interior) for interior in interiors):
-        content_end = text_end
-        for final in _SEPARATOR.finditer(text, start, text_end):
-            content_end = final.start()
-    else:
-        blank = _SEPARATOR.search(text, start)
-        if blank is not None:
-            content_end = blank.start()
-        elif all("\n" not in interior for interior in interiors):
-            line_end = text.find("\n", start)
-            content_end = len(text) if line_end < 0 else line_end
-        else:
-            content_end = text_end
-    return _attach_separator(text, content_end, earlier)
-
-
-def _block_starts(text: str, start: int, end: int, max_blocks: int) -> list[int] | None:
-    """Where the blank-line blocks of text[start:end] start (`start` begins a non-blank
-    line); blank lines after the last block stay in it. None past `max_blocks`."""
-    content_end = start + len(text[start:end].rstrip())
-    starts = [start]
-    for separator in _SEPARATOR.finditer(text, start, content_end):
-        starts.append(separator.end())
-        if len(starts) > max_blocks:
-            return None
-    return starts
-
-
-def _through_blank_lines(text: str, start: int, end: int | None = None) -> int:
-    """The end of the whitespace after `start` up to its last newline (`start` if none)."""
-    spaces_end = _SPACES.match(text, start, len(text) if end is None else end).end()
-    return text.rfind("\n", start, spaces_end) + 1 or start
-
-
-def _spans(text: str, starts: Sequence[int], end: int) -> tuple[str, ...]:
-    bounds = [*starts, end]
-    return tuple(text[a:b] for a, b in pairwise(bounds))
 
 
 def _xml(
@@ -323,8 +174,8 @@ def _xml(
         if _crosses(elements, {n: t for n, t in balanced.items() if n != name}):
             continue
         starts = [start for start, _ in elements]
-        documents = list(_spans(text, starts[:-1], starts[-1]))
-        end = _attach_separator(text, elements[-1][1], documents)
+        documents = list(texts_between(text, starts[:-1], starts[-1]))
+        end = attach_separator(text, elements[-1][1], documents)
         documents.append(text[starts[-1] : end])
         return Extraction("xml", text[: starts[0]], tuple(documents), text[end:], None, None, True)
     # One element of a known name wrapping the documents (`<context>` around documents
@@ -361,51 +212,6 @@ def _crosses(
     return False
 
 
-def _numbered(
-    text: str, min_documents: int, max_documents: int, _: Collection[str]
-) -> Extraction | None:
-    # label format (the label with "{n}") -> its markers, by family
-    families: list[dict[str, list[re.Match[str]]]] = [{}, {}, {}]
-    for marker in _NUMBERED_MARKER.finditer(text):
-        family = _marker_family(marker)
-        if family is None:
-            continue
-        start, (number_start, number_end) = marker.start(), marker.span("number")
-        label = marker.group(0)
-        form = label[: number_start - start] + "{n}" + label[number_end - start :]
-        found = families[family].setdefault(form, [])
-        if len(found) <= max_documents:  # one more tells "too many"
-            found.append(marker)
-    for formats in families:
-        listed = {
-            form: markers
-            for form, markers in formats.items()
-            if len(markers) >= 2 or (markers and min_documents == 1)
-        }
-        if not listed:
-            continue  # a lone marker is text
-        numbered = [
-            (markers[0].start(), form, markers)
-            for form, markers in listed.items()
-            if min_documents <= len(markers) <= max_documents
-            and all(m.group("number") == str(i) for i, m in enumerate(markers, 1))
-        ]
-        if not numbered:
-            return None  # a number skipped or repeated, or too many: a collision
-        _, form, markers = min(numbered, key=lambda item: item[0])  # the outermost list
-        documents = [
-            text[marker.end() : following.start()] for marker, following in pairwise(markers)
-        ]
-        end = _close_last(text, markers[-1].end(), documents)
-        documents.append(text[markers[-1].end() : end])
-        if any(not doc.strip() for doc in documents):
-            return None
-        labels = tuple(marker.group(0) for marker in markers)
-        preamble = text[: markers[0].start()]
-        return Extraction("numbered", preamble, tuple(documents), text[end:], labels, form, True)
-    return None
-
-
 def _markdown(
     text: str, min_documents: int, max_documents: int, _: Collection[str]
 ) -> Extraction | None:
@@ -435,9 +241,9 @@ def _markdown(
         return None
     (_, level), indices = best
     starts = [headers[i][0] for i in indices]
-    documents = list(_spans(text, starts[:-1], starts[-1]))
+    documents = list(texts_between(text, starts[:-1], starts[-1]))
     shallower = next((s for s, lvl in headers[indices[-1] + 1 :] if lvl < level), None)
-    end = _close_last(text, starts[-1], documents) if shallower is None else shallower
+    end = close_last(text, starts[-1], documents) if shallower is None else shallower
     documents.append(text[starts[-1] : end])
     return Extraction("markdown", text[: starts[0]], tuple(documents), text[end:], None, None, True)
 
@@ -482,11 +288,11 @@ def _inside(
                 found.label_format,
                 True,
             )
-    lead = _through_blank_lines(text, inner_start, close)
-    starts = _block_starts(text, lead, close, max_documents)
+    lead = through_blank_lines(text, inner_start, close)
+    starts = block_starts(text, lead, close, max_documents)
     if starts is None or lead == close or len(starts) < min_documents:
         return None
-    documents = _spans(text, starts, close)
+    documents = texts_between(text, starts, close)
     return Extraction(layout, text[:lead], documents, tail, None, None, len(documents) == 1)
 
 
@@ -501,18 +307,18 @@ def _find_line(text: str, line: str, start: int) -> int | None:
 def _blank(
     text: str, min_documents: int, max_documents: int, _: Collection[str]
 ) -> Extraction | None:
-    lead = _through_blank_lines(text, 0)
-    starts = _block_starts(text, lead, len(text), max_documents + 1)
+    lead = through_blank_lines(text, 0)
+    starts = block_starts(text, lead, len(text), max_documents + 1)
     if starts is None or len(starts) - 1 < min_documents:
         return None
-    documents = _spans(text, starts[:-1], starts[-1])
+    documents = texts_between(text, starts[:-1], starts[-1])
     return Extraction("blank", text[:lead], documents, text[starts[-1] :], None, None, False)
 
 
 _FINDERS: dict[str, Finder] = {
     "xml": _xml,
     "dashed": _dashed,
-    "numbered": _numbered,
+    "numbered": find_numbered,
     "markdown": _markdown,
     "blank": _blank,
 }

@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from prism_proxy.api.models import ChatMessage, PrismHint
+from prism_proxy.api.hints import PrismHint
+from prism_proxy.api.messages import ChatMessage
 from prism_proxy.api.segments import Segment, SegmentedPrompt, format_validation_error
 from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
 from prism_proxy.prompts.extraction import extract

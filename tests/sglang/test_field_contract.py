@@ -1,6 +1,6 @@
 """The proxy's field lists against SGLang 0.5.23's own request classes: every
-field SGLang reads from a client body is served (declared and checked in
-`prism_proxy.api.models`), owned by the proxy, or refused with a reason
+field SGLang reads from a client body is served (declared and checked in the body
+models of `prism_proxy.api`), owned by the proxy, or refused with a reason
 (`prism_proxy.api.sglang_fields`); and every field the proxy forwards is one SGLang knows.
 A new SGLang release that adds a field fails here until the field is classified."""
 
@@ -14,7 +14,10 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from prism_proxy.api import forwarded as api_forwarded
-from prism_proxy.api import models as api_models
+from prism_proxy.api.chat import ChatCompletionRequest
+from prism_proxy.api.completions import CompletionRequest
+from prism_proxy.api.generate import GenerateRequest, NativeSamplingParams
+from prism_proxy.api.messages import ChatMessage
 from prism_proxy.api.sglang_fields import MESSAGE_FIELDS, PROXY_OWNED, REFUSED
 
 pytestmark = pytest.mark.sglang
@@ -28,12 +31,12 @@ SAMPLING_INTERNAL = {
 }  # fmt: skip
 
 CASES = [
-    (set(protocol.ChatCompletionRequest.model_fields), api_models.ChatCompletionRequest),
-    (set(protocol.CompletionRequest.model_fields), api_models.CompletionRequest),
-    ({f.name for f in dataclasses.fields(GenerateReqInput)}, api_models.GenerateRequest),
+    (set(protocol.ChatCompletionRequest.model_fields), ChatCompletionRequest),
+    (set(protocol.CompletionRequest.model_fields), CompletionRequest),
+    ({f.name for f in dataclasses.fields(GenerateReqInput)}, GenerateRequest),
     (
         set(SamplingParams.__struct_fields__) - SAMPLING_INTERNAL,
-        api_models.NativeSamplingParams,
+        NativeSamplingParams,
     ),
     (set(protocol.EmbeddingRequest.model_fields), api_forwarded.EmbeddingRequest),
     (set(protocol.TokenizeRequest.model_fields), api_forwarded.TokenizeRequest),
@@ -66,4 +69,4 @@ def test_forwarded_message_fields_are_sglangs() -> None:
         protocol.ChatCompletionMessageUserParam.model_fields
     )
     assert sglang == MESSAGE_FIELDS
-    assert set(api_models.ChatMessage.model_fields) == MESSAGE_FIELDS
+    assert set(ChatMessage.model_fields) == MESSAGE_FIELDS

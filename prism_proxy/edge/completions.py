@@ -1,0 +1,89 @@
+"""`/v1/completions`: one prompt on the token path (hints, documents found in its text,
+or the text or ids as they are); batches, `n`, logprobs and the like through the
+engine's own endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from prism_proxy.api.completions import CompletionRequest
+from prism_proxy.api.costs import PromptSize
+from prism_proxy.edge import state
+from prism_proxy.edge.admit import make_job, new_rid
+from prism_proxy.edge.errors import ENDPOINT
+from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
+from prism_proxy.edge.openai_format import CompletionFormat, answer_format
+from prism_proxy.edge.prompt_origin import (
+    DocumentFinder,
+    count_origin,
+    hint_prompt,
+    token_path_open,
+)
+from prism_proxy.edge.relay import passthrough, token_path
+from prism_proxy.edge.structured import GrammarShare
+from prism_proxy.prompts.jobs import TokenJob, private_job, segmented_job
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "completions"
+    body, raw = await read_body(request, CompletionRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
+    async with (
+        DecodeShare(request, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, body, raw),
+    ):
+        return await _completions(request, body, raw, size)
+
+
+async def _completions(
+    request: web.Request, body: CompletionRequest, raw: dict[str, Any], size: PromptSize
+) -> web.StreamResponse:
+    if body.passthrough_reason() is not None:
+        forwarded = body.forwarded(raw)
+        count_origin(request, "forwarded")
+        group = body.prompt_cache_key or ""
+        return await passthrough(
+            request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1, group=group
+        )
+    if not await token_path_open(request, body.prism is not None):
+        group = body.prompt_cache_key or ""
+        return await passthrough(
+            request, "/v1/completions", body.forwarded(raw), set_rid=True, group=group
+        )
+    prompt = body.single_prompt()
+    serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
+    hinted = None
+    if body.prism is not None:
+        text = prompt if isinstance(prompt, str) else None
+        hinted = hint_prompt(body.prism, system=None, suffix=text, chat=False)
+
+    def build() -> TokenJob:
+        if hinted is not None:
+            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
+        if isinstance(prompt, str):
+            if (finding := finder.find(prompt, None)) is not None:
+                return segmented_job(serializer, finding.prompt, chat=False)
+            return private_job({"text": prompt}, None)
+        return private_job({"input_ids": prompt}, len(prompt))  # checked in read_body
+
+    job = await make_job(size, build)
+    finder.count(request)
+    rid = new_rid()
+    return await token_path(
+        request,
+        job,
+        size=size,
+        rid=rid,
+        sampling_params=body.sampling_params(body.max_tokens),
+        stream=body.stream,
+        fmt=answer_format(
+            CompletionFormat, body.rid or rid, "cmpl", body.model, body.include_usage
+        ),
+        extra_fields=body.generate_fields(),
+        group=body.prompt_cache_key or "",
+    )

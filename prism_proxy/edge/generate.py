@@ -1,0 +1,81 @@
+"""SGLang-native `/generate`: one prompt on the token path (hints, documents found in its
+text, or the text or ids as they are); batches and `n` through the engine's own
+endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from prism_proxy.api.costs import PromptSize
+from prism_proxy.api.generate import GenerateRequest
+from prism_proxy.edge import state
+from prism_proxy.edge.admit import make_job, new_rid
+from prism_proxy.edge.errors import ENDPOINT
+from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
+from prism_proxy.edge.openai_format import GenerateFormat, answer_format
+from prism_proxy.edge.prompt_origin import (
+    DocumentFinder,
+    count_origin,
+    hint_prompt,
+    token_path_open,
+)
+from prism_proxy.edge.relay import passthrough, token_path
+from prism_proxy.edge.structured import GrammarShare
+from prism_proxy.prompts.jobs import PromptError, TokenJob, private_job, segmented_job
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    request[ENDPOINT] = "generate"
+    body, raw = await read_body(request, GenerateRequest)
+    size = body.prompt_size()
+    check_prompt_size(request, size)
+    async with (
+        DecodeShare(request, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, body, raw),
+    ):
+        return await _generate(request, body, raw, size)
+
+
+async def _generate(
+    request: web.Request, body: GenerateRequest, raw: dict[str, Any], size: PromptSize
+) -> web.StreamResponse:
+    if body.passthrough_reason() is not None:
+        count_origin(request, "forwarded")
+        return await passthrough(request, "/generate", body.forwarded(raw), set_rid=False)
+    if not await token_path_open(request, body.prism is not None):
+        # one prompt (batches are passthrough already), as the client wrote it
+        return await passthrough(request, "/generate", body.forwarded(raw), set_rid=True)
+    serializer = request.app[state.SERIALIZER]
+    finder = DocumentFinder(request, body.prism is not None)
+    hinted = None
+    if body.prism is not None:
+        text = body.text if isinstance(body.text, str) else None
+        hinted = hint_prompt(body.prism, system=None, suffix=text, chat=False)
+
+    def build() -> TokenJob:
+        if hinted is not None:
+            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
+        if body.input_ids is not None:  # checked in read_body
+            return private_job({"input_ids": body.input_ids}, len(body.input_ids))
+        if isinstance(body.text, str):
+            if (finding := finder.find(body.text, None)) is not None:
+                return segmented_job(serializer, finding.prompt, chat=False)
+            return private_job({"text": body.text}, None)
+        raise PromptError("text", "either text or input_ids is required")
+
+    job = await make_job(size, build)
+    finder.count(request)
+    rid = new_rid()
+    return await token_path(
+        request,
+        job,
+        size=size,
+        rid=rid,
+        sampling_params=body.backend_sampling_params(),
+        stream=body.stream,
+        fmt=answer_format(GenerateFormat, body.rid or rid, "", "", False),
+        extra_fields=body.generate_fields(),
+    )

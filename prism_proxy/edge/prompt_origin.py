@@ -1,0 +1,109 @@
+"""Where a request's prompt comes from, for the token-path endpoints: its hints
+(`hint_prompt`), documents found in its text (`DocumentFinder`, as the deployment and
+the `x-prism-extract` header allow), or the engine's own endpoint when the token path is
+closed to it (`token_path_open`); each request counted by origin (`count_origin`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from aiohttp import web
+
+from prism_proxy.api.hints import PrismHint
+from prism_proxy.api.segments import SegmentedPrompt
+from prism_proxy.backend.client import BackendError
+from prism_proxy.edge import state
+from prism_proxy.edge.accounts import client_key
+from prism_proxy.edge.admit import prompt_error
+from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure
+from prism_proxy.prompts.jobs import Finding, PromptError, find_documents, hinted_prompt
+
+EXTRACT_HEADER = "x-prism-extract"
+
+
+def count_origin(request: web.Request, outcome: str, layout: str = "") -> None:
+    """Count a request by where its segments came from (`prism:extraction_total`)."""
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.extraction, request[ENDPOINT], outcome, layout).inc()
+
+
+class DocumentFinder:
+    """Documents in a request without hints (`prompts.find_documents`), as the
+    deployment's settings and the request's `x-prism-extract` header allow; remembers
+    what it found for the metrics. `find` may run in a worker thread."""
+
+    __slots__ = ("evidence", "hinted", "layout", "layouts", "outcome", "reorder")
+
+    def __init__(self, request: web.Request, hinted: bool) -> None:
+        config = request.app[state.CONFIG]
+        # one client's arrangements never cut another's documents
+        self.evidence = request.app[state.EVIDENCE].scoped(client_key(request))
+        self.reorder = config.extraction_reorder
+        self.layouts = config.extraction_layouts
+        opt = request.headers.get(EXTRACT_HEADER)
+        if opt is not None:
+            opt = opt.strip().lower()
+            if opt not in ("on", "off"):
+                raise ApiError(
+                    400, f"{EXTRACT_HEADER}: expected 'on' or 'off'", param=EXTRACT_HEADER
+                )
+            if opt == "off":
+                self.layouts = ()
+        self.hinted = hinted
+        self.outcome = "hinted" if hinted else ("none" if self.layouts else "off")
+        self.layout = ""
+
+    @property
+    def searching(self) -> bool:
+        """Whether this request may be segmented (no hints, extraction on for it)."""
+        return not self.hinted and bool(self.layouts)
+
+    def find(self, text: str, system: str | None) -> Finding | None:
+        finding = find_documents(
+            text, system=system, layouts=self.layouts, reorder=self.reorder, evidence=self.evidence
+        )
+        if finding is not None:
+            self.outcome, self.layout = finding.outcome, finding.layout
+        return finding
+
+    def count(self, request: web.Request) -> None:
+        count_origin(request, self.outcome, self.layout)
+
+
+async def token_path_open(request: web.Request, hinted: bool) -> bool:
+    """Whether a request may take the token path: the proxy's tokenizer is the engine's
+    (checked again first when the engine may have changed, `TokenizerGuard`). When it
+    is not: False with `tokenizer_mismatch=forward` (the caller sends the request to the
+    engine's own endpoint), else 503 naming the tokenizer. A hinted request needs the
+    proxy's tokenizer whatever the mode: 503."""
+    guard = request.app[state.TOKENIZER_GUARD]
+    try:
+        if await guard.token_path():
+            return True
+    except BackendError as exc:
+        raise backend_failure(exc) from None
+    if guard.forward and not hinted:
+        count_origin(request, "forwarded")
+        return False
+    raise ApiError(503, guard.refusal(), kind="service_unavailable")
+
+
+class HintedPrompt(NamedTuple):
+    prompt: SegmentedPrompt
+    chat: bool  # serialized with the chat template
+
+
+def hint_prompt(
+    hint: PrismHint, *, system: str | None, suffix: str | None, chat: bool
+) -> HintedPrompt:
+    """A hinted request's prompt, checked here on the event loop (400 naming the field),
+    and whether it is serialized as a chat (the hint's `chat`, else the endpoint's
+    default `chat`). The checks are lengths and ids, O(segments), so a refused hint (a
+    1 MB segment over `max_piece_chars`) costs no worker thread's hop; only serializing
+    an accepted one (tokenization) leaves the loop (`make_job`)."""
+    try:
+        prompt = hinted_prompt(hint, system=system, suffix=suffix)
+    except PromptError as exc:
+        raise prompt_error(exc) from None
+    return HintedPrompt(prompt, chat if hint.chat is None else hint.chat)

@@ -10,7 +10,7 @@ PRISM_CONTROL_PORT     control RPC port of dp rank 0; rank r listens on port + r
 PRISM_CONTROL_HOST     bind address (default 127.0.0.1)
 PRISM_CONTROL_TOKEN    bearer token the RPC requires
 PRISM_CONTROL_TOKEN_FILE
-                       a file holding it (read when PRISM_CONTROL_TOKEN is unset)
+                       a file holding it (give one of the two)
 PRISM_CONTROL_OPEN=1   run the RPC without a token (explicit opt-in; loopback only)
 PRISM_CONTROL_ALLOW_REMOTE=1
                        allow a bind address other than loopback (explicit opt-in;
@@ -23,7 +23,6 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from backend_plugin.dart.keys import EvictionPolicy
 from backend_plugin.dart.priority import (
@@ -31,6 +30,7 @@ from backend_plugin.dart.priority import (
     DEFAULT_PROTECT_FRACTION,
     DEFAULT_RETAIN_FRACTION,
 )
+from prism_wire.secret import SecretError, read_secret
 
 DEFAULT_CONTROL_HOST = "127.0.0.1"
 
@@ -109,19 +109,13 @@ class PluginConfig:
 
 
 def control_token(env: Mapping[str, str]) -> str | None:
-    """PRISM_CONTROL_TOKEN, else the text of the file PRISM_CONTROL_TOKEN_FILE names
+    """PRISM_CONTROL_TOKEN, or the text of the file PRISM_CONTROL_TOKEN_FILE names
     (without surrounding whitespace), else None. Never a flag: a command line is
     readable by every local user."""
-    token = env.get("PRISM_CONTROL_TOKEN")
-    if token:
-        return token
-    path = env.get("PRISM_CONTROL_TOKEN_FILE")
-    if not path:
-        return None
     try:
-        return Path(path).read_text().strip() or None
-    except OSError as exc:
-        raise ControlConfigError(f"PRISM_CONTROL_TOKEN_FILE: cannot read {path}: {exc}") from None
+        return read_secret(env, "PRISM_CONTROL_TOKEN")
+    except SecretError as exc:
+        raise ControlConfigError(str(exc)) from None
 
 
 def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:

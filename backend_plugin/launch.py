@@ -28,8 +28,9 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from collections.abc import Mapping, MutableMapping, Sequence
-from pathlib import Path
+from collections.abc import MutableMapping, Sequence
+
+from prism_wire.secret import SecretError, read_secret
 
 _ENV_FLAGS = {
     "--prism-control-port": "PRISM_CONTROL_PORT",
@@ -52,21 +53,6 @@ _REFUSED = {
     "--prism-control-token": "PRISM_CONTROL_TOKEN or --prism-control-token-file",
     **{flag: f"{name} or {name}_FILE" for flag, name in _KEY_FLAGS.items()},
 }
-
-
-def secret(env: Mapping[str, str], name: str) -> str | None:
-    """The secret in `env[name]`, else in the file `env[name + "_FILE"]` names (its text
-    without surrounding whitespace), else None."""
-    path = env.get(name + "_FILE")
-    if path:
-        try:
-            text = Path(path).read_text().strip()
-        except OSError as exc:
-            raise SystemExit(f"{name}_FILE: cannot read {path}: {exc.strerror}") from None
-        if not text:
-            raise SystemExit(f"{name}_FILE: {path} is empty")
-        return text
-    return env.get(name) or None
 
 
 def build_argv(argv: Sequence[str], env: MutableMapping[str, str]) -> list[str]:
@@ -95,7 +81,10 @@ def build_argv(argv: Sequence[str], env: MutableMapping[str, str]) -> list[str]:
     if not any(a.split("=")[0] == "--radix-cache-backend" for a in out):
         out += ["--radix-cache-backend", "prism_dart"]
     for flag, name in _KEY_FLAGS.items():
-        key = secret(env, name)
+        try:
+            key = read_secret(env, name)
+        except SecretError as exc:  # an unusable *_FILE: stop before SGLang starts
+            raise SystemExit(str(exc)) from None
         if key is not None:
             out += [flag, key]
     return out

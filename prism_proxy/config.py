@@ -25,6 +25,7 @@ from prism_proxy.admission.sessions import SessionParams
 from prism_proxy.prompts.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 from prism_proxy.qas.policies import POLICIES
+from prism_wire.secret import SecretError, read_secret
 
 POLICY_NAMES = tuple(POLICIES)  # the registry's names: prism, fifo, klpm, contextpilot-style
 RESIDENCY_SOURCES = ("auto", "dart", "view")
@@ -554,18 +555,12 @@ def _read_secrets(values: dict[str, Any]) -> None:
     """Fill `control_token` and `engine_api_key` from their `*_file` settings (the file's
     text without surrounding whitespace); a secret given both ways is an error."""
     for name in SECRET_FILES:
-        path = values.get(f"{name}_file")
-        if path is None:
-            continue
-        if values.get(name) is not None:
-            raise ConfigError(f"{name}: given both directly and as {name}_file; give one")
+        if values.get(f"{name}_file") is None:
+            continue  # no file: a direct value stays as given, for `ProxyConfig` to check
         try:
-            secret = Path(path).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"{name}_file: cannot read {path}: {exc.strerror}") from None
-        if not secret:
-            raise ConfigError(f"{name}_file: {path} is empty")
-        values[name] = secret
+            values[name] = read_secret(values, name, file_suffix="_file")
+        except SecretError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def load_file(path: str | Path) -> dict[str, Any]:

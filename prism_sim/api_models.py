@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -11,6 +11,26 @@ DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class _KeepsRaw(_Lenient):
+    """A body that also keeps the JSON object as sent (`raw`): a chat template renders
+    messages and tools as the client gave them, key order and extras included."""
+
+    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_raw(cls, data: Any, handler: Any) -> Self:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._raw = data
+        return model
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        """The body as sent (key order included: templates render tools as given)."""
+        return self._raw
 
 
 class SamplingParamsIn(_Lenient):
@@ -72,7 +92,7 @@ class ToolChoiceIn(_Lenient):
     function: ToolChoiceFunction
 
 
-class ChatCompletionIn(_Lenient):
+class ChatCompletionIn(_KeepsRaw):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     # Forced calls are answered as SGLang does (`prism_sim.tool_calls`); the prompt is
@@ -88,20 +108,6 @@ class ChatCompletionIn(_Lenient):
     # SGLang's `sampling_params.custom_params`: where DART's anchors ride on this
     # endpoint (`prism_wire.CUSTOM_PARAMS_KEY`).
     custom_params: dict[str, Any] | None = None
-    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _keep_raw(cls, data: Any, handler: Any) -> ChatCompletionIn:
-        model = handler(data)
-        if isinstance(data, dict):
-            model._raw = data
-        return model
-
-    @property
-    def raw(self) -> dict[str, Any]:
-        """The body as sent (key order included: templates render tools as given)."""
-        return self._raw
 
 
 class AbortIn(_Lenient):
@@ -109,7 +115,7 @@ class AbortIn(_Lenient):
     abort_all: bool = False
 
 
-class TokenizeIn(_Lenient):
+class TokenizeIn(_KeepsRaw):
     """SGLang's `TokenizeRequest`: exactly one of `prompt` (a text or a list of texts)
     and `messages` (rendered by the chat template, as a chat completion renders them
     unless `add_generation_prompt` is given)."""
@@ -122,25 +128,12 @@ class TokenizeIn(_Lenient):
     continue_final_message: bool = False
     add_special_tokens: bool = True
     add_generation_prompt: bool | None = None
-    _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _keep_raw(cls, data: Any, handler: Any) -> TokenizeIn:
-        model = handler(data)
-        if isinstance(data, dict):
-            model._raw = data
-        return model
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeIn:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("Exactly one of 'prompt' or 'messages' must be provided.")
         return self
-
-    @property
-    def raw(self) -> dict[str, Any]:
-        return self._raw
 
 
 class DetokenizeIn(_Lenient):

@@ -10,14 +10,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prism_sim.eviction import eviction_strategy_names
 from prism_sim.extensions import EXTENSION_MODULES
 from prism_sim.schedule_policy import POLICIES
 from prism_sim.time_model import DEFAULT_PROFILE
+from prism_wire.secret import read_secret
 
 if TYPE_CHECKING:
     from prism_sim.engine import SimConfig, SimEngine
@@ -92,25 +92,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         served_model_name=args.served_model_name,
         incremental_streaming_output=args.incremental_streaming_output,
         control_port=args.control_port,
-        control_token=secret(os.environ, "PRISM_CONTROL_TOKEN"),
+        control_token=read_secret(os.environ, "PRISM_CONTROL_TOKEN"),
         protect_fraction=args.protect_fraction,
         answer_text=args.answer_text,
-        api_key=secret(os.environ, "PRISM_ENGINE_API_KEY"),
+        api_key=read_secret(os.environ, "PRISM_ENGINE_API_KEY"),
     )
-
-
-def secret(environ: Mapping[str, str], name: str) -> str | None:
-    """A secret from `environ[name]`, else from the file `environ[name + "_FILE"]` names
-    (its text without surrounding whitespace): the DART control RPC's token
-    (PRISM_CONTROL_TOKEN) and SGLang's `--api-key` (PRISM_ENGINE_API_KEY). Never a
-    flag: a command line is readable by every local user."""
-    value = environ.get(name)
-    if value:
-        return value
-    path = environ.get(name + "_FILE")
-    if path:
-        return Path(path).read_text().strip() or None
-    return None
 
 
 async def serve(config: SimConfig, engine: SimEngine) -> None:
@@ -153,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prism_sim.engine import SimEngine
 
         engine = SimEngine(config)  # profile, tokenizer and control settings checked here
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:  # a `SecretError` too: a bad PRISM_*_FILE
         print(f"prism-sim: {exc}", file=sys.stderr)
         return 2
     try:

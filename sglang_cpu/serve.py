@@ -117,6 +117,9 @@ def sglang_environment(
     env = dict(os.environ if base is None else base)
     if control_token:
         env["PRISM_CONTROL_TOKEN"] = control_token
+        # Read already (`control_token` came from it): the plugin refuses a token given
+        # both directly and as a file.
+        env.pop("PRISM_CONTROL_TOKEN_FILE", None)
     path = [str(SHIMS), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(
         {

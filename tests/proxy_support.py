@@ -7,13 +7,15 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
 from aiohttp import web
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.processes import ServerProcess, free_port, run_server
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.config import ProxyConfig
 
@@ -96,6 +98,76 @@ def recording_generate(
     return generate
 
 
+def holding_backend(
+    release: asyncio.Event, record: Callable[[dict], None] = lambda body: None
+) -> web.Application:
+    """A stub backend whose `/generate` hands each body to `record` on arrival, then
+    holds its answer (one chunk "x", 3 prompt tokens, 1 completion token, ended by
+    length) until `release` is set: requests stay in flight for as long as a test needs."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        record(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await release.wait()
+        meta = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0,
+                "finish_reason": {"type": "length"}}  # fmt: skip
+        chunk = {"text": "x", "output_ids": [5], "meta_info": meta}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    backend = web.Application()
+    backend.router.add_post("/generate", generate)
+    return backend
+
+
+class DartSim(NamedTuple):
+    """`dart_sim`'s engine, and the URL of its DART control RPC."""
+
+    engine: ServerProcess
+    control_url: str
+
+
+@contextlib.contextmanager
+def dart_sim(
+    log_dir: Path, token: str, sim_args: Sequence[str] = ("--speed", "50")
+) -> Iterator[DartSim]:
+    """`prism-sim --eviction dart` with its control RPC on a free port, as a subprocess
+    taking the control `token` from PRISM_CONTROL_TOKEN (as deployed); `sim_args` are
+    more flags."""
+    control_port = free_port()
+    args = ["--eviction", "dart", "--control-port", str(control_port), *sim_args]
+    env = {"PRISM_CONTROL_TOKEN": token}
+    with run_server("prism_sim", args, log_dir=log_dir, env=env) as engine:
+        yield DartSim(engine, f"http://127.0.0.1:{control_port}")
+
+
+class DartStack(NamedTuple):
+    """`dart_stack`'s servers: the proxy, its engine, and the DART control RPC the proxy
+    pushes to."""
+
+    proxy: ServerProcess
+    engine: ServerProcess
+    control_url: str
+
+
+@contextlib.contextmanager
+def dart_stack(
+    log_dir: Path,
+    token: str,
+    proxy_args: Sequence[str] = (),
+    sim_args: Sequence[str] = ("--speed", "50"),
+) -> Iterator[DartStack]:
+    """`dart_sim`, and `prism-proxy serve` in front of it pushing to its control RPC, a
+    subprocess with the same `token` from PRISM_CONTROL_TOKEN; `proxy_args` are more
+    `serve` flags."""
+    with dart_sim(log_dir, token, sim_args) as (engine, control_url):
+        serve = ["serve", "--backend", engine.url, "--control-url", control_url, *proxy_args]
+        env = {"PRISM_CONTROL_TOKEN": token}
+        with run_server("prism_proxy", serve, log_dir=log_dir, env=env) as proxy:
+            yield DartStack(proxy, engine, control_url)
+
+
 @contextlib.asynccontextmanager
 async def running_proxy(backend: str, **overrides: object) -> AsyncIterator[RunningProxy]:
     """An in-process proxy in front of `backend` for the block (`proxy_config`)."""
@@ -106,14 +178,18 @@ async def running_proxy(backend: str, **overrides: object) -> AsyncIterator[Runn
         await proxy.stop()
 
 
-def sim_metric(sim: ServerProcess, name: str) -> float:
-    """A sample of the simulated engine's Prometheus text (sum over label sets)."""
-    text = httpx.get(sim.url + "/metrics", timeout=5.0).text
+def metric_total(text: str, name: str) -> float:
+    """The sample `name` of Prometheus text, summed over its label sets (0 when absent)."""
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name) and line[len(name)] in " {":
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def sim_metric(sim: ServerProcess, name: str) -> float:
+    """A sample of the simulated engine's `/metrics` (`metric_total`)."""
+    return metric_total(httpx.get(sim.url + "/metrics", timeout=5.0).text, name)
 
 
 async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:

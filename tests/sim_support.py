@@ -1,8 +1,19 @@
-"""Helpers shared by the simulated engine's unit tests."""
+"""Helpers shared by the simulated engine's tests."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prism_sim.time_model import Profile
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids `a` and `b` share: what a prefix cache holding one can
+    reuse of the other (the tests' oracle, written apart from the engine's own)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def profile(**overrides: object) -> Profile:

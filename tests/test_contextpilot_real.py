@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sim_support import common_prefix
 
 import loadgen.peer_lines as peer_lines
 from loadgen.apis import build_request, chat_messages
@@ -77,13 +78,6 @@ def engine_ids(req: TraceRequest, order: str) -> list[int]:
         template_messages(messages, fmt, final_assistant=True), add_generation_prompt=True
     )
     return tokenizer.encode(text)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def send(client: httpx.Client, url: str, req: TraceRequest) -> tuple[dict | None, int]:

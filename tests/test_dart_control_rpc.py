@@ -294,7 +294,25 @@ def test_plugin_reads_the_control_token_from_a_file(tmp_path) -> None:
     token.write_text("s3cret\n")
     assert load_config({"PRISM_CONTROL_TOKEN_FILE": str(token)}).control.token == "s3cret"
     both = {"PRISM_CONTROL_TOKEN": "env", "PRISM_CONTROL_TOKEN_FILE": str(token)}
-    assert load_config(both).control.token == "env"
+    with pytest.raises(ControlConfigError, match=r"given both directly and as .*; give one"):
+        load_config(both)  # which one was meant is unknown: the proxy refuses it too
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ControlConfigError, match=r"PRISM_CONTROL_TOKEN_FILE: .* is empty"):
+        load_config({"PRISM_CONTROL_TOKEN_FILE": str(tmp_path / "empty")})
+
+
+def test_sglang_cpu_hands_the_plugin_one_token(tmp_path) -> None:
+    """`sglang_cpu.serve` reads the token (from the file here) and gives it to SGLang's
+    processes as PRISM_CONTROL_TOKEN alone: the plugin there takes it, not "give one"."""
+    from backend_plugin.config import control_token
+    from sglang_cpu.serve import sglang_environment
+
+    token_file = tmp_path / "control-token"
+    token_file.write_text("s3cret\n")
+    base = {"PRISM_CONTROL_TOKEN_FILE": str(token_file)}
+    env = sglang_environment(base, control_token=control_token(base))
+    assert load_config(env).control.token == "s3cret"
+    assert "PRISM_CONTROL_TOKEN_FILE" not in env
 
 
 def test_inbox_orders_concurrent_submissions():

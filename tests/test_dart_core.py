@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from dart_scenario import HEAD, PRIVATE, SEGMENTS, SYSTEM, TABLE, anchors_for, random_requests
 
 from backend_plugin.dart import (
     DartCore,
@@ -32,24 +33,6 @@ from backend_plugin.sim_extension import DartSimExtension
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest
 from prism_wire import AnchorError, AnchorKind, make_kv_hints, parse_kv_hints, system_owner
-
-SYSTEM = list(range(1000, 1008))
-SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
-PRIVATE = {name: list(range(3000 + 10 * i, 3004 + 10 * i)) for i, name in enumerate("ABCD")}
-TABLE = {"A": 40.0, "B": 10.0, "C": 30.0, "D": 20.0}
-HEAD = system_owner("h")  # the head S's owner
-
-
-def anchors_for(
-    segment_ids: list[str], private_len: int, system_len: int = 8, head: str | None = "h"
-) -> list[dict]:
-    out = [{"kind": "system", "segment_id": head, "offset": system_len}]
-    offset = system_len
-    for seg in segment_ids:
-        offset += len(SEGMENTS[seg])
-        out.append({"kind": "segment", "segment_id": seg, "offset": offset})
-    out.append({"kind": "private", "segment_id": None, "offset": offset + private_len})
-    return out
 
 
 class Clock:
@@ -468,16 +451,6 @@ def _evicted_ids(cache, result) -> set[tuple[int, ...]]:
         path = cache.node_path_tokens(node)
         out.update(tuple(path[:i]) for i in range(len(path) - len(node.key) + 1, len(path) + 1))
     return out
-
-
-def random_requests(rng: random.Random, count: int):
-    systems = [list(range(100, 108)), list(range(110, 116))]
-    for i in range(count):
-        system = rng.choice(systems)
-        segs = rng.sample(sorted(SEGMENTS), rng.randint(1, 3))
-        private = [rng.randint(500, 504) for _ in range(rng.randint(2, 6))]
-        tokens = system + [t for s in segs for t in SEGMENTS[s]] + private
-        yield f"q{i}", tokens, anchors_for(segs, len(private), len(system))
 
 
 @pytest.mark.parametrize("anchored", [False, True])

@@ -116,6 +116,20 @@ def test_prism_sim_takes_its_secrets_from_the_environment_only(
     assert KEY not in repr(sim)
 
 
+def test_prism_sim_stops_on_an_unusable_secret_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit status 2 and one line naming the setting, before anything listens."""
+    from prism_sim.cli import main
+
+    empty = tmp_path / "engine-key"
+    empty.write_text("\n")
+    monkeypatch.delenv("PRISM_ENGINE_API_KEY", raising=False)
+    monkeypatch.setenv("PRISM_ENGINE_API_KEY_FILE", str(empty))
+    assert main(["--port", "0"]) == 2
+    assert capsys.readouterr().err == f"prism-sim: PRISM_ENGINE_API_KEY_FILE: {empty} is empty\n"
+
+
 # --- through the proxy ------------------------------------------------------------------
 async def test_every_path_carries_the_engines_key_and_never_the_clients(engine: str) -> None:
     """The tokenizer check's probes at start, the token path (chat, stream, completions,

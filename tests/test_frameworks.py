@@ -58,7 +58,7 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from llama_index.llms.openai_like import OpenAILike
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseFunctionToolCall
-from proxy_support import ProxyFactory, proxy_factory_fixture, sim_server
+from proxy_support import ProxyFactory, metric_total, proxy_factory_fixture, sim_server
 
 from prism_proxy.app import RunningProxy
 from prism_proxy.edge import state
@@ -151,15 +151,12 @@ async def proxy_counts(proxy: RunningProxy) -> Counts:
     (outcome `found` or `found-ordered`)."""
     async with httpx.AsyncClient() as http:
         text = (await http.get(proxy.url + "/metrics")).text
-    prompt = cached = 0
+    prompt = int(metric_total(text, "prism:prompt_tokens_total"))
+    cached = int(metric_total(text, "prism:cached_tokens_total"))
     found: dict[str, int] = {}
     for line in text.splitlines():
         name, _, value = line.rpartition(" ")
-        if name.startswith("prism:prompt_tokens_total"):
-            prompt += int(float(value))
-        elif name.startswith("prism:cached_tokens_total"):
-            cached += int(float(value))
-        elif name.startswith("prism:extraction_total{"):
+        if name.startswith("prism:extraction_total{"):
             labels = dict(p.split("=", 1) for p in name[name.index("{") + 1 : -1].split(","))
             if labels["outcome"].strip('"').startswith("found"):
                 layout = labels["layout"].strip('"')

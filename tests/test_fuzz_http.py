@@ -16,9 +16,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_support import proxy_idle, wait_until
-
-from loadgen.processes import ServerProcess, free_port, run_server
+from proxy_support import DartStack, dart_stack, proxy_idle, wait_until
 
 TOKEN = secrets.token_hex(8)
 EXAMPLES = settings(
@@ -29,25 +27,12 @@ EXAMPLES = settings(
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[tuple[ServerProcess, ServerProcess, str]]:
-    logs = tmp_path_factory.mktemp("fuzz")
-    control_port = free_port()
-    sim_args = ["--speed", "200", "--eviction", "dart", "--log-level", "warning"]
-    sim_args += ["--control-port", str(control_port)]
-    with run_server(
-        "prism_sim", sim_args, log_dir=logs, name="sim", env={"PRISM_CONTROL_TOKEN": TOKEN}
-    ) as sim:
-        control = f"http://127.0.0.1:{control_port}"
-        proxy_args = ["serve", "--backend", sim.url, "--log-level", "warning"]
-        proxy_args += ["--control-url", control]
-        with run_server(
-            "prism_proxy",
-            proxy_args,
-            log_dir=logs,
-            name="proxy",
-            env={"PRISM_CONTROL_TOKEN": TOKEN},
-        ) as proxy:
-            yield proxy, sim, control
+def stack(tmp_path_factory) -> Iterator[DartStack]:
+    quiet = ["--log-level", "warning"]
+    with dart_stack(
+        tmp_path_factory.mktemp("fuzz"), TOKEN, quiet, ["--speed", "200", *quiet]
+    ) as servers:
+        yield servers
 
 
 # --- what goes in ---------------------------------------------------------------------

@@ -5,14 +5,13 @@ in front of prism-sim, clients on their own loopback addresses)."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import aiohttp
 import pytest
-from aiohttp import web
 from proxy_support import (
     ProxyFactory,
     eventually,
+    holding_backend,
     loopback_app,
     proxy_factory_fixture,
     running_proxy,
@@ -123,20 +122,7 @@ async def test_one_client_past_its_share_gets_429_and_others_are_served() -> Non
     """A backend that holds every answer until told: the first client's forced request
     stays in flight while its next one asks for more than its share."""
     release = asyncio.Event()
-
-    async def generate(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await release.wait()
-        meta = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0,
-                "finish_reason": {"type": "length"}}  # fmt: skip
-        chunk = {"text": "x", "output_ids": [5], "meta_info": meta}
-        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
-        return response
-
-    backend = web.Application()
-    backend.router.add_post("/generate", generate)
+    backend = holding_backend(release)
     forced = {"model": "m", "messages": MSG, "max_tokens": 2_000, "min_tokens": 2_000}
     async with (
         loopback_app(backend) as url,

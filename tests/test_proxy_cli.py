@@ -37,17 +37,21 @@ def test_serve_reads_env_and_config_file(sim, tmp_path) -> None:
         )
 
 
-def test_bad_setting_exits_with_message(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "setting"),
+    [(["--policy", "nope"], "policy"), (["--metrics-listen", "nope"], "metrics_listen")],
+)
+def test_bad_setting_exits_with_message(flags: list[str], setting: str) -> None:
     import subprocess
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "prism_proxy", "serve", "--policy", "nope"],
+        [sys.executable, "-m", "prism_proxy", "serve", *flags],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2 and "policy" in result.stderr
+    assert result.returncode == 2 and setting in result.stderr
 
 
 def _wait_refused(url: str, timeout_s: float = 60.0) -> None:

@@ -11,7 +11,14 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from proxy_support import ProxyFactory, eventually, loopback_app, proxy_factory_fixture, sim_server
+from proxy_support import (
+    ProxyFactory,
+    dart_stack,
+    eventually,
+    loopback_app,
+    proxy_factory_fixture,
+    sim_server,
+)
 
 from loadgen.processes import free_port
 from prism_proxy.edge import state
@@ -101,45 +108,26 @@ def test_pushes_reach_the_simulators_dart_control_rpc(tmp_path) -> None:
     proxy's tables and sees the anchors of the requests."""
     import httpx
 
-    from loadgen.processes import run_server
-
-    control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
-    with run_server(
-        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
-    ) as backend:
-        control_url = f"http://127.0.0.1:{control_port}"
-        proxy_args = [
-            "serve",
-            "--backend",
-            backend.url,
-            "--control-url",
-            control_url,
-            "--set",
-            "protect=3",
-        ]
-        with run_server(
-            "prism_proxy", proxy_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
-        ) as proxy:
-            for segments in (["alpha", "beta"], ["beta", "gamma"]):
-                response = httpx.post(
-                    proxy.url + "/v1/chat/completions", json=_chat(segments), timeout=30
-                )
-                assert response.status_code == 200
-            auth = {"Authorization": f"Bearer {TOKEN}"}
-            deadline = time.monotonic() + 20
-            while True:
-                metrics = httpx.get(proxy.url + "/metrics").text
-                if "prism:control_rpc_pushes_total 2.0" in metrics:
-                    break
-                assert time.monotonic() < deadline, metrics
-                time.sleep(0.05)
-            stats = httpx.get(control_url + "/prism/stats", headers=auth).json()
-            assert stats["accepted_epoch"] > 0 and stats["protect"] == 3
-            # The anchors rode in kv_hints: DART annotated the requests' segment nodes.
-            assert stats["anchors_resident"] > 0
-            assert "prism:control_rpc_failures_total 0.0" in metrics
-            assert "prism:control_rpc_up 1.0" in metrics
+    with dart_stack(tmp_path, TOKEN, ["--set", "protect=3"]) as (proxy, _, control_url):
+        for segments in (["alpha", "beta"], ["beta", "gamma"]):
+            response = httpx.post(
+                proxy.url + "/v1/chat/completions", json=_chat(segments), timeout=30
+            )
+            assert response.status_code == 200
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        deadline = time.monotonic() + 20
+        while True:
+            metrics = httpx.get(proxy.url + "/metrics").text
+            if "prism:control_rpc_pushes_total 2.0" in metrics:
+                break
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.05)
+        stats = httpx.get(control_url + "/prism/stats", headers=auth).json()
+        assert stats["accepted_epoch"] > 0 and stats["protect"] == 3
+        # The anchors rode in kv_hints: DART annotated the requests' segment nodes.
+        assert stats["anchors_resident"] > 0
+        assert "prism:control_rpc_failures_total 0.0" in metrics
+        assert "prism:control_rpc_up 1.0" in metrics
 
 
 async def test_server_info_reports_the_settings_in_effect(proxy_factory: ProxyFactory) -> None:

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_server
+from sim_support import common_prefix
 
 from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.edge import state
@@ -173,12 +174,6 @@ async def test_backend_receives_reordered_token_ids(proxy_factory: ProxyFactory,
             suffix=MESSAGES[1]["content"],
         )
         return serializer.serialize(prompt).input_ids
-
-    def common_prefix(x: list[int], y: list[int]) -> int:
-        n = 0
-        while n < min(len(x), len(y)) and x[n] == y[n]:
-            n += 1
-        return n
 
     first = ids([0, 1])  # apple, zebra
     as_sent = common_prefix(first, ids([2, 0]))  # quartz, apple: only the head is shared

@@ -13,9 +13,15 @@ import contextlib
 import httpx
 import openai
 import pytest
-from proxy_support import ProxyFactory, eventually, proxy_config, proxy_factory_fixture, sim_server
+from proxy_support import (
+    ProxyFactory,
+    dart_sim,
+    eventually,
+    proxy_config,
+    proxy_factory_fixture,
+    sim_server,
+)
 
-from loadgen.processes import free_port, run_server
 from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.app import start_proxy
 from prism_proxy.edge import state
@@ -129,12 +135,7 @@ async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path
     a new order sent right after the first answer (before any poll need have reported
     the documents) still reuses every document."""
     token = "residency-test-token"
-    control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
-    with run_server(
-        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": token}
-    ) as backend:
-        control_url = f"http://127.0.0.1:{control_port}"
+    with dart_sim(tmp_path, token) as (backend, control_url):
         proxy = await start_proxy(
             proxy_config(backend.url, control_url=control_url, control_token=token)
         )
@@ -167,25 +168,12 @@ async def test_one_proxy_pushes_to_every_replicas_dart(tmp_path) -> None:
     """Comma-separated control URLs (one proxy in front of a gateway and N replicas):
     every DART gets each table, and residency is the union of what they hold."""
     token = "fan-out-test-token"
-    ports = [free_port(), free_port()]
     with contextlib.ExitStack() as stack:
-
-        def sim_args(port: int) -> list[str]:
-            return ["--eviction", "dart", "--control-port", str(port), "--speed", "50"]  # fmt: skip
-
-        sims = [
-            stack.enter_context(
-                run_server(
-                    "prism_sim",
-                    sim_args(port),
-                    log_dir=tmp_path,
-                    env={"PRISM_CONTROL_TOKEN": token},
-                )
-            )
-            for port in ports
-        ]
-        urls = ",".join(f"http://127.0.0.1:{port}" for port in ports)
-        proxy = await start_proxy(proxy_config(sims[0].url, control_url=urls, control_token=token))
+        sims = [stack.enter_context(dart_sim(tmp_path, token)) for _ in range(2)]
+        urls = ",".join(sim.control_url for sim in sims)
+        proxy = await start_proxy(
+            proxy_config(sims[0].engine.url, control_url=urls, control_token=token)
+        )
         try:
             assert len(proxy.app[state.CONTROLS]) == 2
             residency = proxy.app[state.ADMISSION].core.policy.residency.source
@@ -195,12 +183,12 @@ async def test_one_proxy_pushes_to_every_replicas_dart(tmp_path) -> None:
             await eventually(lambda: set(docs) <= residency.resident())
             auth = {"Authorization": f"Bearer {token}"}
 
-            def took_a_table(port: int) -> bool:
-                url = f"http://127.0.0.1:{port}/prism/stats"
+            def took_a_table(control_url: str) -> bool:
+                url = control_url + "/prism/stats"
                 epoch = httpx.get(url, headers=auth, timeout=10.0).json()["accepted_epoch"]
                 return epoch is not None and epoch > 0
 
-            for port in ports:  # each DART took a table (pushed in the background)
-                await eventually(lambda port=port: took_a_table(port))
+            for sim in sims:  # each DART took a table (pushed in the background)
+                await eventually(lambda url=sim.control_url: took_a_table(url))
         finally:
             await proxy.stop()

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import httpx
 import openai
+import proxy_support
 import pytest
-from proxy_support import running_proxy
+from proxy_support import DartSim, running_proxy
+from sim_support import common_prefix
 
-from loadgen.processes import ServerProcess, free_port, run_server
 from prism_proxy.edge import state
 from prism_proxy.prompts.conversation import find_turns
 from prism_tokens.chat import content_format, template_messages, template_tools
@@ -41,26 +42,9 @@ SYSTEM = "You are a travel agent. Use the tools to answer."
 
 
 @pytest.fixture(scope="module")
-def dart_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
-    control_port = free_port()
-    args = ["--eviction", "dart", "--control-port", str(control_port)]
-    args += ["--speed", "50"]
-    with run_server(
-        "prism_sim",
-        args,
-        log_dir=tmp_path_factory.mktemp("sim"),
-        env={"PRISM_CONTROL_TOKEN": TOKEN},
-    ) as server:
-        yield server, f"http://127.0.0.1:{control_port}"
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def dart_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DartSim]:
+    with proxy_support.dart_sim(tmp_path_factory.mktemp("sim"), TOKEN) as sim:
+        yield sim
 
 
 async def test_an_agent_loop_is_scheduled_by_its_turns_and_anchored(dart_sim) -> None:

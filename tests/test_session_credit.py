@@ -15,11 +15,10 @@ import asyncio
 import httpx
 import numpy as np
 import pytest
-from proxy_support import eventually, running_proxy, sim_metric
+from proxy_support import dart_sim, eventually, running_proxy, sim_metric
 
 from backend_plugin.dart import DartCore, NodeMeta
 from backend_plugin.dart.priority import PriorityUpdate, RetainUpdate
-from loadgen.processes import free_port, run_server
 from loadgen.textgen import random_words
 from prism_proxy.admission.credit import RetentionLedger
 from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionParams, SessionTable
@@ -200,20 +199,14 @@ async def test_a_flood_that_never_returns_leaves_the_victims_prompt_cached(tmp_p
     were retained or ranked as segments, above the victim's private prompt, which went
     first at every pass; now the flood earns nothing and its pieces go with private ones
     by last access, as under LRU: the victim's prompt stays cached at every re-send."""
-    control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port),
-                "--kv-capacity-tokens", str(POOL), "--speed", "50",
-                "--log-level", "warning"]  # fmt: skip
-    control_url = f"http://127.0.0.1:{control_port}"
+    sim_args = ["--kv-capacity-tokens", str(POOL), "--speed", "50", "--log-level", "warning"]
     auth = {"Authorization": f"Bearer {TOKEN}"}
     victim_body = {
         "model": "m",
         "messages": [{"role": "user", "content": "Rules: " + _words(450, 1) + " Which rule?"}],
         "max_tokens": 4,
     }
-    with run_server(
-        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
-    ) as sim:
+    with dart_sim(tmp_path, TOKEN, sim_args) as (sim, control_url):
 
         def stats() -> dict:
             return httpx.get(control_url + "/prism/stats", headers=auth, timeout=10.0).json()

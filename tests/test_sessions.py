@@ -10,9 +10,8 @@ from dataclasses import replace
 import httpx
 import openai
 import pytest
-from proxy_support import running_proxy, sim_server
+from proxy_support import dart_stack, running_proxy, sim_server, wait_until
 
-from loadgen.processes import free_port, run_server
 from loadgen.session_trace import SessionParams, belady_bound, build_session_trace
 from loadgen.session_twin import SessionFeatures, SessionTwin, shared_tokens, simulate_sessions
 from loadgen.twin import TwinSetup
@@ -234,8 +233,6 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
     Its continuation is recognised, which earns the client retention: its next session's
     pause (no longer than what came back: ~320 of ~400 tokens) is retained, and that
     one's continuation releases it at its first token."""
-    control_port = free_port()
-    sim_args = ["--eviction", "dart", "--control-port", str(control_port), "--speed", "50"]
     tools = [
         {
             "type": "function",
@@ -248,81 +245,57 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
     ]
     system = {"role": "system", "content": "You are a careful agent. " * 40}
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with run_server(
-        "prism_sim", sim_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
-    ) as backend:
-        control_url = f"http://127.0.0.1:{control_port}"
-        proxy_args = [
-            "serve",
-            "--backend",
-            backend.url,
-            "--control-url",
-            control_url,
-            "--set",
-            "sessions=true",
-        ]
-        with run_server(
-            "prism_proxy", proxy_args, log_dir=tmp_path, env={"PRISM_CONTROL_TOKEN": TOKEN}
-        ) as proxy:
-            client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    with dart_stack(tmp_path, TOKEN, ["--set", "sessions=true"]) as (proxy, _, control_url):
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
 
-            def dart(name: str) -> int:
-                return httpx.get(control_url + "/prism/stats", headers=auth).json()[name]
+        def dart(name: str) -> int:
+            return httpx.get(control_url + "/prism/stats", headers=auth).json()[name]
 
-            def call_and_continue(order: int, repeat: int, between) -> tuple:
-                messages: list[dict] = [
-                    system, {"role": "user", "content": f"Find order {order}. " * repeat}
-                ]  # fmt: skip
-                answer = client.chat.completions.create(
-                    model="m", messages=messages, tools=tools, tool_choice="required",
-                    max_tokens=24,
-                )  # fmt: skip
-                assert answer.choices[0].finish_reason == "tool_calls"
-                call = answer.choices[0].message.tool_calls[0]
-                between()
-                messages += [
-                    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                    {"role": "tool", "tool_call_id": call.id, "content": "shipped " * 40},
-                ]
-                stream = client.chat.completions.create(
-                    model="m", messages=messages, tools=tools, tool_choice="auto",
-                    max_tokens=8, stream=True, stream_options={"include_usage": True},
-                )  # fmt: skip
-                usage = [c.usage for c in stream if c.usage is not None][-1]
-                return answer.usage, usage
+        def call_and_continue(order: int, repeat: int, between) -> tuple:
+            messages: list[dict] = [
+                system, {"role": "user", "content": f"Find order {order}. " * repeat}
+            ]  # fmt: skip
+            answer = client.chat.completions.create(
+                model="m", messages=messages, tools=tools, tool_choice="required",
+                max_tokens=24,
+            )  # fmt: skip
+            assert answer.choices[0].finish_reason == "tool_calls"
+            call = answer.choices[0].message.tool_calls[0]
+            between()
+            messages += [
+                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "shipped " * 40},
+            ]
+            stream = client.chat.completions.create(
+                model="m", messages=messages, tools=tools, tool_choice="auto",
+                max_tokens=8, stream=True, stream_options={"include_usage": True},
+            )  # fmt: skip
+            usage = [c.usage for c in stream if c.usage is not None][-1]
+            return answer.usage, usage
 
-            def unearned() -> None:
-                _wait(lambda: dart("discards") >= 1)  # the pause's word reached DART
-                assert dart("retained") == 0 and dart("retain_entries") == 0
-                metrics = httpx.get(proxy.url + "/metrics").text
-                assert "prism:sessions_paused 1.0" in metrics
-                assert "prism:sessions_retained 0.0" in metrics
-
-            call_and_continue(7, 100, unearned)
+        def unearned() -> None:
+            wait_until(lambda: dart("discards") >= 1)  # the pause's word reached DART
+            assert dart("retained") == 0 and dart("retain_entries") == 0
             metrics = httpx.get(proxy.url + "/metrics").text
-            assert 'prism:session_calls_total{kind="continued"} 1.0' in metrics
+            assert "prism:sessions_paused 1.0" in metrics
+            assert "prism:sessions_retained 0.0" in metrics
 
-            def earned() -> None:
-                _wait(lambda: dart("retained") == 1)
-                assert "prism:sessions_retained 1.0" in httpx.get(proxy.url + "/metrics").text
+        call_and_continue(7, 100, unearned)
+        metrics = httpx.get(proxy.url + "/metrics").text
+        assert 'prism:session_calls_total{kind="continued"} 1.0' in metrics
 
-            first, after = call_and_continue(8, 80, earned)
-            assert after.prompt_tokens_details.cached_tokens >= first.prompt_tokens
-            metrics = httpx.get(proxy.url + "/metrics").text
-            assert 'prism:session_calls_total{kind="continued"} 2.0' in metrics
-            assert 'prism:session_calls_total{kind="new"} 2.0' in metrics
-            # released at its first token; its own answer ended without a tool call
-            _wait(lambda: dart("retained") == 0)
-            client.close()
+        def earned() -> None:
+            wait_until(lambda: dart("retained") == 1)
+            assert "prism:sessions_retained 1.0" in httpx.get(proxy.url + "/metrics").text
 
-
-def _wait(predicate, timeout_s: float = 20.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.05)
+        first, after = call_and_continue(8, 80, earned)
+        assert after.prompt_tokens_details.cached_tokens >= first.prompt_tokens
+        metrics = httpx.get(proxy.url + "/metrics").text
+        assert 'prism:session_calls_total{kind="continued"} 2.0' in metrics
+        assert 'prism:session_calls_total{kind="new"} 2.0' in metrics
+        # released at its first token; its own answer ended without a tool call
+        wait_until(lambda: dart("retained") == 0)
+        client.close()
 
 
 sim = pytest.fixture(scope="module")(sim_server)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from proxy_support import ProxyFactory, proxy_factory_fixture, sim_server
+from sim_support import common_prefix as token_prefix
 
 from prism_proxy.edge import state
 from prism_proxy.prompts.sharing import (
@@ -163,13 +164,8 @@ def test_the_own_tree_answers_as_the_longest_common_start_with_any_prompt_sent(
     for ids in sent:
         own.record("a", ids)
 
-    def lcp(a: list[int], b: list[int]) -> int:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return n
-
-    assert own.own_prefix("a", probe) == max((lcp(probe, ids) for ids in sent), default=0)
+    expected = max((token_prefix(probe, ids) for ids in sent), default=0)
+    assert own.own_prefix("a", probe) == expected
 
 
 def test_the_own_tree_is_bounded_and_forgets_the_oldest_first() -> None:

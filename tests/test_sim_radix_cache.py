@@ -7,6 +7,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_support import common_prefix
 
 from prism_sim.eviction import make_eviction_strategy, register_eviction_strategy
 from prism_sim.radix_cache import RadixCache, TreeNode
@@ -194,12 +195,12 @@ def test_invariants_under_random_operations(operations: list[tuple[str, object]]
     for op, arg in operations:
         if op == "insert":
             assert isinstance(arg, list)
-            expected = max((_lcp(arg, p) for p in resident_paths(cache)), default=0)
+            expected = max((common_prefix(arg, p) for p in resident_paths(cache)), default=0)
             assert cache.insert(arg) == expected
         elif op == "lock":
             assert isinstance(arg, list)
             result = cache.match_prefix(arg)
-            expected = max((_lcp(arg, p) for p in resident_paths(cache)), default=0)
+            expected = max((common_prefix(arg, p) for p in resident_paths(cache)), default=0)
             assert result.prefix_len == expected
             cache.inc_lock_ref(result.last_node)
             locks.append((result.last_node, arg[: result.prefix_len]))
@@ -218,15 +219,6 @@ def test_invariants_under_random_operations(operations: list[tuple[str, object]]
         for node, path in locks:
             assert not node.evicted
             assert cache.match_prefix(path).prefix_len == len(path)
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @settings(max_examples=200, deadline=None)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
-from proxy_support import eventually, loopback_app, running_proxy
+from proxy_support import eventually, holding_backend, loopback_app, running_proxy
 
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.structured import EngineGrammar, engine_grammars
@@ -141,28 +141,17 @@ def schema_named(name: str) -> dict:
     return {"type": "object", "properties": {name: {"type": "string"}}}
 
 
-def holding_backend(
-    release: asyncio.Event, seen: list[dict], arrived: list[tuple[str, bool]]
-) -> web.Application:
-    """A backend whose `/generate` records each body, and its schema with whether it
-    arrived after `release` was set, then holds its answer until `release`."""
+def recording(
+    seen: list[dict], arrived: list[tuple[str, bool]], release: asyncio.Event
+) -> Callable[[dict], None]:
+    """`holding_backend`'s `record`: each body, and its schema with whether it arrived
+    after `release` was set."""
 
-    async def generate(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+    def record(body: dict) -> None:
         seen.append(body)
         arrived.append((body["sampling_params"]["json_schema"], release.is_set()))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await release.wait()
-        meta = {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0,
-                "finish_reason": {"type": "length"}}  # fmt: skip
-        chunk = {"text": "x", "output_ids": [5], "meta_info": meta}
-        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
-        return response
 
-    backend = web.Application()
-    backend.router.add_post("/generate", generate)
-    return backend
+    return record
 
 
 async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_served() -> None:
@@ -172,7 +161,7 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
     release = asyncio.Event()
     seen: list[dict] = []
     arrived: list[tuple[str, bool]] = []
-    backend = holding_backend(release, seen, arrived)
+    backend = holding_backend(release, recording(seen, arrived, release))
     a, b = "127.0.0.2", "127.0.0.3"
     async with (
         loopback_app(backend) as url,
@@ -226,7 +215,7 @@ async def test_a_fleet_with_the_same_new_schema_compiles_it_once_and_none_is_ref
     release = asyncio.Event()
     seen: list[dict] = []
     arrived: list[tuple[str, bool]] = []
-    backend = holding_backend(release, seen, arrived)
+    backend = holding_backend(release, recording(seen, arrived, release))
     async with (
         loopback_app(backend) as url,
         running_proxy(url, tokenizer="builtin", max_client_grammar_compiles=1) as proxy,

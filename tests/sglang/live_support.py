@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from proxy_support import CONNECT_TIMEOUT_S
+from proxy_support import CONNECT_TIMEOUT_S, metric_total
 
 from loadgen.processes import ServerProcess, free_port, spawn_server, wait_healthy
 from prism_proxy.app import RunningProxy, start_proxy
@@ -107,11 +107,7 @@ class LiveServer:
 
     def metric(self, name: str) -> float:
         """Sum of a sample over its label sets on SGLang's `/metrics` (0 when absent)."""
-        total = 0.0
-        for line in httpx.get(self.url + "/metrics", timeout=10.0).text.splitlines():
-            if line.startswith(name) and line[len(name)] in " {":
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_total(httpx.get(self.url + "/metrics", timeout=10.0).text, name)
 
 
 SPECS = {

@@ -15,6 +15,7 @@ import asyncio
 
 import pytest
 from live_support import LiveServer
+from proxy_support import metric_total
 
 pytestmark = pytest.mark.sglang
 
@@ -100,16 +101,10 @@ async def proxy_tokens(proxy) -> tuple[int, int]:
     """(prompt, cached) tokens the proxy counted from SGLang's reports."""
     import httpx
 
-    prompt = cached = 0
     async with httpx.AsyncClient() as http:
         text = (await http.get(proxy.url + "/metrics")).text
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith("prism:prompt_tokens_total"):
-            prompt += int(float(value))
-        elif name.startswith("prism:cached_tokens_total"):
-            cached += int(float(value))
-    return prompt, cached
+    prompt = metric_total(text, "prism:prompt_tokens_total")
+    return int(prompt), int(metric_total(text, "prism:cached_tokens_total"))
 
 
 @pytest.mark.parametrize("order", list(ORDERS))

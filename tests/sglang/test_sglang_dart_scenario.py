@@ -17,6 +17,7 @@ from array import array
 
 import pytest
 import torch
+from dart_scenario import HEAD, PRIVATE, SEGMENTS, SYSTEM, TABLE, anchors_for, random_requests
 from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -39,25 +40,9 @@ from sglang_support import (
 
 from backend_plugin.dart import DartCore, PriorityUpdate
 from backend_plugin.sglang_cache import DartRadixCache, SGLangTreeAdapter
-from prism_wire import make_kv_hints, parse_kv_hints, system_owner
+from prism_wire import make_kv_hints, parse_kv_hints
 
 pytestmark = pytest.mark.sglang
-
-SYSTEM = list(range(1000, 1008))
-SEGMENTS = {name: list(range(2000 + 10 * i, 2006 + 10 * i)) for i, name in enumerate("ABCD")}
-PRIVATE = {name: list(range(3000 + 10 * i, 3004 + 10 * i)) for i, name in enumerate("ABCD")}
-TABLE = {"A": 40.0, "B": 10.0, "C": 30.0, "D": 20.0}
-HEAD = system_owner("h")
-
-
-def anchors_for(segs: list[str], private_len: int, system_len: int = 8) -> list[dict]:
-    out = [{"kind": "system", "segment_id": "h", "offset": system_len}]
-    offset = system_len
-    for seg in segs:
-        offset += len(SEGMENTS[seg])
-        out.append({"kind": "segment", "segment_id": seg, "offset": offset})
-    out.append({"kind": "private", "segment_id": None, "offset": offset + private_len})
-    return out
 
 
 def request_tokens(name: str) -> list[int]:
@@ -189,16 +174,6 @@ def test_the_protected_set_is_bounded_by_the_real_kv_pool():
 
 
 # ---- differential: DART with no table == SGLang's LRU RadixCache -------------------------
-
-
-def random_requests(rng: random.Random, count: int):
-    systems = [list(range(100, 108)), list(range(110, 116))]
-    for i in range(count):
-        system = rng.choice(systems)
-        segs = rng.sample(sorted(SEGMENTS), rng.randint(1, 3))
-        private = [rng.randint(500, 504) for _ in range(rng.randint(2, 6))]
-        tokens = system + [t for s in segs for t in SEGMENTS[s]] + private
-        yield f"q{i}", tokens, anchors_for(segs, len(private), len(system))
 
 
 @pytest.mark.parametrize("anchored", [False, True])

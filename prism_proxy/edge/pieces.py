@@ -17,13 +17,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
+from prism_proxy.admission.driver import AdmissionController
 from prism_proxy.admission.pieces import PrefillTurns, piece_ends, piece_size
-from prism_proxy.backend.client import BackendError
-from prism_proxy.edge import state
+from prism_proxy.backend.client import BackendClient, BackendError
+from prism_proxy.metrics import ProxyMetrics
 from prism_wire import make_kv_hints, parse_kv_hints
 
 log = logging.getLogger(__name__)
@@ -87,80 +87,80 @@ class Turn:
                 yield batch
 
 
-async def send_pieces(
-    request: web.Request,
-    payload: Mapping[str, Any],
-    rid: str,
-    known: int,
-    headers: Mapping[str, str] | None,
-) -> Turn | None:
-    """Prefill `payload`'s uncached part past `known` tokens in pieces, then wait for
-    the turn of the request itself. After the first piece, the next ones go only
-    while other requests are queued or in flight (alone, the rest goes with the
-    request: a prompt alone costs one extra engine call). None when the prompt is
-    not cut (pieces off, or too little uncached): it is sent as always, no turn."""
-    app = request.app
-    setting = app[state.CONFIG].prefill_piece_tokens
-    ids = payload.get("input_ids")
-    if setting == 0 or not isinstance(ids, list):
-        return None
-    admission = app[state.ADMISSION]
-    tokens = piece_size(setting, admission.pacing.backend.prefill_budget_tokens)
-    ends = piece_ends(len(ids), known, tokens)
-    if not ends:
-        return None
-    turns: PrefillTurns = admission.turns
-    admission.park(rid)
-    try:
-        await turns.acquire(turns.ticket())
-        turn = Turn(turns, None)
-        try:
-            for index, end in enumerate(ends):
-                if index and not _contended(admission):
-                    break  # alone: the rest goes with the request
-                cached = await _piece(request, payload, rid, index, end, headers)
-                if cached is None:
-                    break
-                if turn.reused is None:
-                    turn.reused = cached
-        except BaseException:
-            turn.give_back()
-            raise
-        return turn
-    finally:
-        admission.unpark(rid)
+@dataclass(frozen=True, slots=True)
+class PieceSender:
+    """Sends released prompts' long uncached parts in pieces (one per proxy).
+    `setting`: `prefill_piece_tokens` (None: auto, 0: off)."""
 
+    admission: AdmissionController
+    backend: BackendClient
+    metrics: ProxyMetrics
+    setting: int | None
 
-async def _piece(
-    request: web.Request,
-    payload: Mapping[str, Any],
-    rid: str,
-    index: int,
-    end: int,
-    headers: Mapping[str, str] | None,
-) -> int | None:
-    """Prefill piece `index` of request `rid`, which is pending prefill meanwhile: the
-    tokens the engine found cached, or None when it refused the piece (the request
-    then goes whole)."""
-    app = request.app
-    backend = app[state.BACKEND]
-    admission = app[state.ADMISSION]
-    piece_rid = f"{rid}-piece{index}"
-    admission.unpark(rid)
-    try:
-        cached = await backend.prefill(piece_body(payload, end, piece_rid), headers)
-    except asyncio.CancelledError:
-        backend.abort(piece_rid)
-        raise
-    except BackendError as exc:
-        log.info("prompt piece %s failed (%s): its request goes whole", piece_rid, exc)
-        return None
-    finally:
+    async def send(
+        self, payload: Mapping[str, Any], rid: str, known: int, headers: Mapping[str, str] | None
+    ) -> Turn | None:
+        """Prefill `payload`'s uncached part past `known` tokens in pieces, then wait
+        for the turn of the request itself. After the first piece, the next ones go
+        only while other requests are queued or in flight (alone, the rest goes with
+        the request: a prompt alone costs one extra engine call). None when the prompt
+        is not cut (pieces off, or too little uncached): it is sent as always."""
+        ids = payload.get("input_ids")
+        if self.setting == 0 or not isinstance(ids, list):
+            return None
+        admission = self.admission
+        size = piece_size(self.setting, admission.pacing.backend.prefill_budget_tokens)
+        ends = piece_ends(len(ids), known, size)
+        if not ends:
+            return None
+        turns = admission.turns
         admission.park(rid)
-    app[state.METRICS].prefill_pieces.inc()
-    return cached
+        try:
+            await turns.acquire(turns.ticket())
+            turn = Turn(turns, None)
+            try:
+                for index, end in enumerate(ends):
+                    if index and not _contended(admission):
+                        break  # alone: the rest goes with the request
+                    cached = await self._piece(payload, rid, index, end, headers)
+                    if cached is None:
+                        break
+                    if turn.reused is None:
+                        turn.reused = cached
+            except BaseException:
+                turn.give_back()
+                raise
+            return turn
+        finally:
+            admission.unpark(rid)
+
+    async def _piece(
+        self,
+        payload: Mapping[str, Any],
+        rid: str,
+        index: int,
+        end: int,
+        headers: Mapping[str, str] | None,
+    ) -> int | None:
+        """Prefill piece `index` of request `rid`, which is pending prefill meanwhile:
+        the tokens the engine found cached, or None when it refused the piece (the
+        request then goes whole)."""
+        piece_rid = f"{rid}-piece{index}"
+        self.admission.unpark(rid)
+        try:
+            cached = await self.backend.prefill(piece_body(payload, end, piece_rid), headers)
+        except asyncio.CancelledError:
+            self.backend.abort(piece_rid)
+            raise
+        except BackendError as exc:
+            log.info("prompt piece %s failed (%s): its request goes whole", piece_rid, exc)
+            return None
+        finally:
+            self.admission.park(rid)
+        self.metrics.prefill_pieces.inc()
+        return cached
 
 
-def _contended(admission: Any) -> bool:
+def _contended(admission: AdmissionController) -> bool:
     """Others are queued or in flight besides this request."""
     return admission.queue_depth > 0 or admission.inflight > 1

@@ -49,7 +49,6 @@ from prism_proxy.edge.openai_format import (
     sse,
     stream_error,
 )
-from prism_proxy.edge.pieces import send_pieces
 from prism_proxy.prompts.conversation import dispatch_check
 from prism_proxy.prompts.jobs import TokenJob
 from prism_proxy.prompts.sharing import prefix_digests, tenant_key
@@ -166,7 +165,7 @@ async def token_path(
             ),
         )
         headers = tracing.engine_headers(request)
-        turn = await send_pieces(request, payload, rid, sharing.known(), headers)
+        turn = await app[state.PIECES].send(payload, rid, sharing.known(), headers)
         batches = backend.generate_batches(payload, headers)
         if turn is not None and turn.reused is not None:
             batches = turn.clamped(batches)

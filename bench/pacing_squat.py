@@ -33,6 +33,7 @@ import contextlib
 import json
 import random
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -198,6 +199,17 @@ def split_at_burst(squat: dict[str, Any]) -> tuple[list[float], list[float]]:
     return burst, after
 
 
+def line_settings(line: str) -> list[str]:
+    """`prism[a=1;b=2]` -> the proxy's `--set a=1 --set b=2`."""
+    _, _, inner = line.partition("[")
+    pairs = [p for p in inner.rstrip("]").split(";") if p]
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def _file_name(line: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("sglang", "sim"), default="sglang")
@@ -210,21 +222,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logprob-tokens", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sglang-python", default=".venv-sglang/bin/python")
+    parser.add_argument(
+        "--lines",
+        default="direct,prism",
+        help="comma-separated: direct, prism, prism[KEY=VALUE;...] (proxy settings, as "
+        "`--set`; e.g. prism[prefill_piece_tokens=0]); prism-before is added with --before",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="pacing-squat-"))
-    lines = ["direct", "prism"] + (["prism-before"] if args.before else [])
+    lines = args.lines.split(",") + (["prism-before"] if args.before else [])
     results: dict[str, dict[str, Any]] = {}
     with engine(args.engine, work, args.sglang_python) as server:
         for line in lines:
             httpx.post(server.url + "/flush_cache", timeout=30.0)
-            serve = proxy_args(args.engine, server.url)
+            serve = proxy_args(args.engine, server.url) + line_settings(line)
             cwd = args.before if line == "prism-before" else None
             with contextlib.ExitStack() as stack:
                 url = server.url
                 if line != "direct":
                     proxy = stack.enter_context(
-                        run_server("prism_proxy", serve, log_dir=work, name=line, cwd=cwd)
+                        run_server(
+                            "prism_proxy", serve, log_dir=work, name=_file_name(line), cwd=cwd
+                        )
                     )
                     url = proxy.url
                 solo = asyncio.run(phase(url, args, squat=False))
@@ -257,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        document = {"argv": sys.argv, "args": {k: str(v) for k, v in vars(args).items()},
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        document = {"argv": sys.argv, "commit": commit,
+                    "args": {k: str(v) for k, v in vars(args).items()},
                     "results": results}  # fmt: skip
         (args.out / "pacing_squat.json").write_text(json.dumps(document, indent=1) + "\n")
     return 0

@@ -42,6 +42,7 @@ from prism_proxy.edge.errors import error_middleware
 from prism_proxy.edge.forwarded import add_routes as add_forwarded_routes
 from prism_proxy.edge.grammar_ledger import GrammarLedger
 from prism_proxy.edge.limits import ClientReservations
+from prism_proxy.edge.pieces import PieceSender
 from prism_proxy.edge.probes import add_probe_routes
 from prism_proxy.edge.readiness import READINESS, add_readiness_routes
 from prism_proxy.edge.responses_api import add_routes as add_responses_routes
@@ -226,6 +227,8 @@ async def admission_ctx(app: web.Application) -> AsyncIterator[None]:
         account_weight=weight_of(app.get(state.KEYS)),
     )
     app[state.ADMISSION] = admission
+    pieces = config.prefill_piece_tokens
+    app[state.PIECES] = PieceSender(admission, app[state.BACKEND], app[state.METRICS], pieces)
     if config.sessions:
         keeper = SessionKeeper(config.session_params(), retain_to_all(controls))
         app[state.SESSIONS] = keeper

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from prism_proxy.admission.pieces import MIN_PIECE_TOKENS
 from prism_proxy.admission.sessions import SessionParams
 from prism_proxy.prompts.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
@@ -36,8 +37,9 @@ ENV_PREFIX = "PRISM_"
 # Settings whose value may be automatic (None, written "auto").
 AUTOMATIC = (
     "prefill_batch", "max_inflight", "backend_replicas", "max_decode_tokens",
-    "max_client_decode_tokens", "max_client_connections",
+    "max_client_decode_tokens", "max_client_connections", "prefill_piece_tokens",
 )  # fmt: skip
+OFF_BY_ZERO = ("prefill_piece_tokens",)  # automatic settings that 0 turns off
 # The settings with a flag of their own; every other one is `--set KEY=VALUE`.
 FLAGS = (
     "backend", "host", "port", "tokenizer", "policy", "qas_variant", "control_url",
@@ -78,6 +80,7 @@ class ProxyConfig:
     residency: str = "auto"
     prefill_batch: int | None = None
     max_inflight: int | None = None
+    prefill_piece_tokens: int | None = None
     window_ms: float = 10.0
     max_queue: int = 10_000
     max_body_bytes: int = 8 * 1024 * 1024
@@ -210,8 +213,14 @@ class ProxyConfig:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in AUTOMATIC:
             value = getattr(self, name)
-            if value is not None and value < 1:
+            if value is not None and value < 1 and not (value == 0 and name in OFF_BY_ZERO):
                 raise ConfigError(f"{name}: must be 'auto' or >= 1, got {value}")
+        pieces = self.prefill_piece_tokens
+        if pieces is not None and 0 < pieces < MIN_PIECE_TOKENS:
+            raise ConfigError(
+                f"prefill_piece_tokens: must be 'auto', 0 (off) or >= {MIN_PIECE_TOKENS}, "
+                f"got {pieces}"
+            )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: out of range: {self.port}")
         if self.metrics_listen is not None:
@@ -324,6 +333,10 @@ _HELP = {
     "(auto: the backend's prefill budget / observed uncached tokens per request)",
     "max_inflight": "backstop on released, unfinished requests (auto: the backend's "
     "max_running_requests)",
+    "prefill_piece_tokens": "a released prompt with more uncached tokens than twice this "
+    "is prefilled in pieces of this many tokens, one pieced prompt at a time, so short "
+    "requests wait for at most one piece, not its whole prefill (auto: the engine's "
+    "prefill budget per step; 0: off; docs/proxy.md)",
     "window_ms": "QAS round window Δt_win in milliseconds",
     "max_queue": "queued requests beyond which new ones get 429",
     "max_body_bytes": "largest request body accepted (413 above)",

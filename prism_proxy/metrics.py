@@ -56,6 +56,7 @@ class ProxyMetrics:
     tokenizer_verified: Gauge
     token_path_open: Gauge
     sessions_retained: Gauge
+    prefill_pieces: Counter
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -132,6 +133,11 @@ class ProxyMetrics:
                 "prism:cached_tokens",
                 "Cached prompt tokens reported by the backend",
                 lane,
+                registry=r,
+            ),
+            prefill_pieces=Counter(
+                "prism:prefill_pieces",
+                "Prompt pieces prefilled ahead of their request (long uncached prompts)",
                 registry=r,
             ),
             round_seconds=Histogram(

@@ -17,7 +17,9 @@ a socket. The proxy's asyncio loop (`prism_proxy.admission.driver`) and the mode
 Pacing (SPEC §2): a released request is *pending prefill* until its first token. A
 round runs only while fewer than `B` requests are pending and fewer than the backstop
 are released-and-unfinished; its wave size is `M = min(B − pending, backstop −
-in flight)`. Decoding requests do not count against `B`. A round is due `window_s`
+in flight)`. Decoding requests do not count against `B`, nor do *parked* ones (`park`:
+a pieced prompt waiting for its turn at the engine, `admission.pieces`; `unpark`
+makes it pending again). A round is due `window_s`
 after the previous one, or at once when a request arrives at an empty queue while
 there is room. `finish` (done, aborted, failed, client gone) frees both counts at once.
 
@@ -154,6 +156,9 @@ class AdmissionCore:
         self._queue: dict[str, _Waiting] = {}
         self._active: dict[str, ActiveRequest] = {}
         self._pending: dict[str, float] = {}  # released, no first token yet (⊆ _active)
+        # Released, no first token yet, holding no place in the engine (a pieced
+        # prompt waiting for its turn, `admission.pieces`): not pending prefill.
+        self._parked: dict[str, float] = {}
         self.prefill_s: float | None = None  # EWMA of release → first token
         self._last_round = float("-inf")
         self._run_now = False
@@ -242,10 +247,24 @@ class AdmissionCore:
             previous = self.prefill_s
             self.prefill_s = sample if previous is None else previous + (sample - previous) / 16
 
+    def park(self, rid: str) -> None:
+        """`rid` (pending prefill) waits outside the engine for now: it leaves pending
+        prefill, and its release time is kept for when it comes back."""
+        released = self._pending.pop(rid, None)
+        if released is not None:
+            self._parked[rid] = released
+
+    def unpark(self, rid: str) -> None:
+        """`rid` goes back to the engine: pending prefill again."""
+        released = self._parked.pop(rid, None)
+        if released is not None:
+            self._pending[rid] = released
+
     def finish(self, rid: str) -> bool:
         """`rid` ended (finished, aborted, failed or its client left); False if it was
         not released."""
         self._pending.pop(rid, None)
+        self._parked.pop(rid, None)
         return self._active.pop(rid, None) is not None
 
     def close(self) -> list[str]:

@@ -28,6 +28,7 @@ from prism_proxy.admission.core import (
     ShuttingDownError,
     Wave,
 )
+from prism_proxy.admission.pieces import PrefillTurns
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.qas.policies import SchedulingPolicy
 from prism_proxy.qas.types import QueuedRequest, RoundPlan
@@ -81,6 +82,8 @@ class AdmissionController:
         self.clock = clock
         self._futures: dict[str, asyncio.Future[Released]] = {}
         self._wakeup = asyncio.Event()
+        # Pieced prompts take turns at the engine, one per replica (`admission.pieces`).
+        self.turns = PrefillTurns(pacing.replicas)
         self._bind_gauges()
 
     # --- views -----------------------------------------------------------------------
@@ -163,6 +166,15 @@ class AdmissionController:
         if self.core.pending_prefill:
             self.core.first_token(rid, uncached_tokens, self.clock())
             self._wakeup.set()
+
+    def park(self, rid: str) -> None:
+        """`rid` waits outside the engine (`AdmissionCore.park`): room for a round."""
+        self.core.park(rid)
+        self._wakeup.set()
+
+    def unpark(self, rid: str) -> None:
+        """`rid` goes back to the engine, pending prefill again."""
+        self.core.unpark(rid)
 
     def finish(self, rid: str) -> None:
         """Free the request's place (finished, aborted, failed or client gone)."""

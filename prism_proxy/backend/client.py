@@ -305,6 +305,22 @@ class BackendClient:
         except OSError as exc:  # refused, reset, closed mid-answer, invalid HTTP, timeout
             raise self._unreachable(exc) from exc
 
+    async def prefill(self, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> int:
+        """Non-streamed `/generate` of a prompt piece (`admission.pieces`): the engine
+        prefills and caches it. Returns the tokens it found cached (`cached_tokens`)."""
+        payload = _encoded({**body, "stream": False})
+        try:
+            async with self.pool.post("/generate", payload, headers) as response:
+                await self._check_lean(response)
+                answer = orjson.loads(await response.read())
+        except OSError as exc:
+            raise self._unreachable(exc) from exc
+        except ValueError as exc:
+            raise BackendError(502, "backend answered a prompt piece with invalid JSON") from exc
+        meta = answer.get("meta_info") if isinstance(answer, dict) else None
+        cached = meta.get("cached_tokens") if isinstance(meta, dict) else None
+        return cached if isinstance(cached, int) else 0
+
     # --- passthrough -----------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def forward(

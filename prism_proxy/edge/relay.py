@@ -164,10 +164,18 @@ async def token_path(
                 see=sharing.see,
             ),
         )
-        batches = backend.generate_batches(payload, tracing.engine_headers(request))
+        headers = tracing.engine_headers(request)
+        turn = await app[state.PIECES].send(payload, rid, sharing.known(), headers)
+        batches = backend.generate_batches(payload, headers)
+        if turn is not None and turn.reused is not None:
+            batches = turn.clamped(batches)
         async with contextlib.aclosing(batches):
             try:
-                first = await anext(batches, None)
+                try:
+                    first = await anext(batches, None)
+                finally:
+                    if turn is not None:
+                        turn.give_back()
                 if first is None:
                     raise BackendError(502, "backend stream ended without a chunk")
                 _first_token(request, rid, lane, first[0])
@@ -206,7 +214,9 @@ class _Sharing:
     the engine tokenizes, a partition the client chose) in its client's own partition.
     `see` runs where the payload is built (maybe a worker thread)."""
 
-    __slots__ = ("client", "extra_fields", "fmt", "ids", "own", "shared", "shared_visible")
+    __slots__ = (
+        "client", "extra_fields", "fmt", "ids", "own", "shared", "shared_sent", "shared_visible",
+    )  # fmt: skip
 
     def __init__(
         self, request: web.Request, fmt: ResponseFormat, extra_fields: dict[str, Any]
@@ -218,15 +228,25 @@ class _Sharing:
         self.extra_fields = extra_fields
         self.ids: Sequence[int] = ()
         self.shared_visible = 0
+        self.shared_sent = 0
 
     def see(self, input_ids: Sequence[int], offsets: list[int]) -> dict[str, Any]:
         chosen = self.extra_fields.get("extra_key")
         if not input_ids or chosen is not None or self.extra_fields.get("cache_salt"):
             return {"extra_key": tenant_key(self.client, chosen)}
-        self.shared_visible = self.shared.see(self.client, prefix_digests(input_ids, offsets))
+        prefixes = prefix_digests(input_ids, offsets)
+        self.shared_sent = self.shared.sent(prefixes)
+        self.shared_visible = self.shared.see(self.client, prefixes)
         self.fmt.visible_tokens = self.shared_visible
         self.ids = input_ids
         return {}
+
+    def known(self) -> int:
+        """Tokens of the prompt the engine may hold cached: the longest prefix any
+        client sent before, or this client's own reuse (its answers included)."""
+        if not self.ids:
+            return 0
+        return max(self.shared_sent, self.own.own_prefix(self.client, self.ids))
 
     def first_token(self) -> None:
         if self.ids:

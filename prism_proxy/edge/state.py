@@ -18,6 +18,7 @@ from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.grammar_ledger import GrammarLedger
 from prism_proxy.edge.keys import KeyTable
 from prism_proxy.edge.limits import ClientReservations
+from prism_proxy.edge.pieces import PieceSender
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
@@ -35,6 +36,7 @@ TOKENIZER_GUARD = web.AppKey("tokenizer_guard", TokenizerGuard)
 SERIALIZER = web.AppKey("serializer", Serializer)
 CONTROLS = web.AppKey("controls", list[ControlClient])  # one per DART control RPC
 ADMISSION = web.AppKey("admission", AdmissionController)
+PIECES = web.AppKey("pieces", PieceSender)  # long prompts' prefill in pieces
 PARSER = web.AppKey("parser", JsonParser)
 SESSIONS = web.AppKey("sessions", SessionKeeper)  # set only with `sessions` on
 EVIDENCE = web.AppKey("evidence", BlockEvidence)  # which blank-line blocks are documents

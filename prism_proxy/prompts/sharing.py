@@ -100,6 +100,16 @@ class SharedPrefixes:
             senders.popitem(last=False)
         return visible
 
+    def sent(self, prefixes: Sequence[tuple[int, int]]) -> int:
+        """Tokens of the longest of `prefixes` that some client sent before (what the
+        engine may hold cached); records nothing. 0 when nothing is recorded
+        (`min_clients` 1 keeps no record)."""
+        senders = self._senders
+        for end, digest in reversed(prefixes):
+            if digest in senders:
+                return end
+        return 0
+
     def __len__(self) -> int:
         return len(self._senders)
 

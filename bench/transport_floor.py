@@ -8,7 +8,7 @@ Three proxies that do nothing but forward a chat completion's body to the stub b
 * `aiohttp/aiohttp`: aiohttp's server, aiohttp's client (the proxy's transport before
  );
 * `aiohttp/lean`: aiohttp's server, the proxy's own HTTP/1.1 pool
-  (`prism_proxy.backend.client`, the proxy's transport now);
+  (`prism_proxy.backend.http1`, the proxy's transport now);
 * `raw/lean`: an `asyncio.Protocol` server parsing with httptools, and the same pool.
 
 Measured as `bench.peers` measures (the same client functions, one run, side by side
@@ -35,7 +35,7 @@ from aiohttp import ClientSession, TCPConnector, web
 from bench.peers import burst, cpu_seconds, sequential
 from bench.stub_backend import run_stub
 from loadgen.processes import run_server
-from prism_proxy.backend.client import Http1Pool
+from prism_proxy.backend.http1 import Http1Pool
 
 PATH = "/v1/chat/completions"
 KINDS = ("aiohttp/aiohttp", "aiohttp/lean", "raw/lean")

@@ -1,4 +1,4 @@
-"""The token path's lean HTTP/1.1 client (`prism_proxy.backend.client`), over real loopback
+"""The token path's lean HTTP/1.1 client (`prism_proxy.backend.http1`), over real loopback
 TCP against an aiohttp server and against scripted servers that misbehave in the ways a
 backend can: closing idle or mid-answer, sending invalid HTTP, never answering."""
 
@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from proxy_support import eventually
 
-import prism_proxy.backend.client as backend_http
-from prism_proxy.backend.client import BackendProtocolError, Http1Pool
+import prism_proxy.backend.http1 as backend_http
+from prism_proxy.backend.http1 import BackendProtocolError, Http1Pool
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from prism_proxy.backend.client import BackendError
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge.errors import backend_failure, input_fault
 
 COMPILE = "Failed to compile {} grammar: [05:35:34] /project/cpp/grammar_parser.cc:820: ..."

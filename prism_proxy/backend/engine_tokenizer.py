@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prism_proxy.backend.client import BackendAnswerError, BackendClient, BackendError
+from prism_proxy.backend.client import BackendClient
+from prism_proxy.backend.errors import BackendAnswerError, BackendError
 from prism_tokens.verify import PROBE_CHATS, PROBE_TEXTS, ChatResult, Tokenization
 
 TOKENIZE_PATH = "/v1/tokenize"

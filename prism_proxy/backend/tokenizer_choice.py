@@ -15,12 +15,13 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prism_proxy.backend.client import BackendClient, BackendError
+from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.engine_tokenizer import (
     CannotAsk,
     engine_tokenization,
     engine_tokenizer_dirs,
 )
+from prism_proxy.backend.errors import BackendError
 from prism_tokens.tokenizer import BUILTIN, Tokenizer
 from prism_tokens.verify import Tokenization, compare, tokenize_probes
 

@@ -23,8 +23,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from prism_proxy.backend.client import BackendClient, BackendError
+from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.engine_tokenizer import CannotAsk, engine_tokenization
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.backend.tokenizer_choice import Loader, TokenizerState, choose_tokenizer
 from prism_proxy.metrics import ProxyMetrics
 from prism_tokens.tokenizer import BUILTIN, Tokenizer

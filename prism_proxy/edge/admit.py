@@ -22,7 +22,7 @@ from prism_proxy.admission.driver import (
     ShuttingDownError,
 )
 from prism_proxy.api.costs import PromptSize
-from prism_proxy.backend.client import BackendError
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state, tracing
 from prism_proxy.edge.accounts import client_key, limits_of, refused
 from prism_proxy.edge.errors import LANE, ApiError, backend_failure

@@ -22,7 +22,7 @@ import orjson
 from aiohttp import http_exceptions, web
 
 from prism_proxy.api.error_body import openai_error
-from prism_proxy.backend.client import BackendError
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state
 
 MESSAGES = {

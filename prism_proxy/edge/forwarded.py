@@ -22,7 +22,7 @@ from prism_proxy.api.forwarded import (
     TokenizeRequest,
     embedding_answer,
 )
-from prism_proxy.backend.client import BackendError
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
 from prism_proxy.edge.intake import check_prompt_size, read_body

@@ -22,7 +22,8 @@ from typing import Any
 
 from prism_proxy.admission.driver import AdmissionController
 from prism_proxy.admission.pieces import PrefillTurns, piece_ends, piece_size
-from prism_proxy.backend.client import BackendClient, BackendError
+from prism_proxy.backend.client import BackendClient
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.metrics import ProxyMetrics
 from prism_wire import make_kv_hints, parse_kv_hints
 

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from prism_proxy.api import engine_info
 from prism_proxy.api.engine_info import published
-from prism_proxy.backend.client import BackendError
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.errors import ApiError, backend_failure, json_answer
 from prism_proxy.qas.residency import residency_source

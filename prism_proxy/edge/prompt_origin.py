@@ -12,7 +12,7 @@ from aiohttp import web
 
 from prism_proxy.api.hints import PrismHint
 from prism_proxy.api.segments import SegmentedPrompt
-from prism_proxy.backend.client import BackendError
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import prompt_error

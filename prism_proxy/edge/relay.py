@@ -35,7 +35,7 @@ from aiohttp import web
 
 from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.api.costs import PromptSize
-from prism_proxy.backend.client import BackendError
+from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state, tracing
 from prism_proxy.edge.accounts import charge, client_key
 from prism_proxy.edge.admit import Admitted, new_rid, off_loop

@@ -7,7 +7,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from prism_proxy.config import ConfigError, add_arguments, build_config
+from prism_proxy.config import ConfigError
+from prism_proxy.config_sources import add_arguments, build_config
 
 
 def _serve(args: argparse.Namespace) -> int:

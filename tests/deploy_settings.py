@@ -49,7 +49,7 @@ import openai
 import yaml
 
 from loadgen.processes import free_port
-from prism_proxy.config import build_config
+from prism_proxy.config_sources import build_config
 from prism_tokens.tokenizer import default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]

@@ -257,7 +257,7 @@ def test_the_real_clis_accept_the_compose_settings(
 ) -> None:
     """The proxy's environment (image + compose) and the engine's command line parse with
     the project's own configuration code into the intended settings."""
-    from prism_proxy.config import build_config
+    from prism_proxy.config_sources import build_config
 
     services = resolved(kind, tmp_path)["services"]
     proxy_env = {**_image_env("proxy.Dockerfile"), **services["proxy"]["environment"]}

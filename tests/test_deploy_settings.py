@@ -47,7 +47,7 @@ from deploy_settings import (
 )
 
 from loadgen.scale_out import SMG
-from prism_proxy.config import build_config
+from prism_proxy.config_sources import build_config
 from prism_sim.cli import build_parser, config_from_args
 
 needs_compose = pytest.mark.skipif(

@@ -18,7 +18,8 @@ import openai
 import pytest
 from proxy_support import loopback_app, running_proxy
 
-from prism_proxy.config import ConfigError, build_config, parse_serve_args
+from prism_proxy.config import ConfigError
+from prism_proxy.config_sources import build_config, parse_serve_args
 from prism_proxy.edge import state
 from prism_sim.engine import SimConfig
 from prism_sim.server import create_app

@@ -7,7 +7,8 @@ import hashlib
 
 import pytest
 
-from prism_proxy.config import ConfigError, build_config, parse_serve_args
+from prism_proxy.config import ConfigError
+from prism_proxy.config_sources import build_config, parse_serve_args
 from prism_proxy.edge.account_limits import AccountUsage, Limits
 from prism_proxy.edge.keys import (
     Account,

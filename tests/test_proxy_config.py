@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from prism_proxy.config import AUTOMATIC, FLAGS, ConfigError, options, parse_serve_args
+from prism_proxy.config import AUTOMATIC, ConfigError
+from prism_proxy.config_sources import parse_serve_args
+from prism_proxy.options import FLAGS, options
 
 
 def test_defaults_without_any_source() -> None:

@@ -179,7 +179,8 @@ def test_a_check_is_stale_when_the_engine_may_have_changed(state_, downs, seen, 
 
 
 def test_the_mismatch_setting_takes_refuse_or_forward() -> None:
-    from prism_proxy.config import ConfigError, parse_serve_args
+    from prism_proxy.config import ConfigError
+    from prism_proxy.config_sources import parse_serve_args
 
     assert parse_serve_args([], environ={}).tokenizer_mismatch == "refuse"
     env = {"PRISM_TOKENIZER_MISMATCH": "forward"}

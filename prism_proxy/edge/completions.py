@@ -16,14 +16,15 @@ from prism_proxy.edge.admit import make_job, new_rid
 from prism_proxy.edge.errors import ENDPOINT
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.openai_format import CompletionFormat, answer_format
+from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
     count_origin,
     hint_prompt,
     token_path_open,
 )
-from prism_proxy.edge.relay import passthrough, token_path
 from prism_proxy.edge.structured import GrammarShare
+from prism_proxy.edge.token_path import token_path
 from prism_proxy.prompts.jobs import TokenJob, private_job, segmented_job
 
 

@@ -26,7 +26,8 @@ from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
 from prism_proxy.edge.intake import check_prompt_size, read_body
-from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES, passthrough
+from prism_proxy.edge.passthrough import passthrough
+from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 

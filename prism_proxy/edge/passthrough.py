@@ -1,0 +1,354 @@
+"""Passthrough (SPEC §2, §4): what the token path cannot serve is admitted the same way,
+then sent unchanged (minus `prism`) to the backend's own endpoint and relayed line by
+line, or, for a client that did not ask to stream, streamed from the engine anyway and
+assembled into one answer (`edge.assemble`).
+
+A client that leaves while queued is withdrawn; one that leaves after its request was
+sent triggers `/abort_request`.
+
+With the session features on, a chat with tools (passthrough with turns) tells the
+proxy's `SessionKeeper` when it arrives, from which client (`accounts.client_key`: what
+a client's sessions earn is its own), when its first chunk comes back, and how it ended:
+in a tool call (the session pauses, and DART keeps it if its account earned that) or
+not. A continuation of a paused session is queued with its program's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from prism_proxy.admission.sessions import SessionKeeper
+from prism_proxy.backend.errors import BackendError
+from prism_proxy.edge import state, tracing
+from prism_proxy.edge.accounts import client_key
+from prism_proxy.edge.admit import Admitted, new_rid
+from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
+from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS
+from prism_proxy.edge.openai_format import SSE_DONE, TokenUsage, json_bytes, sse, stream_error
+from prism_proxy.edge.relay import (
+    OFFLOAD_ANSWER_BYTES,
+    ONE_CHUNK_AFTER_FIRST,
+    record_tokens,
+    sse_response,
+    too_large,
+)
+from prism_proxy.prompts.conversation import dispatch_check
+from prism_proxy.prompts.jobs import TokenJob
+from prism_proxy.prompts.sharing import tenant_key
+from prism_proxy.qas.types import QueuedRequest
+from prism_wire import CUSTOM_PARAMS_KEY, make_kv_hints
+
+# Lines of a stream at least this long are parsed in a worker thread.
+OFFLOAD_LINE_BYTES = 256 * 1024
+# Fields SGLang's OpenAI endpoints refuse to stream: such a request is forwarded as it
+# is, and its first token cannot be seen (so it never holds a place in prefill pacing).
+UNSTREAMABLE = ("return_meta_info", "return_prompt_token_ids", "return_token_ids")
+# An OpenAI chunk or answer that ends in a tool call (SGLang writes no space; others may).
+TOOL_CALL_END = re.compile(rb'"finish_reason"\s*:\s*"tool_calls"')
+
+
+class _ClientGone(Exception):
+    """The client's connection broke while we relayed; not a backend failure.
+
+    (aiohttp's ClientConnectionResetError is also a ClientConnectionError, which the
+    backend client would otherwise take for a backend failure.)"""
+
+
+async def passthrough(
+    request: web.Request,
+    path: str,
+    body: dict[str, Any],
+    *,
+    set_rid: bool,
+    job: TokenJob | None = None,
+    group: str = "",
+) -> web.StreamResponse:
+    """Admit, then send `body` (the request's checked, served fields: its `forwarded`)
+    to the backend's `path`, with a rid of the proxy's own when `set_rid`. The request
+    counts as pending prefill until the backend's first body byte (SPEC §2).
+
+    With a `job` (the turns the proxy found in a chat that the engine renders itself),
+    QAS schedules its skeleton and the anchors ride in `custom_params`, with the
+    `anchor_check` of the proxy's rendering: the engine places them only on a prompt
+    that matches."""
+    rid = new_rid() if set_rid else None
+    if rid is not None:
+        body["rid"] = rid
+    # the engine renders or tokenizes it: the proxy cannot name its prefixes, so it is
+    # matched only against its own client's requests (`prompts.sharing`)
+    body["extra_key"] = tenant_key(client_key(request), body.get("extra_key"))
+    arrival = time.monotonic()
+    # agent sessions: chats that offer tools, whose answers may end in a tool call
+    keeper = request.app.get(state.SESSIONS) if job is not None and body.get("tools") else None
+    if job is None:
+        queued = QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
+    else:
+        queued = job.queued(rid or new_rid(), arrival, group)
+    if keeper is not None:
+        queued = _session_arrival(request, keeper, queued, job)
+    try:
+        return await _passthrough(request, path, body, queued, job, rid, keeper)
+    except BaseException:
+        if keeper is not None:
+            keeper.forget(queued.rid)
+        raise
+
+
+def _session_arrival(
+    request: web.Request, keeper: SessionKeeper, queued: QueuedRequest, job: TokenJob | None
+) -> QueuedRequest:
+    """Tell the keeper a chat with tools arrived; mark a continuation with its program's
+    start."""
+    assert job is not None
+    tokens = len(job.build(()).prompt_fields.get("input_ids", ())) - job.head_tokens
+    start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens, client_key(request))
+    metrics = request.app[state.METRICS]
+    metrics.child(metrics.session_calls, "new" if start is None else "continued").inc()
+    return queued if start is None else replace(queued, program_start=start)
+
+
+def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
+    """For a client that did not ask to stream: ask the engine to stream anyway, and
+    return what assembles the answer (`edge.assemble`); None when the client streams
+    or SGLang cannot stream what it asked for (`UNSTREAMABLE`)."""
+    if body.get("stream") or not (path == "/generate" or path.endswith("completions")):
+        return None  # streamed already, or an endpoint that does not stream (embeddings)
+    if path == "/generate":
+        params = body.get("sampling_params")
+        if isinstance(params, list):
+            body["sampling_params"] = [
+                {**p, "stream_interval": ONE_CHUNK_AFTER_FIRST} for p in params
+            ]
+        else:
+            body["sampling_params"] = {**(params or {}), "stream_interval": ONE_CHUNK_AFTER_FIRST}
+        prompt = body.get("text", body.get("input_ids"))
+        batch = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        several = isinstance(params, list) or (
+            isinstance(params, dict) and int(params.get("n") or 1) > 1
+        )
+        body["stream"] = True
+        return GenerateAnswer(batch or several, limit_bytes)
+    if any(body.get(name) for name in UNSTREAMABLE):
+        return None
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    return OpenAIAnswer("chat" if path.endswith("chat/completions") else "completion", limit_bytes)
+
+
+async def _passthrough(
+    request: web.Request,
+    path: str,
+    body: dict[str, Any],
+    queued: QueuedRequest,
+    job: TokenJob | None,
+    rid: str | None,
+    keeper: SessionKeeper | None,
+) -> web.StreamResponse:
+    backend = request.app[state.BACKEND]
+    limit_bytes = request.app[state.CONFIG].max_answer_bytes
+    streams = bool(body.get("stream"))
+    answer = _assembly(path, body, limit_bytes)
+    async with Admitted(request, queued, lane=None if job else "passthrough") as release:
+        lane = release.lane.value if job else "passthrough"
+        if job is not None:
+            dispatch = job.build(release.skeleton)
+            hints = make_kv_hints(
+                dispatch.anchors,
+                release.priorities,
+                message_id=queued.rid,
+                check=dispatch_check(dispatch),
+            )
+            body["custom_params"] = {CUSTOM_PARAMS_KEY: orjson.dumps(hints).decode()}
+        if answer is None and not streams:
+            # its first token cannot be seen: it takes no place in prefill pacing
+            request.app[state.ADMISSION].first_token(queued.rid)
+        try:
+            async with backend.forward(path, body, tracing.engine_headers(request)) as upstream:
+                if upstream.content_type.startswith("text/event-stream"):
+                    if answer is not None:
+                        return await _assemble_lines(
+                            request, upstream, answer, queued.rid, lane, keeper
+                        )
+                    return await _relay_lines(request, upstream, queued.rid, lane, keeper)
+                data = await _read_bounded(upstream, limit_bytes, rid, backend)
+                request.app[state.ADMISSION].first_token(queued.rid)
+                tracing.first_token(request)
+                record_tokens(request, lane, _usage_of(data))
+                if keeper is not None:
+                    keeper.started(queued.rid)
+                    ok = upstream.status == 200
+                    keeper.finish(queued.rid, ok and TOOL_CALL_END.search(data) is not None)
+                return web.Response(
+                    body=data, status=upstream.status, content_type=upstream.content_type
+                )
+        except (asyncio.CancelledError, _ClientGone) as exc:
+            if rid is not None:
+                backend.abort(rid)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            request[STATUS] = CLIENT_CLOSED
+            return web.StreamResponse()
+
+
+async def _read_bounded(upstream: Any, limit_bytes: int, rid: str | None, backend: Any) -> bytes:
+    """A whole answer, at most `limit_bytes` of it (then the request is aborted)."""
+    parts: list[bytes] = []
+    size = 0
+    async for data in upstream.content.iter_any():
+        size += len(data)
+        if size > limit_bytes:
+            if rid is not None:
+                backend.abort(rid)
+            raise too_large(AnswerTooLarge(limit_bytes))
+        parts.append(data)
+    return b"".join(parts)
+
+
+async def _sse_objects(upstream: Any, rid: str, backend: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an upstream SSE stream (big ones parsed off the loop); an
+    error event raises BackendError with its own status."""
+    async for line in upstream.content:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if not data or data == b"[DONE]":
+            continue
+        try:
+            if len(data) >= OFFLOAD_LINE_BYTES:
+                chunk = await asyncio.to_thread(orjson.loads, data)
+            else:
+                chunk = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            backend.abort(rid)
+            raise BackendError(502, f"backend sent an invalid chunk: {exc}") from None
+        if isinstance(chunk, dict) and "error" in chunk:
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else str(error)
+            code = error.get("code") if isinstance(error, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 500 else 502
+            raise BackendError(status, backend.scrub(str(message))[:500])
+        if isinstance(chunk, dict):
+            yield chunk
+
+
+async def _assemble_lines(
+    request: web.Request,
+    upstream: Any,
+    answer: OpenAIAnswer | GenerateAnswer,
+    rid: str,
+    lane: str,
+    keeper: SessionKeeper | None,
+) -> web.Response:
+    """A stream the client did not ask for, assembled into one answer: the first object
+    ends the request's pending prefill."""
+    backend = request.app[state.BACKEND]
+    metrics = request.app[state.METRICS]
+    first = True
+    try:
+        async for chunk in _sse_objects(upstream, rid, backend):
+            if first:
+                request.app[state.ADMISSION].first_token(rid)
+                tracing.first_token(request)
+                metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
+                first = False
+                if keeper is not None:
+                    keeper.started(rid)
+            answer.feed(chunk)
+    except AnswerTooLarge as exc:
+        backend.abort(rid)
+        if keeper is not None:
+            keeper.forget(rid)
+        raise too_large(exc) from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        if keeper is not None:
+            keeper.forget(rid)
+        raise BackendError(502, f"backend stream broke: {type(exc).__name__}") from None
+    except BackendError:
+        if keeper is not None:
+            keeper.forget(rid)
+        raise
+    if isinstance(answer, OpenAIAnswer):
+        big = answer.size_bytes >= OFFLOAD_ANSWER_BYTES
+        data = await asyncio.to_thread(answer.result) if big else answer.result()
+        usage = TokenUsage.from_openai(answer.usage)
+        tool_call = any(c.finish_reason == "tool_calls" for c in answer.choices.values())
+    else:
+        result = answer.result()
+        big = sum(p.size_bytes for p in answer.parts.values()) >= OFFLOAD_ANSWER_BYTES
+        data = await asyncio.to_thread(json_bytes, result) if big else json_bytes(result)
+        metas = [p.meta_info for p in answer.parts.values()]
+        usage = TokenUsage(
+            sum(int(m.get("prompt_tokens") or 0) for m in metas),
+            sum(int(m.get("completion_tokens") or 0) for m in metas),
+            sum(int(m.get("cached_tokens") or 0) for m in metas),
+        )
+        tool_call = False
+    if keeper is not None:
+        keeper.finish(rid, tool_call)
+    record_tokens(request, lane, usage)
+    return web.Response(body=data, content_type="application/json")
+
+
+async def _relay_lines(
+    request: web.Request, upstream: Any, rid: str, lane: str, keeper: SessionKeeper | None
+) -> web.StreamResponse:
+    """Copy an upstream SSE stream line by line as it comes."""
+    metrics = request.app[state.METRICS]
+    response = sse_response(request, upstream.status)
+    usage: TokenUsage | None = None
+    first = True
+    tool_call = False
+    lines = aiter(upstream.content)
+    try:
+        await response.prepare(request)
+        while True:
+            try:
+                line = await anext(lines)
+            except StopAsyncIteration:
+                break
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Headers are out: end the stream with an error event.
+                request[STATUS] = 502
+                message = f"backend stream broke: {exc!r}"
+                await response.write(sse(stream_error(message, 502)) + SSE_DONE)
+                if keeper is not None:
+                    keeper.forget(rid)  # no pause follows a broken answer
+                return response
+            if first:
+                request.app[state.ADMISSION].first_token(rid)
+                tracing.first_token(request)
+                elapsed = time.monotonic() - request[STARTED]
+                metrics.child(metrics.ttft, lane).observe(elapsed)
+                first = False
+                if keeper is not None:
+                    keeper.started(rid)
+            if b'"usage"' in line:
+                usage = _usage_of(line.strip()[5:]) or usage
+            if keeper is not None and b'"finish_reason"' in line:
+                tool_call = tool_call or TOOL_CALL_END.search(line) is not None
+            await response.write(line)
+        await response.write_eof()
+    except ConnectionResetError as exc:
+        raise _ClientGone() from exc
+    if keeper is not None:
+        keeper.finish(rid, tool_call and upstream.status == 200)
+    record_tokens(request, lane, usage)
+    return response
+
+
+def _usage_of(data: bytes) -> TokenUsage | None:
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return TokenUsage.from_openai(body.get("usage")) if isinstance(body, dict) else None

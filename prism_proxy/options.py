@@ -82,10 +82,10 @@ _HELP = {
     "(auto: the backend's prefill budget / observed uncached tokens per request)",
     "max_inflight": "backstop on released, unfinished requests (auto: the backend's "
     "max_running_requests)",
-    "prefill_piece_tokens": "a released prompt with more uncached tokens than twice this "
-    "is prefilled in pieces of this many tokens, one pieced prompt at a time, so short "
-    "requests wait for at most one piece, not its whole prefill (auto: the engine's "
-    "prefill budget per step; 0: off; docs/proxy.md)",
+    "prefill_piece_tokens": "prompts with more uncached tokens than this go to the engine "
+    "one at a time, those over twice this in pieces of this many tokens, so short "
+    "requests wait for one piece, not for long prompts' whole prefill (auto: the "
+    "engine's prefill budget per step; 0: off; docs/proxy.md)",
     "window_ms": "QAS round window Δt_win in milliseconds",
     "max_queue": "queued requests beyond which new ones get 429",
     "max_body_bytes": "largest request body accepted (413 above)",

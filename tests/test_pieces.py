@@ -212,6 +212,28 @@ async def test_a_short_chat_goes_between_the_pieces_of_long_prompts(sim: ServerP
         assert prompt_tokens == answers[0][1] and cached > prompt_tokens - 256
 
 
+async def test_long_prompts_under_two_pieces_take_turns_uncut(sim: ServerProcess) -> None:
+    """Prompts of 1-2 pieces uncached are not cut but go to the engine one at a time,
+    parked meanwhile: a short chat sent while they wait their turns goes to the engine
+    at once (B = 8 is not used up by them) and comes before the last of them (the
+    engine serves first come, first served: released together, it would come last)."""
+    async with running_proxy(sim.url, prefill_piece_tokens=4096, prefill_batch=8) as proxy:
+        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="none", max_retries=0)
+        admission = proxy.app[state.ADMISSION]
+        began = asyncio.get_running_loop().time()
+        longs = [
+            asyncio.create_task(first_token_s(client, long_text(200 + i), began)) for i in range(4)
+        ]
+        await eventually(lambda: admission.turns.waiting >= 1, timeout_s=60.0)
+        short, _, _ = await first_token_s(client, "One short question?", began)
+        answers = await asyncio.gather(*longs)
+        assert all(4096 < prompt < 2 * 4096 for _, prompt, _ in answers)
+        assert proxy_pieces(proxy) == 0
+        assert short < max(seen for seen, _, _ in answers)
+        await eventually(lambda: admission.inflight == 0)
+        assert admission.turns.held == 0
+
+
 async def test_a_client_gone_during_the_pieces_leaves_nothing(sim: ServerProcess) -> None:
     async with running_proxy(sim.url, prefill_piece_tokens=256) as proxy:
         client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="none", max_retries=0)

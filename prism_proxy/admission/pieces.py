@@ -12,12 +12,14 @@ prompt whose uncached part is long can be prefilled in pieces: `/generate` of
 which finds all but its last piece cached. Each piece is one short engine call: a
 request released meanwhile is prefilled after the piece, not after the whole prompt.
 
-Two rules keep the engine's queue short:
+A prompt is *long* when more of it is uncached than one piece (the engine's prefill
+step by default); past two pieces it is cut. Two rules keep the engine's queue short:
 
-* **turns**: at most one engine call of a pieced prompt per engine replica at a time
-  (`PrefillTurns`), given in release order, so pieced prompts finish one after
-  another instead of all together at the end;
-* **parked**: a pieced prompt waiting for its turn is not *pending prefill* (it holds
+* **turns**: at most one long prompt per engine replica at the engine at a time
+  (`PrefillTurns`), given in release order, so long prompts finish one after another
+  instead of all together at the end (SGLang prefills one chunked prompt at a time
+  anyway);
+* **parked**: a long prompt waiting for its turn is not *pending prefill* (it holds
   no place in the engine), so it does not use up `B` and hold short requests in the
   queue (`AdmissionCore.park`).
 

@@ -1,8 +1,9 @@
 """A released prompt's long uncached part sent in pieces before it (`admission.pieces`).
 
-    released ─► ends = piece_ends(...) ─► none: send the request as always
-                   │
-                   ▼ park ─► turn ─► for each end (after the first, while others wait or run):
+    released ─► short (≤ one piece uncached): send the request as always
+                   │ long
+                   ▼ park ─► turn ─► for each end of piece_ends(...) (after the first,
+                   │                 while others wait or run):
                    │                unpark ─► /generate ids[:end], 1 token ─► park
                    ▼ unpark ─► the request itself ··· first token ─► turn back
 
@@ -101,19 +102,20 @@ class PieceSender:
     async def send(
         self, payload: Mapping[str, Any], rid: str, known: int, headers: Mapping[str, str] | None
     ) -> Turn | None:
-        """Prefill `payload`'s uncached part past `known` tokens in pieces, then wait
-        for the turn of the request itself. After the first piece, the next ones go
-        only while other requests are queued or in flight (alone, the rest goes with
-        the request: a prompt alone costs one extra engine call). None when the prompt
-        is not cut (pieces off, or too little uncached): it is sent as always."""
+        """A long prompt (more uncached tokens past `known` than one piece) waits,
+        parked, for its turn, and holds it until its first token; over two pieces
+        uncached, it is prefilled in pieces first. After the first piece, the next go
+        only while other requests are queued or in flight (alone, the rest goes with the
+        request: a prompt alone costs one extra engine call). None for a short prompt
+        (or pieces off): it is sent as always, without a turn."""
         ids = payload.get("input_ids")
         if self.setting == 0 or not isinstance(ids, list):
             return None
         admission = self.admission
         size = piece_size(self.setting, admission.pacing.backend.prefill_budget_tokens)
-        ends = piece_ends(len(ids), known, size)
-        if not ends:
+        if len(ids) - min(known, len(ids)) <= size:
             return None
+        ends = piece_ends(len(ids), known, size)
         turns = admission.turns
         admission.park(rid)
         try:

@@ -146,7 +146,9 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     unknown = set(lines) - set(known)
     if unknown:
         raise ValueError(f"unknown lines {sorted(unknown)}; choose from {', '.join(known)}")
-    base = replace(SessionParams(), num_sessions=args.sessions, source=args.source)
+    base = replace(
+        SessionParams(), num_sessions=args.sessions, source=args.source, tool_model=args.tool_model
+    )
     points = [
         Point(rate, scale, fraction)
         for rate in _floats(args.rate)
@@ -266,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sessions.add_argument("--lines", default=None, help="comma-separated (default: all)")
     sessions.add_argument("--source", default="auto", help="agent material: auto|tau2|synthetic")
+    sessions.add_argument(
+        "--tool-model",
+        choices=("independent", "by_tool"),
+        default="independent",
+        help="tool durations and outputs: one distribution, or by the tool's kind",
+    )
     sessions.add_argument("--seed", type=int, default=0)
     sessions.add_argument("--tokenizer", default="builtin")
     sessions.add_argument("--jobs", type=int, default=2, help="twin runs at once (processes)")

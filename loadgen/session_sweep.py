@@ -78,6 +78,7 @@ def _lines(pool: int) -> dict[str, Line]:
         ),
         "prism": (prism, None),
         "prism+sessions": (prism, on),
+        "prism+sessions+returns": (prism, replace(on, params=TableParams(rank="predicted"))),
         "prism+sessions/lru": (replace(prism, eviction="lru"), on),
         "prism+sessions+precedence": (replace(prism, qas=precedence), on),
         "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),

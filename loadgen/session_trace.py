@@ -15,12 +15,22 @@ the trace holds only what does not depend on the engine: arrivals, agent types, 
 tool durations and tool outputs; the replay puts the model's own tool calls into the
 history, as an agent does.
 
-Distributions (`SessionParams`):
+Distributions (`SessionParams`), with `tool_model` = `independent` (the default):
 * tool duration: lognormal with median `tool_median_s` (1 s) and σ `tool_sigma` (1.2): p90
   about 4.7 s, p99 about 16 s; `tool_scale` multiplies every duration;
 * tool output: lognormal in tokens, median `output_median_tokens` (600), σ 0.8, clipped to
   [`output_min_tokens`, `output_max_tokens`] = [100, 4000], so histories grow to tens of
   thousands of tokens over a session;
+
+With `tool_model` = `by_tool` a tool behaves like its kind (`tool_kind`, read from its
+name): a lookup answers in tens of milliseconds, a search in seconds, a write in under
+a second, running code in about ten seconds and a hand-off to a human in about a minute
+(`TOOL_KINDS`). Each tool's own median is its kind's times a factor drawn once per tool
+(lognormal, σ `TOOL_SPREAD`), so two lookups differ; each call draws around its tool's
+median with its kind's σ, and its output size around its kind's median with
+`output_sigma`. `tool_scale` still multiplies every duration. Arrivals, agent types,
+tasks and call counts are drawn from their own streams, so they are the same in both
+models; the `independent` model draws exactly as it always did.
 * calls per session: uniform in [`min_calls`, `max_calls`] = [6, 16];
 * tasks: Zipf with exponent `task_alpha` (1.1) over each domain's tasks.
 
@@ -64,6 +74,7 @@ class SessionParams:
     final_answer_tokens: int = 64
     source: str = "auto"  # auto | tau2 | synthetic, as agent_prefix's material
     tau2_dir: str | None = None
+    tool_model: str = "independent"  # independent | by_tool (module docstring)
 
     def __post_init__(self) -> None:
         if self.num_sessions < 1 or self.session_rate <= 0:
@@ -74,6 +85,55 @@ class SessionParams:
             raise ValueError("tool_median_s > 0, tool_sigma >= 0, tool_scale > 0")
         if not 0 < self.output_min_tokens <= self.output_max_tokens:
             raise ValueError("0 < output_min_tokens <= output_max_tokens")
+        if self.tool_model not in ("independent", "by_tool"):
+            raise ValueError("tool_model: independent or by_tool")
+
+
+@dataclass(frozen=True)
+class ToolKind:
+    """How a kind of tool behaves: its median duration (seconds), the σ of one call's
+    duration around its tool's median, and its outputs' median size (tokens)."""
+
+    median_s: float
+    sigma: float
+    output_tokens: int
+
+
+TOOL_KINDS: dict[str, ToolKind] = {
+    "lookup": ToolKind(0.04, 0.5, 300),  # read one record, compute a small value
+    "write": ToolKind(0.5, 0.5, 200),  # change a record, send a message
+    "search": ToolKind(2.0, 0.7, 1500),  # query an index or an API, list many items
+    "code": ToolKind(10.0, 0.9, 800),  # run a program or a query
+    "human": ToolKind(60.0, 0.8, 150),  # wait for a person
+}
+TOOL_SPREAD = 0.4  # σ of a tool's own median around its kind's
+# The words of a tool's name that say its kind (the first such word decides).
+_KIND_NAMES = {
+    "human": "human ask approve confirm escalate",
+    "code": "run execute exec python code sql shell",
+    "search": "search list query browse scan crawl",
+    "lookup": "get find lookup read fetch check show calculate describe status count compute",
+}
+_KIND_WORDS = {word: kind for kind, words in _KIND_NAMES.items() for word in words.split()}
+
+
+def tool_kind(name: str) -> str:
+    """A tool's kind from the words of its name (`transfer_to_human_agents`: human,
+    `search_direct_flight`: search, `get_user_details`: lookup); a name that says none
+    of them changes something (write). Words are split at `_`, `-`, `.` and camelCase."""
+    spaced = "".join(f" {c.lower()}" if c.isupper() else c for c in name)
+    words = spaced.replace("_", " ").replace("-", " ").replace(".", " ").split()
+    kinds = [_KIND_WORDS[w] for w in words if w in _KIND_WORDS]
+    if "human" in kinds:
+        return "human"  # a hand-off to a person, whatever else its name says
+    return kinds[0] if kinds else "write"
+
+
+def tool_median_s(seed: int, tool: str) -> float:
+    """A tool's own median duration (seconds; `by_tool`): its kind's times a factor drawn
+    from the tool's own stream, so adding a tool changes no other tool's."""
+    factor = float(stream(seed, f"tool-median:{tool}").lognormal(0.0, TOOL_SPREAD))
+    return TOOL_KINDS[tool_kind(tool)].median_s * factor
 
 
 @dataclass(frozen=True)
@@ -137,6 +197,7 @@ def build_session_trace(
     sizes, content = stream(seed, "tool-outputs"), stream(seed, "tool-content")
     mu_out = math.log(params.output_median_tokens)
     task_weights = {n: _zipf_weights(len(d.tasks), params.task_alpha) for n, d in domains.items()}
+    medians: dict[str, float] = {}  # by_tool: each tool's own median duration
     sessions = []
     for number, arrival in enumerate(arrivals):
         domain = domains[names[int(pick.integers(len(names)))]]
@@ -145,12 +206,21 @@ def build_session_trace(
         tools = tool_names(domain)
         steps = []
         for _ in range(calls - 1):
-            duration = params.tool_scale * float(
-                durations.lognormal(math.log(params.tool_median_s), params.tool_sigma)
-            )
-            tokens = int(np.clip(round(sizes.lognormal(mu_out, params.output_sigma)),
+            if params.tool_model == "by_tool":
+                tool = tools[int(content.integers(len(tools)))]
+                kind = TOOL_KINDS[tool_kind(tool)]
+                median_s = medians.setdefault(tool, tool_median_s(seed, tool))
+                raw_s = float(durations.lognormal(math.log(median_s), kind.sigma))
+                raw_tokens = sizes.lognormal(math.log(kind.output_tokens), params.output_sigma)
+            else:
+                raw_s = float(
+                    durations.lognormal(math.log(params.tool_median_s), params.tool_sigma)
+                )
+                raw_tokens = sizes.lognormal(mu_out, params.output_sigma)
+                tool = tools[int(content.integers(len(tools)))]
+            duration = params.tool_scale * raw_s
+            tokens = int(np.clip(round(raw_tokens),
                                  params.output_min_tokens, params.output_max_tokens))  # fmt: skip
-            tool = tools[int(content.integers(len(tools)))]
             steps.append(ToolStep(tool, duration, random_text(tokenizer, content, tokens)))
         user = task.steps[0].user if task.steps else f"Help me with task {task.task_id}."
         sessions.append(

@@ -181,7 +181,8 @@ class SessionTwin(Twin):
         record.prompt_tokens = len(sim.input_ids)
         record.cached_tokens = sim.cached_tokens
         if self.table is not None:
-            self._retain(self.table.finish(sim.rid, step, self.now))
+            tools = (session.steps[number].tool,) if step else ()
+            self._retain(self.table.finish(sim.rid, step, self.now, tools))
             self.table.expire(self.now)
         if not step:
             self.records[session.sid].end = self.now

@@ -150,7 +150,9 @@ _HELP = {
     "return delays seen for its agent type",
     "session_max_ttl_s": "longest a paused session is kept",
     "session_rank": "which paused session DART lets go first when the pool runs short: "
-    "recent (the longest-paused) or program (the youngest program; Continuum's order)",
+    "recent (the longest-paused), program (the youngest program; Continuum's order) or "
+    "predicted (the one expected back last, by the return delays learned per agent type "
+    "and tool)",
     "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",
     "health_interval_s": "seconds between backend health probes (0: only at start)",

@@ -10,10 +10,8 @@ id in call k + 1, which re-sends those messages. That id is the session's **key*
     call k + 1  [head | turn | ... | last message k | call k's tool call | tool output]<gen>
                                                    ^ key_k again: a continuation
 
-Events, in the order they happen to one request:
-
-Every event returns a `Push` for DART's control RPC (owners to retain with a score and
-a time-to-live, owners to release):
+Events, in the order they happen to one request, each returning a `Push` for DART's
+control RPC (owners to retain with a score and a time-to-live, to release, to discard):
 
 * `arrive(rid, keys, head, tokens, now)`: `keys` are the request's cut ids. If one of
   them is a paused session's key, the request continues that session: it inherits the
@@ -22,15 +20,13 @@ a time-to-live, owners to release):
   (`QUEUED_SCORE`) while the request waits: its next use is the soonest of all. Else a
   new program starts.
 * `started(rid, now)`: the first token came back, so the engine has matched and
-  extended the path: the hold is released. (Not at dispatch: a request may wait in the
-  engine's own queue, where nothing holds its path, and under pressure that is exactly
-  when it would be evicted.)
-* `finish(rid, tool_call, now)`: an answer that ended in a tool call pauses the session
-  under the request's last key: DART keeps the path ending there for the TTL, if the
-  session's account has earned it (below). An answer without a tool call ends the
-  session: its own pieces (every cut after its first call's, which sessions of one task
-  share) and its last message are discarded, evicted with private pieces: finished
-  sessions go first.
+  extended the path: the hold is released (not at dispatch: in the engine's own queue
+  nothing holds the path, and under pressure that is when it would be evicted).
+* `finish(rid, tool_call, now, tools)`: an answer that ended in a tool call pauses the
+  session under the request's last key: DART keeps the path ending there for the TTL,
+  if the session's account has earned it (below). An answer without a tool call ends
+  the session: its own pieces (every cut after its first call's, which sessions of one
+  task share) and its last message are discarded: finished sessions go first.
 
 **Retention is earned** (`credit.RetentionLedger`, SPEC §3). A session's account is its
 client (`client` of `arrive`: the edge's `client_key`) and its head. A pause is
@@ -46,43 +42,46 @@ that several sessions paused on (sessions of one task start alike) is retained w
 any of them holds a live grant, whoever else paused there: another client's unearned
 pause never takes it away.
 
-Which paused sessions go first when the pool runs short (`rank`): `recent` scores a
-pause by its time, so the longest-paused goes first. With heavy-tailed tool times the
-longer a tool has run, the longer it is likely to run on, so this is the order of
-expected return; it is LRU among paused sessions, after everything that will not be
-used again (finished sessions, generated tokens the template re-renders). `program`
-scores by the program's start (older programs kept: Continuum's program-level FCFS).
+Which paused sessions go first when the pool runs short (`rank`), all after what will
+not be used again (finished sessions, generated tokens the template re-renders):
+`recent` scores a pause by its time, so the longest-paused goes first (LRU among paused
+sessions; with heavy-tailed tool times, the longer a tool has run, the longer it is
+likely to run on). `program` scores by the program's start (Continuum's program-level
+FCFS). `predicted` scores by when the session is expected back: its pause time plus the
+median return delay for its agent type and the tools its answer called
+(`returns.ReturnModel`), so a lookup's pause outranks a hand-off to a person.
 
 The time-to-live is the `ttl_quantile` of the return delays observed for the same head
 (agent type; late returns included, so the TTL does not censor its own estimate),
 within [`min_ttl_s`, `max_ttl_s`], or `default_ttl_s` before `min_samples` delays are
-seen. Prompts of fewer than `min_tokens` beyond their head are not retained: their
-prefill costs less than holding them. A session that never returns costs its TTL at
-most: DART forgets the entry by itself.
+seen; with `predicted`, that quantile of the return model's fit for the head and tools.
+Prompts of fewer than `min_tokens` beyond their head are not retained: their prefill
+costs less than holding them. A session that never returns costs its TTL at most.
 
 Everything is bounded: `max_sessions` paused sessions and requests in flight (the oldest
-paused ones dropped first, with their retention released), `DELAY_WINDOW` delays per
-head, `MAX_HEADS` heads and the ledger's `MAX_ACCOUNTS` accounts.
+paused ones dropped first, with their retention released), the delays (`returns`) and
+the ledger's `MAX_ACCOUNTS` accounts.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prism_proxy.admission.credit import Account, Grant, RetentionLedger
+from prism_proxy.admission.returns import ANY_TOOL, HeadDelays, ReturnModel, tool_key
 from prism_wire import MAX_RETAIN_TTL_S, MAX_RETAINED
 
-DELAY_WINDOW = 256
-MAX_HEADS = 1024
 # Paused sessions are remembered this many longest TTLs, to observe late returns.
 REMEMBER_TTLS = 4
 # The score of a continuation's path while it waits in the queue: above every paused
-# session's (those are minus a program's start, on a clock that starts near zero or is
-# monotonic seconds).
+# session's (times or minus times, on a clock near zero or monotonic seconds).
 QUEUED_SCORE = 1e15
+
+
+RANKS = ("recent", "program", "predicted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +93,9 @@ class SessionParams:
     min_samples: int = 8
     min_tokens: int = 256
     max_sessions: int = MAX_RETAINED
-    rank: str = "recent"  # recent: the latest paused kept first; program: the oldest program
+    # recent: the latest paused kept first; program: the oldest program; predicted: the
+    # one expected back soonest
+    rank: str = "recent"
     credit_half_life_s: float = 60.0  # how long returns count towards retention (`credit`)
 
     def __post_init__(self) -> None:
@@ -102,8 +103,8 @@ class SessionParams:
             raise ValueError("ttl_quantile must be in (0, 1]")
         if not 0.0 <= self.min_ttl_s <= self.max_ttl_s <= MAX_RETAIN_TTL_S:
             raise ValueError(f"need 0 <= min_ttl_s <= max_ttl_s <= {MAX_RETAIN_TTL_S}")
-        if self.rank not in ("recent", "program"):
-            raise ValueError("rank: recent or program")
+        if self.rank not in RANKS:
+            raise ValueError(f"rank: one of {', '.join(RANKS)}")
         if self.max_sessions < 1 or self.min_samples < 1:
             raise ValueError("max_sessions and min_samples must be >= 1")
         if self.credit_half_life_s <= 0:
@@ -185,6 +186,8 @@ class _Paused:
     tokens: int
     own_from: int
     grant: Grant | None  # None: the account had not earned its retention
+    tool: str = ANY_TOOL  # the tools its answer called (`returns.tool_key`)
+    expected_back: float = 0.0  # paused_at + the predicted return delay
 
     @property
     def head(self) -> str:
@@ -199,8 +202,9 @@ class SessionTable:
     params: SessionParams = field(default_factory=SessionParams)
     _flight: OrderedDict[str, _InFlight] = field(default_factory=OrderedDict)
     _paused: OrderedDict[str, list[_Paused]] = field(default_factory=OrderedDict)
-    _delays: OrderedDict[str, deque[float]] = field(default_factory=OrderedDict)
+    delays: HeadDelays = field(default_factory=HeadDelays)
     ledger: RetentionLedger = field(init=False)
+    returns: ReturnModel = field(init=False)
     paused: int = 0
     continued: int = 0
     new_programs: int = 0
@@ -209,6 +213,7 @@ class SessionTable:
 
     def __post_init__(self) -> None:
         self.ledger = RetentionLedger(self.params.credit_half_life_s)
+        self.returns = ReturnModel(prior_s=self.params.default_ttl_s)
 
     # ---- events ---------------------------------------------------------------------
     def arrive(
@@ -242,7 +247,8 @@ class SessionTable:
         # every return is observed, late ones too (paused sessions are remembered past
         # their TTL), or the quantile would only ever see delays below it
         delay = now - found.paused_at
-        self._observe(found.head, delay)
+        self.delays.observe(found.head, delay)
+        self.returns.observe(found.head, found.tool, delay)
         self.ledger.came_back(found.account, found.tokens, delay <= found.ttl_s, now)
         self.ledger.settle(found.grant)
         self.continued += 1
@@ -261,8 +267,9 @@ class SessionTable:
         key, flight.continued = flight.continued, None
         return self._key_state(key, now)
 
-    def finish(self, rid: str, tool_call: bool, now: float) -> Push:
-        """The request's answer ended (`tool_call`: in a tool call)."""
+    def finish(self, rid: str, tool_call: bool, now: float, tools: Sequence[str] = ()) -> Push:
+        """The request's answer ended (`tool_call`: in a tool call; `tools`: the names of
+        the tools it called, where known)."""
         self.ledger.expire(now)
         push = NOTHING
         flight = self._flight.pop(rid, None)
@@ -273,11 +280,12 @@ class SessionTable:
         if not tool_call or flight.key is None or flight.tokens < self.params.min_tokens:
             # the session ended, or is too short to keep: its own pieces go first
             return push + self._discard(flight.own(), now)
-        ttl = self.ttl(flight.head)
+        tool = tool_key(tools)
+        ttl = self.ttl(flight.head, tool)
         grant = self.ledger.grant(flight.account, flight.key, flight.tokens, ttl, now)
-        paused = _Paused(
-            flight.account, flight.program_start, now, ttl, flight.tokens, flight.own_from, grant
-        )
+        paused = _Paused(flight.account, flight.program_start, now, ttl, flight.tokens,
+                         flight.own_from, grant, tool,
+                         now + self.returns.predict(flight.head, tool))  # fmt: skip
         sessions = self._paused.pop(flight.key, [])
         sessions.append(paused)
         self._paused[flight.key] = sessions  # the most recent pause last
@@ -321,7 +329,11 @@ class SessionTable:
         return found
 
     def _score(self, paused: _Paused) -> float:
-        return -paused.program_start if self.params.rank == "program" else paused.paused_at
+        if self.params.rank == "program":
+            return -paused.program_start
+        if self.params.rank == "predicted":
+            return -paused.expected_back
+        return paused.paused_at
 
     def _key_state(self, key: str, now: float) -> Push:
         """What DART should do with `key` now: retain it while a session paused there
@@ -370,23 +382,17 @@ class SessionTable:
         return emptied
 
     # ---- the TTL --------------------------------------------------------------------
-    def ttl(self, head: str) -> float:
+    def ttl(self, head: str, tool: str = ANY_TOOL) -> float:
         params = self.params
-        delays = self._delays.get(head)
-        if delays is None or len(delays) < params.min_samples:
+        if params.rank == "predicted":
+            fit = self.returns.fit(head, tool)
+            if fit.level in ("tool", "head"):
+                quantile = fit.quantile_s(params.ttl_quantile)
+                return min(params.max_ttl_s, max(params.min_ttl_s, quantile))
+        seen = self.delays.quantile(head, params.ttl_quantile, params.min_samples)
+        if seen is None:
             return min(params.default_ttl_s, params.max_ttl_s)
-        ordered = sorted(delays)
-        index = min(len(ordered) - 1, int(params.ttl_quantile * len(ordered)))
-        return min(params.max_ttl_s, max(params.min_ttl_s, ordered[index]))
-
-    def _observe(self, head: str, delay: float) -> None:
-        delays = self._delays.pop(head, None)
-        if delays is None:
-            delays = deque(maxlen=DELAY_WINDOW)
-        delays.append(delay)
-        self._delays[head] = delays  # most recently seen last
-        while len(self._delays) > MAX_HEADS:
-            self._delays.popitem(last=False)
+        return min(params.max_ttl_s, max(params.min_ttl_s, seen))
 
     # ---- what the proxy reports ---------------------------------------------------------
     def stats(self) -> dict[str, float | int]:
@@ -433,8 +439,8 @@ class SessionKeeper:
     def started(self, rid: str) -> None:
         self._push(self.table.started(rid, self.clock()))
 
-    def finish(self, rid: str, tool_call: bool) -> None:
-        self._push(self.table.finish(rid, tool_call, self.clock()))
+    def finish(self, rid: str, tool_call: bool, tools: Sequence[str] = ()) -> None:
+        self._push(self.table.finish(rid, tool_call, self.clock(), tools))
 
     def forget(self, rid: str) -> None:
         self._push(self.table.forget(rid, self.clock()))

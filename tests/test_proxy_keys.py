@@ -287,3 +287,44 @@ async def test_metrics_without_keys_count_every_client_as_addr(
             if sample.name.startswith("prism:account_")
         }
         assert accounts == {"addr"}
+
+
+async def test_metrics_name_the_limit_behind_each_429(proxy_factory: ProxyFactory) -> None:
+    """One request at the engine (B = backstop = 1), one place in QAS's queue, one per
+    key: `a` holds the engine with a stream, `b` takes the queue's one place; `b`'s next
+    is over its own max_queued, `a`'s next finds the proxy's queue full."""
+    proxy = await proxy_factory(
+        api_keys="sk-a,sk-b",
+        prefill_batch=1,
+        max_inflight=1,
+        max_queue=1,
+        key_max_queued=1,
+    )
+    # each key's default account name: key-<first 8 hex digits of its digest>
+    account = {key: "key-" + hashlib.sha256(key).hexdigest()[:8] for key in (b"sk-a", b"sk-b")}
+    async with (
+        _client(proxy.url, "sk-a") as a,
+        _client(proxy.url, "sk-b") as b,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as http,
+    ):
+        stream = await a.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=4000, stream=True
+        )
+        await anext(aiter(stream))
+        queued = asyncio.create_task(
+            b.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        )
+        await _scraped(
+            http,
+            lambda t: _sample(t, "prism:account_queued_requests", account=account[b"sk-b"]) == 1,
+        )
+        with pytest.raises(openai.RateLimitError):
+            await b.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        with pytest.raises(openai.RateLimitError):
+            await a.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        text = (await http.get("/metrics")).text
+        name = "prism:account_requests_total"
+        assert _sample(text, name, account=account[b"sk-b"], status="429", limit="max_queued") == 1
+        assert _sample(text, name, account=account[b"sk-a"], status="429", limit="max_queue") == 1
+        await stream.close()
+        assert (await queued).choices[0].finish_reason

@@ -322,10 +322,12 @@ async def log_stopped(app: web.Application) -> None:
 def create_app(config: ProxyConfig) -> web.Application:
     """The proxy's aiohttp application (no I/O until it starts)."""
     # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
+    keys = load_keys(config)  # ConfigError on a bad key file: the proxy does not start
+    metrics = ProxyMetrics.create()
     app = web.Application(
         middlewares=[
             tracing_middleware,
-            account_metrics_middleware,
+            account_metrics_middleware(metrics, keys is not None),
             error_middleware,
             account_middleware,
         ],
@@ -333,11 +335,10 @@ def create_app(config: ProxyConfig) -> web.Application:
     )
     app[state.CONFIG] = config
     add_tracing(app, config.access_log, config.tracing)
-    keys = load_keys(config)  # ConfigError on a bad key file: the proxy does not start
     if keys is not None:
         app[state.KEYS] = keys
     app[state.USAGE] = AccountUsage()
-    app[state.METRICS] = metrics = ProxyMetrics.create()
+    app[state.METRICS] = metrics
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()
     app[state.STRUCTURED] = GrammarLedger(

@@ -19,37 +19,31 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from prism_proxy.edge import state
 from prism_proxy.edge.accounts import ACCOUNT
 from prism_proxy.edge.errors import CLIENT_CLOSED, ENDPOINT, REFUSED_BY, STATUS
 from prism_proxy.edge.openai_format import TokenUsage
-from prism_proxy.metrics import AccountHoldings
+from prism_proxy.metrics import AccountHoldings, ProxyMetrics
 
 KEYLESS = "addr"
 UNAUTHENTICATED = "(unauthenticated)"
 NO_LIMIT = "none"  # the `limit` of every answer but a 429
 
 
-def account_label(request: web.Request) -> str:
+def account_label(request: web.Request, keys_on: bool) -> str:
     """The `account` label of a request (module docstring)."""
+    if not keys_on:
+        return KEYLESS  # no account is ever set: skip the lookup (a miss raises inside)
     account = request.get(ACCOUNT)
-    if account is not None:
-        return account.name
-    return UNAUTHENTICATED if state.KEYS in request.app else KEYLESS
-
-
-def count_request(request: web.Request, status: int) -> None:
-    """One finished request of its account with `status`."""
-    limit = request.get(REFUSED_BY, "other") if status == 429 else NO_LIMIT
-    metrics = request.app[state.METRICS]
-    metrics.child(metrics.account_requests, account_label(request), str(status), limit).inc()
+    return UNAUTHENTICATED if account is None else account.name
 
 
 def count_tokens(request: web.Request, usage: TokenUsage) -> None:
     """The tokens of a request's answer, on its account."""
     metrics = request.app[state.METRICS]
-    account = account_label(request)
+    account = account_label(request, state.KEYS in request.app)
     metrics.child(metrics.account_tokens, account, "prompt").inc(usage.prompt_tokens)
     metrics.child(metrics.account_tokens, account, "completion").inc(usage.completion_tokens)
 
@@ -71,22 +65,32 @@ def account_holdings(app: web.Application) -> AccountHoldings:
     return found
 
 
-@web.middleware
-async def account_metrics_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Count each request of the generating endpoints (those that name their
-    `ENDPOINT`, as `prism:requests` does) on its account once it is answered. Outside
-    `error_middleware`, so it sees the status of every answer, errors included."""
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except asyncio.CancelledError:
-        status = CLIENT_CLOSED
-        raise
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    finally:
-        if request.get(ENDPOINT) is not None:
-            count_request(request, request.get(STATUS, status))
+def account_metrics_middleware(metrics: ProxyMetrics, keys_on: bool) -> Middleware:
+    """The middleware that counts each request of the generating endpoints (those that
+    name their `ENDPOINT`, as `prism:requests` does) on its account once it is answered.
+    It goes outside `error_middleware`, so it sees the status of every answer, errors
+    included. Built once per app with what it needs (no lookups per request)."""
+    requests = metrics.account_requests
+    child = metrics.child
+
+    @web.middleware
+    async def count_per_account(request: web.Request, handler: Any) -> web.StreamResponse:
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            if request.get(ENDPOINT) is not None:
+                status = request.get(STATUS, status)
+                limit = request.get(REFUSED_BY, "other") if status == 429 else NO_LIMIT
+                account = account_label(request, keys_on)
+                child(requests, account, str(status), limit).inc()
+
+    return count_per_account

@@ -33,6 +33,7 @@ from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig, parse_listen
 from prism_proxy.edge import state
 from prism_proxy.edge.account_limits import AccountUsage
+from prism_proxy.edge.account_metrics import account_holdings, account_metrics_middleware
 from prism_proxy.edge.accounts import account_middleware, load_keys, weight_of
 from prism_proxy.edge.bodies import JsonParser
 from prism_proxy.edge.connection_policy import ConnectionPolicy, fd_budget
@@ -48,7 +49,7 @@ from prism_proxy.edge.readiness import READINESS, add_readiness_routes
 from prism_proxy.edge.responses_api import add_routes as add_responses_routes
 from prism_proxy.edge.runner import ProxyRunner, listen
 from prism_proxy.edge.tracing import add_tracing, install_log_context, tracing_middleware
-from prism_proxy.metrics import CacheCollector, CacheStats, ProxyMetrics
+from prism_proxy.metrics import AccountCollector, CacheCollector, CacheStats, ProxyMetrics
 from prism_proxy.prompts.conversation import RenderingCheck
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
@@ -321,17 +322,23 @@ async def log_stopped(app: web.Application) -> None:
 def create_app(config: ProxyConfig) -> web.Application:
     """The proxy's aiohttp application (no I/O until it starts)."""
     # Bodies up to the limit are read; larger ones get 413 (checked in read_body too).
+    keys = load_keys(config)  # ConfigError on a bad key file: the proxy does not start
+    metrics = ProxyMetrics.create()
     app = web.Application(
-        middlewares=[tracing_middleware, error_middleware, account_middleware],
+        middlewares=[
+            tracing_middleware,
+            account_metrics_middleware(metrics, keys is not None),
+            error_middleware,
+            account_middleware,
+        ],
         client_max_size=config.max_body_bytes,
     )
     app[state.CONFIG] = config
     add_tracing(app, config.access_log, config.tracing)
-    keys = load_keys(config)  # ConfigError on a bad key file: the proxy does not start
     if keys is not None:
         app[state.KEYS] = keys
     app[state.USAGE] = AccountUsage()
-    app[state.METRICS] = metrics = ProxyMetrics.create()
+    app[state.METRICS] = metrics
     app[state.GRAMMARS] = GrammarGate(config.grammars)
     app[state.RESERVATIONS] = ClientReservations()
     app[state.STRUCTURED] = GrammarLedger(
@@ -341,6 +348,7 @@ def create_app(config: ProxyConfig) -> web.Application:
     app[state.SHARING] = SharedPrefixes(config.share_min_clients, config.share_cache_bytes // 2)
     app[state.OWN] = OwnPrefixes(config.share_cache_bytes // 2)
     metrics.registry.register(CacheCollector(lambda: cache_stats(app)))
+    metrics.registry.register(AccountCollector(lambda: account_holdings(app)))
     app.on_shutdown.append(log_drain)
     app.cleanup_ctx.extend(
         [parser_ctx, backend_ctx, tokenizer_ctx, control_ctx, admission_ctx, health_ctx, ready_ctx]

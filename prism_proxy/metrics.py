@@ -57,6 +57,9 @@ class ProxyMetrics:
     token_path_open: Gauge
     sessions_retained: Gauge
     prefill_pieces: Counter
+    # per account (issue 36, `edge.account_metrics`); its gauges: `AccountCollector`
+    account_requests: Counter
+    account_tokens: Counter
     _children: dict[tuple[Any, tuple[str, ...]], Any] = field(default_factory=dict)
 
     def child(self, metric: Counter | Histogram, *values: str) -> Any:
@@ -205,6 +208,21 @@ class ProxyMetrics:
                 "Paused agent sessions DART keeps for their client (retention earned by returns)",
                 registry=r,
             ),
+            account_requests=Counter(
+                "prism:account_requests",
+                "Finished requests of the generating endpoints by account (API key name; "
+                "'addr' for all clients without keys; '(unauthenticated)' for 401s), HTTP "
+                "status and, for 429s, the limit that refused them",
+                ["account", "status", "limit"],
+                registry=r,
+            ),
+            account_tokens=Counter(
+                "prism:account_tokens",
+                "Tokens of the answers of an account as the engine reported them, by kind "
+                "(prompt, completion)",
+                ["account", "kind"],
+                registry=r,
+            ),
             extraction=Counter(
                 "prism:extraction",
                 "Requests by where their segments came from: hints, documents found in the "
@@ -250,3 +268,33 @@ class CacheCollector(Collector):
                 hits.add_metric([cache], stats["hits"])
                 misses.add_metric([cache], stats["misses"])
         yield from (hits, misses, entries, held, capacity)
+
+
+AccountHoldings = Mapping[str, tuple[int, int]]  # account label -> (in flight, queued)
+
+
+class AccountCollector(Collector):
+    """Each account's requests in flight and queued, read when Prometheus scrapes (no
+    cost per request; `edge.account_metrics.account_holdings`). Labels as
+    `prism:account_requests`: bounded by the key file, or the one `addr` without keys."""
+
+    def __init__(self, holdings: Callable[[], AccountHoldings]) -> None:
+        self._holdings = holdings
+
+    def collect(self) -> Iterator[Metric]:
+        label = ["account"]
+        inflight = GaugeMetricFamily(
+            "prism:account_inflight_requests",
+            "Requests of an account from their headers to their answer (POST: the "
+            "generating endpoints), queued or at the engine",
+            labels=label,
+        )
+        queued = GaugeMetricFamily(
+            "prism:account_queued_requests",
+            "Requests of an account waiting in QAS for release",
+            labels=label,
+        )
+        for account, (open_requests, queued_requests) in self._holdings().items():
+            inflight.add_metric([account], open_requests)
+            queued.add_metric([account], queued_requests)
+        yield from (inflight, queued)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import resource
 import socket
 import time
@@ -536,3 +537,79 @@ def test_parse_listen(text: str, address: tuple[str, int]) -> None:
 def test_parse_listen_refuses(text: str) -> None:
     with pytest.raises(ConfigError, match="metrics_listen"):
         parse_listen(text)
+
+
+# --- request ids on the server's own answers ----------------------------------------------
+MADE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+async def _answer_of(proxy_url: str, request_bytes: bytes, keep_open: bool) -> Answer:
+    async with connection(proxy_url) as (reader, writer):
+        writer.write(request_bytes)
+        if keep_open:
+            return await read_answer(reader)
+        data, _ = await read_to_close(reader)
+        return parse_answer(data)
+
+
+async def test_every_http_level_answer_carries_a_request_id(sim_url) -> None:
+    """Answers made before a handler runs (or by no handler) carry `x-request-id` as the
+    application's do: a new one where no header of the client's was read (a malformed
+    request, a connection over the cap, headers too slow), the client's where it was."""
+    async with running_proxy(sim_url, max_body_bytes=1000) as proxy:
+        for case, (request_bytes, status) in MALFORMED.items():
+            answer = await _answer_of(proxy.url, request_bytes, keep_open=status in (404, 405))
+            assert answer.status == status, case
+            assert MADE_ID.fullmatch(answer.headers.get("x-request-id", "")), (case, answer)
+        mine = "X-Request-Id: mine-1"
+        cases = {
+            "unknown path": (head("GET", "/nowhere", mine), 404, True),
+            "method": (head("DELETE", CHAT_PATH, mine), 405, True),
+            "expect": (head("POST", CHAT_PATH, mine, "Expect: x", body_bytes=2), 417, False),
+            "expect over the limit": (
+                head("POST", CHAT_PATH, mine, "Expect: 100-continue", body_bytes=5000),
+                413,
+                False,
+            ),
+            "body over the limit": (
+                head("POST", CHAT_PATH, mine, body_bytes=5000) + b"{" * 5000,
+                413,
+                True,
+            ),
+        }
+        for case, (request_bytes, status, keep_open) in cases.items():
+            answer = await _answer_of(proxy.url, request_bytes, keep_open)
+            assert answer.status == status, case
+            assert answer.headers.get("x-request-id") == "mine-1", (case, answer)
+    # the connection cap, and headers not in within their limit: no request was read
+    async with running_proxy(
+        sim_url, max_connections=1, max_client_connections=1, header_timeout_s=0.5
+    ) as proxy:
+        async with connection(proxy.url) as (held_reader, _):
+            await eventually(lambda: open_connections(proxy) == 1)
+            over = await _answer_of(proxy.url, head("GET", "/health", mine), keep_open=False)
+            timed_out = parse_answer((await read_to_close(held_reader))[0])
+        assert over.status == 503 and timed_out.status == 408
+        ids = {over.headers.get("x-request-id"), timed_out.headers.get("x-request-id")}
+        assert all(MADE_ID.fullmatch(i or "") for i in ids) and len(ids) == 2
+
+
+async def test_key_refusals_carry_the_request_id(sim_url) -> None:
+    """401 (no accepted key) and the per-key 429 refused from the headers echo the
+    client's id; a bad one is replaced by a new one."""
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 2}).encode()  # fmt: skip
+
+    def post(key: str, request_id: str) -> bytes:
+        lines = (f"Authorization: Bearer {key}", f"X-Request-Id: {request_id}")
+        return head("POST", CHAT_PATH, *lines, body_bytes=len(chat)) + chat
+
+    async with running_proxy(sim_url, api_keys="sk-good", key_tokens_per_minute=1) as proxy:
+        unknown = await _answer_of(proxy.url, post("sk-bad", "k-1"), keep_open=True)
+        assert unknown.status == 401 and unknown.headers["x-request-id"] == "k-1"
+        first = await _answer_of(proxy.url, post("sk-good", "k-2"), keep_open=True)
+        assert first.status == 200 and first.headers["x-request-id"] == "k-2"
+        over = await _answer_of(proxy.url, post("sk-good", "k-3"), keep_open=True)
+        assert over.status == 429 and over.headers["x-request-id"] == "k-3"
+        unsafe = await _answer_of(proxy.url, post("sk-bad", "a b"), keep_open=True)
+        assert unsafe.status == 401 and MADE_ID.fullmatch(unsafe.headers["x-request-id"])

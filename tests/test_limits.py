@@ -139,3 +139,7 @@ async def test_one_client_past_its_share_gets_429_and_others_are_served() -> Non
         release.set()
         assert (await first)[0] == (await other)[0] == 200
         await eventually(lambda: not set(reservations))
+        # counted per account (without keys, every client is `addr`) with the limit named
+        registry = proxy.app[state.METRICS].registry
+        refused = {"account": "addr", "status": "429", "limit": "max_client_decode_tokens"}
+        assert registry.get_sample_value("prism:account_requests_total", refused) == 1

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture
 
 from loadgen.processes import ServerProcess, run_server
@@ -151,3 +152,179 @@ async def test_steady_key_released_past_a_floods_backlog(
         assert flood_after >= 1, done
     else:
         assert flood_after == 0, done
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The value of the sample `name` with exactly `labels` in Prometheus text (0 when
+    absent: a counter not yet incremented)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+async def _scraped(http: httpx.AsyncClient, check: Callable[[str], bool]) -> str:
+    """Scrape /metrics until `check` holds for its text (the gauges follow requests
+    that the proxy's loop handles between scrapes); the text it held for."""
+    for _ in range(1000):
+        text = (await http.get("/metrics")).text
+        if check(text):
+            return text
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"metrics never matched:\n{text}")
+
+
+async def test_metrics_per_key_follow_requests(
+    proxy_factory: ProxyFactory, tmp_path: object
+) -> None:
+    """Two keys, one request at the engine at a time (B = backstop = 1). `free` holds
+    a long stream; `capped` (max_inflight 1) then queues one request behind it and is
+    refused its second (429 by max_inflight); a wrong key is 401. The per-key series
+    move with each step, and the tokens counted are those of the answers' usage."""
+    path = tmp_path / "keys"  # type: ignore[operator]
+    digest = hashlib.sha256(b"sk-capped").hexdigest()
+    path.write_text(f"sha256:{digest} name=capped max_inflight=1\n")
+    proxy = await proxy_factory(
+        api_keys_file=str(path),
+        api_keys="sk-free",
+        prefill_batch=1,
+        max_inflight=1,
+    )
+    free_name = next(name for name in proxy.app[state.KEYS].accounts if name != "capped")
+
+    def requests(text: str, account: str, status: str, limit: str = "none") -> float:
+        return _sample(
+            text, "prism:account_requests_total", account=account, status=status, limit=limit
+        )
+
+    def holding(text: str, account: str) -> tuple[float, float]:
+        return (
+            _sample(text, "prism:account_inflight_requests", account=account),
+            _sample(text, "prism:account_queued_requests", account=account),
+        )
+
+    async with (
+        _client(proxy.url, "sk-capped") as capped,
+        _client(proxy.url, "sk-free") as free,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as http,
+    ):
+        start = (await http.get("/metrics")).text
+        assert holding(start, "capped") == (0, 0) and holding(start, free_name) == (0, 0)
+        answer = await free.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert answer.usage is not None
+        text = await _scraped(http, lambda t: requests(t, free_name, "200") == 1)
+        tokens = {
+            kind: _sample(text, "prism:account_tokens_total", account=free_name, kind=kind)
+            for kind in ("prompt", "completion")
+        }
+        assert tokens == {
+            "prompt": answer.usage.prompt_tokens,
+            "completion": answer.usage.completion_tokens,
+        }
+        assert requests(text, "capped", "200") == 0
+
+        stream = await free.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=4000, stream=True
+        )
+        await anext(aiter(stream))
+        queued = asyncio.create_task(
+            capped.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        )
+        text = await _scraped(http, lambda t: holding(t, "capped") == (1, 1))
+        assert holding(text, free_name) == (1, 0)
+        with pytest.raises(openai.RateLimitError):
+            await capped.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        async with _client(proxy.url, "sk-wrong") as wrong:
+            with pytest.raises(openai.AuthenticationError):
+                await wrong.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        text = (await http.get("/metrics")).text
+        assert requests(text, "capped", "429", "max_inflight") == 1
+        assert requests(text, "(unauthenticated)", "401") == 1
+
+        await stream.close()
+        assert (await queued).choices[0].finish_reason
+        text = await _scraped(
+            http,
+            lambda t: (
+                requests(t, "capped", "200") == 1
+                and holding(t, "capped") == (0, 0)
+                and holding(t, free_name) == (0, 0)
+            ),
+        )
+        # the stream its client closed counts as 499 (as in prism:requests)
+        assert requests(text, free_name, "499") == 1 and requests(text, free_name, "200") == 1
+
+
+async def test_metrics_without_keys_count_every_client_as_addr(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """Without keys the account label is one value, `addr`, whatever the address."""
+    proxy = await proxy_factory()
+    async with (
+        _client(proxy.url, "unused") as client,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as http,
+    ):
+        answer = await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert answer.usage is not None
+        text = await _scraped(
+            http,
+            lambda t: (
+                _sample(
+                    t, "prism:account_requests_total", account="addr", status="200", limit="none"
+                )
+                == 1
+            ),
+        )
+        assert _sample(text, "prism:account_tokens_total", account="addr", kind="completion") == (
+            answer.usage.completion_tokens
+        )
+        assert _sample(text, "prism:account_inflight_requests", account="addr") == 0
+        accounts = {
+            sample.labels["account"]
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name.startswith("prism:account_")
+        }
+        assert accounts == {"addr"}
+
+
+async def test_metrics_name_the_limit_behind_each_429(proxy_factory: ProxyFactory) -> None:
+    """One request at the engine (B = backstop = 1), one place in QAS's queue, one per
+    key: `a` holds the engine with a stream, `b` takes the queue's one place; `b`'s next
+    is over its own max_queued, `a`'s next finds the proxy's queue full."""
+    proxy = await proxy_factory(
+        api_keys="sk-a,sk-b",
+        prefill_batch=1,
+        max_inflight=1,
+        max_queue=1,
+        key_max_queued=1,
+    )
+    # each key's default account name: key-<first 8 hex digits of its digest>
+    account = {key: "key-" + hashlib.sha256(key).hexdigest()[:8] for key in (b"sk-a", b"sk-b")}
+    async with (
+        _client(proxy.url, "sk-a") as a,
+        _client(proxy.url, "sk-b") as b,
+        httpx.AsyncClient(base_url=proxy.url, timeout=30.0) as http,
+    ):
+        stream = await a.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=4000, stream=True
+        )
+        await anext(aiter(stream))
+        queued = asyncio.create_task(
+            b.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        )
+        await _scraped(
+            http,
+            lambda t: _sample(t, "prism:account_queued_requests", account=account[b"sk-b"]) == 1,
+        )
+        with pytest.raises(openai.RateLimitError):
+            await b.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        with pytest.raises(openai.RateLimitError):
+            await a.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        text = (await http.get("/metrics")).text
+        name = "prism:account_requests_total"
+        assert _sample(text, name, account=account[b"sk-b"], status="429", limit="max_queued") == 1
+        assert _sample(text, name, account=account[b"sk-a"], status="429", limit="max_queue") == 1
+        await stream.close()
+        assert (await queued).choices[0].finish_reason

@@ -206,6 +206,10 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
         assert status == 400 and answer["error"]["param"] == "sampling_params.json_schema"
         assert "max_schema_bytes" in answer["error"]["message"]
         assert len(seen) == sent + 5  # none of the refused reached the engine
+        # both 429s counted per account (without keys, every client is `addr`)
+        refused = {"account": "addr", "status": "429", "limit": "grammars"}
+        registry = proxy.app[state.METRICS].registry
+        assert registry.get_sample_value("prism:account_requests_total", refused) == 2
 
 
 async def test_a_fleet_with_the_same_new_schema_compiles_it_once_and_none_is_refused() -> None:

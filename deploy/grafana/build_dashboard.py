@@ -221,6 +221,58 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
+        "Accounts (API keys; without keys every client is one account, addr)",
+        (
+            Panel(
+                "Requests by account and status",
+                "reqps",
+                (
+                    (
+                        "{{account}} {{status}}",
+                        f"sum by (account, status) (rate(prism:account_requests_total[{RATE}]))",
+                    ),
+                ),
+                "Finished requests of the generating endpoints (docs/keys.md, metrics per"
+                " account); (unauthenticated) is the 401s.",
+                stacked=True,
+            ),
+            Panel(
+                "429s by account and limit",
+                "reqps",
+                (
+                    (
+                        "{{account}} {{limit}}",
+                        "sum by (account, limit) (rate(prism:account_requests_total"
+                        f'{{status="429"}}[{RATE}]))',
+                    ),
+                ),
+                "Which limit refused them: max_inflight, tokens_per_minute, max_queued"
+                " (the key's), max_queue (the proxy's), max_client_decode_tokens, grammars.",
+                stacked=True,
+            ),
+            Panel(
+                "Tokens by account (tokens/s)",
+                "short",
+                (
+                    (
+                        "{{account}} {{kind}}",
+                        f"sum by (account, kind) (rate(prism:account_tokens_total[{RATE}]))",
+                    ),
+                ),
+                "Prompt and completion tokens of the answers, as the engine reported them.",
+            ),
+            Panel(
+                "In flight and queued by account",
+                "short",
+                (
+                    ("{{account}} in flight", "sum by (account) (prism:account_inflight_requests)"),
+                    ("{{account}} queued", "sum by (account) (prism:account_queued_requests)"),
+                ),
+                "In flight: from headers to answer (queued included); queued: waiting in QAS.",
+            ),
+        ),
+    ),
+    (
         "Control RPC and DART",
         (
             Panel(

@@ -25,6 +25,7 @@ accounts are swept first.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MAX_ACCOUNTS = 65_536
@@ -46,6 +47,7 @@ class Refusal:
 
     message: str
     retry_after_s: int
+    limit: str  # the setting that refused it: max_inflight, max_queued, tokens_per_minute
 
 
 @dataclass(slots=True)
@@ -84,6 +86,7 @@ class AccountUsage:
                 f"this API key has {use.open} requests in flight, its limit "
                 f"(max_inflight {limits.max_inflight})",
                 retry_after_s,
+                "max_inflight",
             )
         if limits.tokens_per_minute:
             level = self._refill(use, limits.tokens_per_minute, now)
@@ -94,6 +97,7 @@ class AccountUsage:
                     f"this API key used its tokens per minute (tokens_per_minute "
                     f"{limits.tokens_per_minute}); retry in {wait_s} s",
                     wait_s,
+                    "tokens_per_minute",
                 )
         use.open += 1
         return None
@@ -108,6 +112,7 @@ class AccountUsage:
                 f"this API key has {use.queued} requests queued, its limit "
                 f"(max_queued {limits.max_queued})",
                 retry_after_s,
+                "max_queued",
             )
         use.queued += 1
         return None
@@ -141,6 +146,12 @@ class AccountUsage:
         """(in flight, queued) of `account`."""
         use = self._use.get(account)
         return (0, 0) if use is None else (use.open, use.queued)
+
+    def holdings(self) -> Iterator[tuple[str, int, int]]:
+        """(account, in flight, queued) of every account the table holds (at most
+        `MAX_ACCOUNTS`)."""
+        for account, use in self._use.items():
+            yield account, use.open, use.queued
 
     def __len__(self) -> int:
         return len(self._use)

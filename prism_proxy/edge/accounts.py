@@ -23,7 +23,7 @@ from aiohttp import web
 from prism_proxy.config import ConfigError, ProxyConfig
 from prism_proxy.edge import state
 from prism_proxy.edge.account_limits import Limits, Refusal
-from prism_proxy.edge.errors import ENDPOINT, ApiError
+from prism_proxy.edge.errors import ENDPOINT, REFUSED_BY, ApiError
 from prism_proxy.edge.keys import Account, KeyFileError, KeyTable, parse_env_keys, parse_key_file
 from prism_proxy.edge.keys import presented_key as _presented_key
 
@@ -38,6 +38,10 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/generate": "generate",
+    "/v1/responses": "responses",
+    "/v1/embeddings": "embeddings",
+    "/v1/tokenize": "tokenize",
+    "/v1/detokenize": "detokenize",
 }
 INVALID_KEY = (
     "Incorrect API key provided: send a key this proxy accepts as "
@@ -114,7 +118,9 @@ def weight_of(table: KeyTable | None) -> Any:
     return weight
 
 
-def refused(refusal: Refusal) -> ApiError:
+def refused(request: web.Request, refusal: Refusal) -> ApiError:
+    """The 429 of a request over one of its account's limits (named for the metrics)."""
+    request[REFUSED_BY] = refusal.limit
     return ApiError(
         429,
         refusal.message,
@@ -169,7 +175,7 @@ async def account_middleware(request: web.Request, handler: Any) -> web.StreamRe
     refusal = usage.open(name, limits_of(request), time.monotonic(), retry_after_s)
     if refusal is not None:
         _count_refusal(request)
-        raise refused(refusal)
+        raise refused(request, refusal)
     try:
         return await handler(request)
     finally:

@@ -25,7 +25,7 @@ from prism_proxy.api.costs import PromptSize
 from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import state, tracing
 from prism_proxy.edge.accounts import client_key, limits_of, refused
-from prism_proxy.edge.errors import LANE, ApiError, backend_failure
+from prism_proxy.edge.errors import LANE, REFUSED_BY, ApiError, backend_failure
 from prism_proxy.memory import release_free_memory
 from prism_proxy.prompts.jobs import PromptError, TokenJob
 from prism_proxy.qas.types import QueuedRequest
@@ -159,7 +159,7 @@ class Admitted:
         retry_after_s = request.app[state.CONFIG].retry_after_s
         refusal = usage.queue(account, limits_of(request), time.monotonic(), retry_after_s)
         if refusal is not None:
-            raise refused(refusal)
+            raise refused(request, refusal)
         admission = self._admission
         tracing.queued(request)
         try:
@@ -197,5 +197,7 @@ class Admitted:
 
     def _raise_mapped(self, exc: BaseException) -> None:
         error = _admission_error(exc, self._request.app[state.CONFIG].retry_after_s)
+        if isinstance(exc, QueueFullError):
+            self._request[REFUSED_BY] = "max_queue"
         if error is not None:
             raise error from None

@@ -164,6 +164,10 @@ STATUS = web.RequestKey("status", int)  # overrides the HTTP status for metrics
 STARTED = web.RequestKey("started", float)
 
 
+# The setting whose limit refused a request with 429 (`prism:account_requests`' `limit`).
+REFUSED_BY = web.RequestKey("refused_by", str)
+
+
 CLIENT_CLOSED = 499  # metrics status of requests whose client went away
 
 

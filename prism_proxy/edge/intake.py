@@ -20,7 +20,7 @@ from prism_proxy.config import ProxyConfig
 from prism_proxy.edge import state
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.bodies import BodyError, Caps, check_counts
-from prism_proxy.edge.errors import ApiError
+from prism_proxy.edge.errors import REFUSED_BY, ApiError
 from prism_proxy.edge.limits import (
     EngineSize,
     LimitError,
@@ -212,6 +212,7 @@ class DecodeShare:
         self._tokens = reserved_tokens(ask, engine)
         limit = client_limit(config.max_client_decode_tokens, engine)
         if not request.app[state.RESERVATIONS].hold(self._client, self._tokens, limit):
+            request[REFUSED_BY] = "max_client_decode_tokens"
             raise ApiError(
                 429,
                 f"this client's requests in flight already hold its share of forced or "

@@ -13,6 +13,7 @@ from typing import Protocol
 from aiohttp import web
 
 from prism_proxy.edge import state, tracing
+from prism_proxy.edge.account_metrics import count_tokens
 from prism_proxy.edge.accounts import charge
 from prism_proxy.edge.assemble import AnswerTooLarge
 from prism_proxy.edge.errors import ApiError
@@ -79,3 +80,4 @@ def record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> 
     metrics.child(metrics.prompt_tokens, lane).inc(usage.prompt_tokens)
     metrics.child(metrics.cached_tokens, lane).inc(usage.cached_tokens)
     charge(request, usage.prompt_tokens + usage.completion_tokens)
+    count_tokens(request, usage)

@@ -8,7 +8,9 @@ policy. One job: what a client connection may do, before and around the handlers
   newcomer holding fewer;
 * HTTP/1.0 and 1.1 only; `Expect: 100-continue` with a declared body over the limit gets
   413 at once (no "100 Continue"), other `Expect` values 417;
-* every error at this level is OpenAI-style JSON (`errors`).
+* every error at this level is OpenAI-style JSON (`errors`) and carries an
+  `x-request-id` (the client's when its headers were read and it is safe, else a new
+  one; `edge.tracing`), as the application's answers do.
 
 How it attaches to aiohttp 3.14: `ProxyRunner` (`edge.runner`) is an `AppRunner` whose
 server (its `_make_server`) is a `ProxyServer` (a `web.Server`). That builds one
@@ -38,12 +40,41 @@ from prism_proxy.edge.clock import ConnectionClock, Expiry
 from prism_proxy.edge.connection_policy import MAX_LINGERING, ConnectionPolicy
 from prism_proxy.edge.connections import ClientConnections
 from prism_proxy.edge.errors import RequestTimeout, error_response, parser_error, raw_error
+from prism_proxy.edge.tracing import REQUEST_ID_HEADER, TRACE, new_request_id, request_id_of
 
 log = logging.getLogger(__name__)
 
 BODY_GRACE_S = 1.0  # a handler's time to answer 408 once its body read failed
 REJECT_LINGER_S = 1.0  # a refused connection reads (and drops) input this long, then closes
 HEAD_SNIFF_BYTES = 8192  # bytes of a pending head kept to tell an HTTP/0.9 line
+
+
+class RawAnswer:
+    """An error answer the protocol writes itself (`errors.raw_error`), before or
+    without a request object: over a connection cap, at the header limit, another HTTP
+    version. Built once; each copy carries its own `x-request-id`."""
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(
+        self, status: int, message: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        marker = "-" * 32  # never a made id (hex digits)
+        whole = raw_error(status, message, {**(headers or {}), REQUEST_ID_HEADER: marker})
+        self._head, _, self._tail = whole.partition(marker.encode())
+
+    def render(self, request_id: str | None = None) -> bytes:
+        """The answer with `request_id` (a new one when None)."""
+        return self._head + (request_id or new_request_id()).encode() + self._tail
+
+
+def answer_request_id(request: web.BaseRequest) -> str:
+    """The id of a request answered outside the application (or past it): its trace's
+    when the tracing middleware ran, else the client's when safe, else a new one."""
+    trace = request.get(TRACE)
+    if trace is not None:
+        return trace.request_id
+    return request_id_of(request.headers.get(REQUEST_ID_HEADER))
 
 
 def answerable(head: bytes) -> bool:
@@ -190,7 +221,9 @@ class ProxyProtocol(web_protocol.RequestHandler):
         text = None
         if status == 400 and exc is not None:
             status, text = parser_error(exc, self.max_line_size)
-        return error_response(status, text, close=True)
+        return error_response(
+            status, text, headers={REQUEST_ID_HEADER: answer_request_id(request)}, close=True
+        )
 
     # --- the gate's calls ---------------------------------------------------------------
     def begin(self, request: web.BaseRequest) -> None:
@@ -226,7 +259,7 @@ class ProxyProtocol(web_protocol.RequestHandler):
         self._rejected = True
         server = self._proxy_server
         server.note_refusal(cap)
-        conn.write(server.over_cap_answer)
+        conn.write(server.over_cap_answer.render())
         if server.lingering >= MAX_LINGERING or not conn.can_write_eof():
             conn.close()
             return
@@ -294,7 +327,7 @@ class ProxyProtocol(web_protocol.RequestHandler):
             and not self.writing_paused
             and answerable(self._head)
         ):
-            conn.write(self._proxy_server.header_timeout_answer)
+            conn.write(self._proxy_server.header_timeout_answer.render())
         self._close_now()
 
     def _fail_body_read(self) -> bool:
@@ -351,9 +384,9 @@ class ProxyServer(web.Server):
         self.lingering = 0
         self._refusal_logged_at = {"proxy": -math.inf, "client": -math.inf}
         retry_after = {"Retry-After": str(policy.retry_after_s)}
-        self.over_cap_answer = raw_error(503, "too many connections; retry later", retry_after)
-        self.version_answer = raw_error(505)
-        self.header_timeout_answer = raw_error(
+        self.over_cap_answer = RawAnswer(503, "too many connections; retry later", retry_after)
+        self.version_answer = RawAnswer(505)
+        self.header_timeout_answer = RawAnswer(
             408, f"request headers not received within {policy.limits.header_s:g} s"
         )
 
@@ -394,6 +427,7 @@ class ProxyServer(web.Server):
         refusal = self._refusal(request)
         if refusal is not None:
             protocol.close_after_response()
+            refusal.headers[REQUEST_ID_HEADER] = answer_request_id(request)
             return refusal
         protocol.begin(request)
         try:
@@ -423,6 +457,6 @@ class ProxyServer(web.Server):
         # version); HTTP/0.9 gets nothing, its client could not read an HTTP/1.x answer.
         protocol = request.protocol
         if version > HttpVersion11 and protocol.transport is not None:
-            protocol.transport.write(self.version_answer)
+            protocol.transport.write(self.version_answer.render(answer_request_id(request)))
         protocol.force_close()
         return web.Response()  # never written: the connection is closed

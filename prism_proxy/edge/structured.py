@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from prism_proxy.api.structured import EngineGrammar, engine_grammars
 from prism_proxy.edge import state
 from prism_proxy.edge.accounts import client_key
-from prism_proxy.edge.errors import ApiError
+from prism_proxy.edge.errors import REFUSED_BY, ApiError
 
 
 def check_sizes(grammars: Sequence[EngineGrammar], limit_bytes: int) -> None:
@@ -54,7 +54,7 @@ class GrammarShare:
     request that arrives meanwhile). Nothing is held for a request without new
     grammars; leaving the block normally marks its grammars compiled."""
 
-    __slots__ = ("_client", "_compiled", "_keys", "_ledger", "_new", "_retry_after_s")
+    __slots__ = ("_client", "_compiled", "_keys", "_ledger", "_new", "_request", "_retry_after_s")
 
     def __init__(self, request: web.Request, body: BaseModel, raw: dict) -> None:
         config = request.app[state.CONFIG]
@@ -64,6 +64,7 @@ class GrammarShare:
         self._ledger = request.app[state.STRUCTURED]
         self._compiled = request.app[state.COMPILED]
         self._client = client_key(request)
+        self._request = request
         self._retry_after_s = config.retry_after_s
         self._new: list[bytes] = []
 
@@ -79,6 +80,7 @@ class GrammarShare:
             refusal = ledger.admit(self._client, new, time.monotonic())
             if refusal is not None:
                 retry_after = max(self._retry_after_s, math.ceil(refusal.retry_after_s))
+                self._request[REFUSED_BY] = "grammars"
                 raise ApiError(
                     429,
                     refusal.message,

@@ -3,8 +3,9 @@
 * **Request id**: a client's `x-request-id` when it is safe (at most
   `MAX_REQUEST_ID_CHARS` of `[A-Za-z0-9._:/+=@-]`), else a new one (32 hex digits, as
   `uuid4().hex`). It is echoed on every response of the application (errors and streams
-  too), set on the log records made while the request runs (`record.request_id`), and
-  sent to the engine as `x-request-id`. The engine's `rid` stays the proxy's own
+  too) and on the HTTP server's own answers (`edge.server`), set on the log records
+  made while the request runs (`record.request_id`), and sent to the engine as
+  `x-request-id`. The engine's `rid` stays the proxy's own
   (`admit.new_rid`): SGLang needs it unique, and a client's could abort others'.
 * **Trace context**: a valid W3C `traceparent` (and its `tracestate`) goes on to the
   engine (SGLang started with `--enable-trace` reads both from its request headers);

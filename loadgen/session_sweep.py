@@ -200,13 +200,18 @@ def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
         if engine == "real"
         else "in the twin"
     )
+    tools = (
+        f"tool durations lognormal (median {base.tool_median_s} s, σ {base.tool_sigma}) × "
+        f"tool scale, outputs lognormal (median {base.output_median_tokens} tokens)"
+        if base.tool_model == "independent"
+        else "tools behave like their kind (`tool_model` by_tool: lookup, write, search, "
+        "code, human; `loadgen.session_trace.TOOL_KINDS`) × tool scale"
+    )
     lines = [
         f"# agent_sessions {where}",
         "",
         f"Trace: {base.num_sessions} sessions, seed {seed}, calls {base.min_calls}–"
-        f"{base.max_calls}, tool durations lognormal (median {base.tool_median_s} s, "
-        f"σ {base.tool_sigma}) × tool scale, outputs lognormal (median "
-        f"{base.output_median_tokens} tokens).",
+        f"{base.max_calls}, {tools}.",
         "",
     ]
     points: dict[tuple[float, float, float], list[dict[str, Any]]] = {}

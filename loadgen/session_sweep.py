@@ -66,6 +66,7 @@ def _lines(pool: int) -> dict[str, Line]:
     prism = TwinSetup(policy="prism", eviction="dart", qas=full, kv_capacity_tokens=pool)
     on = SessionFeatures(detect=True, retain=True)
     native = TwinSetup(policy=None, eviction="lru", kv_capacity_tokens=pool)
+    returns = replace(on, params=TableParams(rank="predicted"))
     return {
         "sglang-lru": (native, None),
         "sglang-lpm": (replace(native, schedule_policy="lpm"), None),
@@ -78,7 +79,8 @@ def _lines(pool: int) -> dict[str, Line]:
         ),
         "prism": (prism, None),
         "prism+sessions": (prism, on),
-        "prism+sessions+returns": (prism, replace(on, params=TableParams(rank="predicted"))),
+        "prism+sessions+returns": (prism, returns),
+        "prism+sessions+returns+precedence": (replace(prism, qas=precedence), returns),
         "prism+sessions/lru": (replace(prism, eviction="lru"), on),
         "prism+sessions+precedence": (replace(prism, qas=precedence), on),
         "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),

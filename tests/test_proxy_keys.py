@@ -14,7 +14,7 @@ import pytest
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture
 
 from loadgen.processes import ServerProcess, run_server
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ async def test_per_key_in_flight_limit_is_429_with_retry_after(
     digest = hashlib.sha256(b"sk-capped").hexdigest()
     path.write_text(f"sha256:{digest} name=capped max_inflight=1\n")
     proxy = await proxy_factory(api_keys_file=str(path), api_keys="sk-free")
-    usage = proxy.app[state.USAGE]
+    usage = proxy.app[GATEWAY].usage
     async with _client(proxy.url, "sk-capped") as capped, _client(proxy.url, "sk-free") as free:
         stream = await capped.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=4000, stream=True
@@ -130,7 +130,7 @@ async def test_steady_key_released_past_a_floods_backlog(
         max_inflight=1,
         fair_share=fair_share,
     )
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     done: list[str] = []
 
     async def ask(client: openai.AsyncOpenAI, name: str, max_tokens: int) -> None:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from prism_proxy.admission.core import PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, PushFn
 from prism_proxy.admission.sessions import Push, RetainPush, SessionKeeper
 from prism_proxy.api.grammars.gate import GrammarGate
@@ -37,9 +36,8 @@ from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.prompts.sharing import OwnPrefixes, SharedPrefixes
 from prism_proxy.prompts.tool_results import ToolResults
-from prism_proxy.qas.policies import SchedulingPolicy, make_policy
-from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import PendingResidency, ResidentSegments, UnionResidency
+from prism_proxy.qas.policies import SchedulingPolicy
+from prism_proxy.scheduling import admission_core, dart_resident_sets
 from prism_tokens.tokenizer import Tokenizer
 
 
@@ -87,30 +85,14 @@ class Gateway:
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
-def scheduling_policy(config: ProxyConfig) -> SchedulingPolicy:
-    """The QAS policy `config` names, with its parameters."""
-    return make_policy(config.policy, config.qas)
-
-
-def prefill_pacing(config: ProxyConfig) -> PrefillPacing:
-    """Prefill pacing as `config` sets it (B and the backstop: None until the engine
-    tells its limits)."""
-    return PrefillPacing(config.prefill_batch, config.max_inflight, config.replicas)
-
-
 def dart_residency(
     policy: SchedulingPolicy, config: ProxyConfig, clients: list[ControlClient]
 ) -> list[ResidencyPoller]:
-    """When prism weighs residency and may ask DART (`--set residency=auto|dart` with a
-    control URL), it reads DART's resident sets (their union, with several replicas)
-    instead of its own cache view, plus what it released that DART has not reported
-    yet (`PendingResidency`)."""
-    if not isinstance(policy, PrismPolicy) or config.qas.w_c <= 0:
+    """DART's resident sets for QAS, when it reads them (`scheduling.dart_resident_sets`),
+    each kept up to date by a poller of its replica's control RPC."""
+    sets = dart_resident_sets(policy, config, len(clients))
+    if not sets:  # QAS reads its own cache view
         return []
-    if not clients or config.residency == "view":
-        return []
-    sets = [ResidentSegments() for _ in clients]
-    policy.residency = PendingResidency(sets[0] if len(sets) == 1 else UnionResidency(sets))
     return [ResidencyPoller(c, resident) for c, resident in zip(clients, sets, strict=True)]
 
 
@@ -148,19 +130,9 @@ def assemble(
     started (the QAS loop and the residency pollers are the caller's tasks)."""
     tokenizer = started.tokenizer_guard.tokenizer
     controls = started.controls
-    policy = scheduling_policy(config)
-    pollers = dart_residency(policy, config, controls)
-    admission = AdmissionController(
-        policy,
-        pacing=prefill_pacing(config),
-        window_s=config.window_s,
-        max_queue=config.max_queue,
-        cold_deadline_s=config.qas.cold_deadline_s,
-        metrics=metrics,
-        on_wave=push_to_all(controls),
-        share_accounts=config.fair_share,
-        account_weight=weight_of(keys),
-    )
+    core = admission_core(config, account_weight=weight_of(keys))
+    pollers = dart_residency(core.policy, config, controls)
+    admission = AdmissionController(core, metrics=metrics, on_wave=push_to_all(controls))
     sessions = None
     if config.sessions:
         sessions = keeper = SessionKeeper(config.session_params(), retain_to_all(controls))

@@ -14,13 +14,11 @@ from prism_proxy.api.costs import PromptSize
 from prism_proxy.edge.admit import make_job, new_rid
 from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import CompletionFormat, answer_format
-from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
-    count_origin,
+    engine_instead,
     hint_prompt,
     serve_one_prompt,
-    token_path_open,
 )
 from prism_proxy.edge.token_path import token_path
 from prism_proxy.prompts.jobs import TokenJob, private_job, segmented_job
@@ -37,18 +35,13 @@ async def _completions(
     raw: dict[str, Any],
     size: PromptSize,
 ) -> web.StreamResponse:
-    if body.passthrough_reason() is not None:
-        forwarded = body.forwarded(raw)
-        count_origin(request, gateway.metrics, "forwarded")
-        group = body.prompt_cache_key or ""
-        return await passthrough(
-            request, gateway, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1, group=group
-        )
-    if not await token_path_open(request, gateway, body.prism is not None):
-        group = body.prompt_cache_key or ""
-        return await passthrough(
-            request, gateway, "/v1/completions", body.forwarded(raw), set_rid=True, group=group
-        )
+    group = body.prompt_cache_key or ""
+    one_rid = (body.n or 1) == 1
+    answer = await engine_instead(
+        request, gateway, body, raw, "/v1/completions", set_rid=one_rid, group=group
+    )
+    if answer is not None:
+        return answer
     prompt = body.single_prompt()
     serializer = gateway.serializer
     finder = DocumentFinder(request, gateway, body.prism is not None)
@@ -81,5 +74,5 @@ async def _completions(
             CompletionFormat, body.rid or rid, "cmpl", body.model, body.include_usage
         ),
         extra_fields=body.generate_fields(),
-        group=body.prompt_cache_key or "",
+        group=group,
     )

@@ -14,13 +14,11 @@ from prism_proxy.api.generate import GenerateRequest
 from prism_proxy.edge.admit import make_job, new_rid
 from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import GenerateFormat, answer_format
-from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
-    count_origin,
+    engine_instead,
     hint_prompt,
     serve_one_prompt,
-    token_path_open,
 )
 from prism_proxy.edge.token_path import token_path
 from prism_proxy.prompts.jobs import PromptError, TokenJob, private_job, segmented_job
@@ -37,12 +35,10 @@ async def _generate(
     raw: dict[str, Any],
     size: PromptSize,
 ) -> web.StreamResponse:
-    if body.passthrough_reason() is not None:
-        count_origin(request, gateway.metrics, "forwarded")
-        return await passthrough(request, gateway, "/generate", body.forwarded(raw), set_rid=False)
-    if not await token_path_open(request, gateway, body.prism is not None):
-        # one prompt (batches are passthrough already), as the client wrote it
-        return await passthrough(request, gateway, "/generate", body.forwarded(raw), set_rid=True)
+    # the engine's own rids name a batch's prompts
+    answer = await engine_instead(request, gateway, body, raw, "/generate", set_rid=False)
+    if answer is not None:
+        return answer
     serializer = gateway.serializer
     finder = DocumentFinder(request, gateway, body.prism is not None)
     hinted = None

@@ -22,6 +22,7 @@ from prism_proxy.edge.admit import prompt_error
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure
 from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
+from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.structured import GrammarShare
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.prompts.jobs import Finding, PromptError, find_documents, hinted_prompt
@@ -123,10 +124,15 @@ class OnePromptBody(Protocol):
     pydantic models)."""
 
     stream: bool
+    prism: PrismHint | None
 
     def prompt_size(self) -> PromptSize: ...
 
     def decode_ask(self) -> DecodeAsk: ...
+
+    def passthrough_reason(self) -> str | None: ...
+
+    def forwarded(self, raw: dict[str, Any]) -> dict[str, Any]: ...
 
 
 B = TypeVar("B", bound=OnePromptBody)
@@ -138,11 +144,19 @@ Serve = Callable[
 async def serve_one_prompt(
     request: web.Request, gateway: Gateway, endpoint: str, model: type[B], serve: Serve[B]
 ) -> web.StreamResponse:
-    """A one-prompt endpoint: its body read and checked (`intake`), its prompt's size
-    checked, then `serve(request, gateway, body, raw, size)` within the request's decode
-    and grammar shares (`DecodeShare`, `GrammarShare`)."""
+    """A one-prompt endpoint: its body read and checked (`intake`), then served within
+    its shares (`serve_within_shares`)."""
     request[ENDPOINT] = endpoint
     body, raw = await read_body(request, gateway, model)
+    return await serve_within_shares(request, gateway, body, raw, serve)
+
+
+async def serve_within_shares(
+    request: web.Request, gateway: Gateway, body: B, raw: dict[str, Any], serve: Serve[B]
+) -> web.StreamResponse:
+    """A checked body (`raw` as validated): its prompt's size checked, then
+    `serve(request, gateway, body, raw, size)` within the request's decode and grammar
+    shares (`DecodeShare`, `GrammarShare`)."""
     size = body.prompt_size()
     check_prompt_size(gateway.config, size)
     async with (
@@ -150,3 +164,28 @@ async def serve_one_prompt(
         GrammarShare(request, gateway, body, raw),
     ):
         return await serve(request, gateway, body, raw, size)
+
+
+async def engine_instead(
+    request: web.Request,
+    gateway: Gateway,
+    body: OnePromptBody,
+    raw: dict[str, Any],
+    path: str,
+    *,
+    set_rid: bool,
+    group: str = "",
+) -> web.StreamResponse | None:
+    """The answer of the engine's own endpoint `path` when a one-prompt request goes
+    there: what only the engine serves (with a rid of the proxy's when `set_rid`), or
+    any request while the token path is closed to it (`token_path_open`). None: the
+    request takes the token path."""
+    if body.passthrough_reason() is not None:
+        count_origin(request, gateway.metrics, "forwarded")
+        forwarded = body.forwarded(raw)
+        return await passthrough(request, gateway, path, forwarded, set_rid=set_rid, group=group)
+    if not await token_path_open(request, gateway, body.prism is not None):
+        # one prompt (batches went the first way), as the client wrote it
+        forwarded = body.forwarded(raw)
+        return await passthrough(request, gateway, path, forwarded, set_rid=True, group=group)
+    return None

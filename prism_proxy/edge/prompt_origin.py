@@ -144,19 +144,11 @@ Serve = Callable[
 async def serve_one_prompt(
     request: web.Request, gateway: Gateway, endpoint: str, model: type[B], serve: Serve[B]
 ) -> web.StreamResponse:
-    """A one-prompt endpoint: its body read and checked (`intake`), then served within
-    its shares (`serve_within_shares`)."""
+    """A one-prompt endpoint: its body read and checked (`intake`), its prompt's size
+    checked, then `serve(request, gateway, body, raw, size)` within the request's decode
+    and grammar shares (`DecodeShare`, `GrammarShare`)."""
     request[ENDPOINT] = endpoint
     body, raw = await read_body(request, gateway, model)
-    return await serve_within_shares(request, gateway, body, raw, serve)
-
-
-async def serve_within_shares(
-    request: web.Request, gateway: Gateway, body: B, raw: dict[str, Any], serve: Serve[B]
-) -> web.StreamResponse:
-    """A checked body (`raw` as validated): its prompt's size checked, then
-    `serve(request, gateway, body, raw, size)` within the request's decode and grammar
-    shares (`DecodeShare`, `GrammarShare`)."""
     size = body.prompt_size()
     check_prompt_size(gateway.config, size)
     async with (

@@ -16,7 +16,8 @@ A prompt is *long* when more of it is uncached than one piece (the engine's pref
 step by default); past two pieces it is cut. Two rules keep the engine's queue short:
 
 * **turns**: at most one long prompt per engine replica at the engine at a time
-  (`PrefillTurns`), given in release order, so long prompts finish one after another
+  (`PrefillTurns`), first come first served (in the order released prompts ask for
+  one), so long prompts finish one after another
   instead of all together at the end (SGLang prefills one chunked prompt at a time
   anyway);
 * **parked**: a long prompt waiting for its turn is not *pending prefill* (it holds

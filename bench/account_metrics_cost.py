@@ -19,7 +19,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from prism_proxy.edge import state
 from prism_proxy.edge.account_metrics import account_metrics_middleware, count_tokens
 from prism_proxy.edge.accounts import ACCOUNT
 from prism_proxy.edge.errors import ENDPOINT
@@ -33,7 +32,6 @@ USAGE = TokenUsage(prompt_tokens=812, completion_tokens=24, cached_tokens=0)
 async def per_request_us(line: str, requests: int) -> float:
     metrics = ProxyMetrics.create()
     app = web.Application()
-    app[state.METRICS] = metrics
     request = make_mocked_request("POST", "/v1/chat/completions", app=app)
     request[ENDPOINT] = "chat"
     if line == "keys":
@@ -42,7 +40,7 @@ async def per_request_us(line: str, requests: int) -> float:
 
     async def handler(_: web.Request) -> web.StreamResponse:
         if line != "bare":
-            count_tokens(request, USAGE)
+            count_tokens(request, metrics, line == "keys", USAGE)
         return answer
 
     call: Any = handler

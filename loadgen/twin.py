@@ -34,14 +34,14 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from backend_plugin.dart.priority import PriorityUpdate
 from loadgen.apis import chat_messages, client_order_ids, token_job
 from loadgen.summary import RequestRecord, summarize
 from loadgen.trace_format import Trace, TraceRequest
-from prism_proxy.admission.core import AdmissionCore, BackendLimits, PrefillPacing, Wave
+from prism_proxy.admission.core import AdmissionCore, BackendLimits, Wave
 from prism_proxy.config import ProxyConfig
 from prism_proxy.prompts.conversation import chat_job
 from prism_proxy.prompts.evidence import BlockEvidence
@@ -49,9 +49,8 @@ from prism_proxy.prompts.jobs import TokenJob
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.prompts.tool_results import ToolResults, arrange_tool_messages
 from prism_proxy.qas.params import QasParams
-from prism_proxy.qas.policies import make_policy
-from prism_proxy.qas.prism import PrismPolicy
-from prism_proxy.qas.residency import PendingResidency, ResidentSegments, residency_source
+from prism_proxy.qas.residency import ResidentSegments, residency_source
+from prism_proxy.scheduling import admission_core, dart_resident_sets
 from prism_sim.engine import EngineCore, SimConfig
 from prism_sim.native_api import batch_limits
 from prism_sim.request import SimRequest
@@ -94,6 +93,20 @@ class TwinSetup:
             radix_eviction_policy_config=self.eviction_config,
         )
 
+    def proxy_config(self) -> ProxyConfig:
+        """The proxy's settings this run stands for (`policy` set): its defaults with
+        this run's policy, QAS parameters, pacing, round window and protect."""
+        assert self.policy is not None
+        return replace(
+            PROXY_DEFAULTS,
+            policy=self.policy,
+            qas=self.qas,
+            prefill_batch=self.prefill_batch,
+            max_inflight=self.max_inflight,
+            window_ms=self.window_s * 1000.0,
+            protect=self.protect,
+        )
+
 
 PROXY_DEFAULTS = ProxyConfig(backend="http://twin")  # the proxy's settings at their defaults
 
@@ -122,23 +135,18 @@ class Twin:
         self.evidence = BlockEvidence(PROXY_DEFAULTS.evidence_cache_bytes)
         self.tool_results = ToolResults(PROXY_DEFAULTS.evidence_cache_bytes)
         self.core: AdmissionCore | None = None
-        if setup.policy is not None:
-            self.core = AdmissionCore(
-                make_policy(setup.policy, setup.qas),
-                PrefillPacing(setup.prefill_batch, setup.max_inflight),
-                window_s=setup.window_s,
-                max_queue=max_queue or len(trace.requests) + 1,
-                cold_deadline_s=setup.qas.cold_deadline_s,
-            )
-            self.core.learn_backend(BackendLimits.from_server_info(batch_limits(self.scheduler)))
         dart = getattr(self.engine.extension, "core", None)
         self.dart = dart if setup.policy == "prism" else None  # only prism pushes P̂_t
         self.resident: ResidentSegments | None = None
         self._next_poll = 0.0
-        policy = self.core.policy if self.core is not None else None
-        if self.dart is not None and isinstance(policy, PrismPolicy) and setup.qas.w_c > 0:
-            self.resident = ResidentSegments()  # as the proxy with DART
-            policy.residency = PendingResidency(self.resident, clock=lambda: self.now)
+        if setup.policy is not None:
+            config = setup.proxy_config()
+            # the proxy's own assembly (`prism_proxy.scheduling`), with the modeled clock
+            self.core = admission_core(config, max_queue=max_queue or len(trace.requests) + 1)
+            self.core.learn_backend(BackendLimits.from_server_info(batch_limits(self.scheduler)))
+            sources = 1 if self.dart is not None else 0  # as the proxy with DART
+            sets = dart_resident_sets(self.core.policy, config, sources, clock=lambda: self.now)
+            self.resident = sets[0] if sets else None
         self.epoch = 0
         self.tracked: dict[str, _Tracked] = {}
         self.waves: list[int] = []

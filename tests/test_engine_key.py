@@ -20,7 +20,7 @@ from proxy_support import loopback_app, running_proxy
 
 from prism_proxy.config import ConfigError
 from prism_proxy.config_sources import build_config, parse_serve_args
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_sim.engine import SimConfig
 from prism_sim.server import create_app
 
@@ -145,7 +145,7 @@ async def test_every_path_carries_the_engines_key_and_never_the_clients(engine: 
         assert refused.status_code == 401, refused.text
 
     async with running_proxy(engine, engine_api_key=KEY) as proxy:
-        guard = proxy.app[state.TOKENIZER_GUARD]
+        guard = proxy.app[GATEWAY].tokenizer_guard
         assert guard.tokenizer is not None  # the start's checks were answered
         async with openai.AsyncOpenAI(
             base_url=proxy.url + "/v1", api_key=CLIENT_KEY, max_retries=0

@@ -61,7 +61,7 @@ from openai.types.responses import ResponseFunctionToolCall
 from proxy_support import ProxyFactory, metric_total, proxy_factory_fixture, sim_server
 
 from prism_proxy.app import RunningProxy
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -546,7 +546,7 @@ async def test_openai_agents_search_tool_history_stays_cached(
     for earlier, later in itertools.pairwise(calls):
         cached = later.usage.input_tokens_details.cached_tokens
         assert cached >= earlier.usage.input_tokens > 0, (earlier.usage, later.usage)
-    stats = proxy.app[state.TOOL_RESULTS].stats()
+    stats = proxy.app[GATEWAY].tool_results.stats()
     # each result arranged when first sent; the first, re-sent in the third call,
     # served as before
     assert stats["arranged"] == 2 and stats["repeated"] == 1, stats

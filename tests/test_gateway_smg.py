@@ -27,7 +27,7 @@ from loadgen.routing import ROUTING_KEY_HEADER, routing_headers
 from loadgen.scale_out import gateway as smg_gateway
 from loadgen.smg_ring import SmgRing
 from prism_proxy.app import RunningProxy, start_proxy
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 REPLICAS = 3
 SIM_ARGS = ["--speed", "50", "--log-level", "warning"]
@@ -45,7 +45,7 @@ def sims(tmp_path_factory) -> Iterator[list[ServerProcess]]:
 
 
 def served(proxy: RunningProxy) -> float:
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     return sum(
         sample.value
         for metric in registry.collect()

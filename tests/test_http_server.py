@@ -23,8 +23,8 @@ from proxy_support import eventually, loopback_app, running_proxy
 from prism_proxy.app import RunningProxy
 from prism_proxy.config import ConfigError, parse_listen
 from prism_proxy.edge import server as http_server
-from prism_proxy.edge import state
 from prism_proxy.edge.connection_policy import FD_SLACK, fd_budget
+from prism_proxy.edge.gateway import GATEWAY
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app
 from prism_tokens.tokenizer import load_tokenizer
@@ -134,12 +134,12 @@ def head(method: str, path: str, *extra: str, body_bytes: int | None = None) -> 
 
 
 def gauges_zero(proxy: RunningProxy) -> bool:
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     return admission.queue_depth == 0 and admission.inflight == 0
 
 
 def requests_counted(proxy: RunningProxy, status: int, lane: str = "none") -> float:
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     labels = {"endpoint": "chat", "lane": lane, "status": str(status)}
     return registry.get_sample_value("prism:requests_total", labels) or 0.0
 
@@ -241,7 +241,7 @@ async def test_unread_stream_is_aborted(sim_url) -> None:
     connection is cut, the backend request aborted, and the gauges return to 0."""
     limit_s = 1.0
     async with running_proxy(sim_url, send_timeout_s=limit_s) as proxy:
-        backend = proxy.app[state.BACKEND]
+        backend = proxy.app[GATEWAY].backend
         body = json.dumps(
             {"model": "m", "messages": [{"role": "user", "content": "hi"}],
              "max_tokens": 20000, "stream": True}

@@ -21,7 +21,7 @@ from backend_plugin.config import ControlConfig, ControlConfigError
 from backend_plugin.control_rpc import create_control_app
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.priority import MAX_EPOCH
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.sharing import tenant_key
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app
@@ -84,7 +84,7 @@ async def test_proxy_answers_bad_input_with_a_named_400(sim_url, path, data, par
             body = await response.json()
             assert response.status == 400, body
             assert body["error"]["param"] == param, body
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
         assert admission.queue_depth == 0 and admission.inflight == 0
 
 
@@ -111,7 +111,7 @@ async def test_prompt_over_the_limit_is_413_and_nothing_is_queued(sim_url) -> No
             async with http.post(proxy.url + path, json=body) as response:
                 assert response.status == 413, (path, await response.text())
                 assert (await response.json())["error"]["param"] == "prompt"
-        assert proxy.app[state.ADMISSION].inflight == 0
+        assert proxy.app[GATEWAY].admission.inflight == 0
 
 
 async def test_backend_errors_do_not_name_the_backend() -> None:
@@ -221,7 +221,7 @@ async def test_a_409_is_a_failure_and_the_proxy_resynchronises(sim_url, caplog) 
             body = {**CHAT, "prism": {"segments": [{"id": "d1", "text": "A document."}]}}
             async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
                 assert response.status == 200
-            registry = proxy.app[state.METRICS].registry
+            registry = proxy.app[GATEWAY].metrics.registry
             # the push runs in the background
             await eventually(lambda: registry.get_sample_value("prism:control_rpc_pushes_total"))
             assert registry.get_sample_value("prism:control_rpc_failures_total") >= 1
@@ -250,7 +250,7 @@ async def test_a_large_prompt_is_tokenized_off_the_event_loop(sim_url, monkeypat
     most ~50 ms during 1 MB prompts): a prompt of 32k characters or more is tokenized in
     a worker thread, a small one on the loop, and /health answers meanwhile."""
     async with running_proxy(sim_url) as proxy, aiohttp.ClientSession() as http:
-        tokenizer = proxy.app[state.TOKENIZER]
+        tokenizer = proxy.app[GATEWAY].tokenizer
         pieces = tokenizer.chat_pieces
         encode_cut = pieces.encode_cut  # what a rendered chat is tokenized with
         threads: list[tuple[int, int]] = []  # (characters, thread)
@@ -401,7 +401,7 @@ async def test_costly_bodies_are_judged_off_the_loop_and_refused_before_validati
         (chat, 413, "messages"),
     ]
     async with running_proxy(sim_url) as proxy, aiohttp.ClientSession() as http:
-        parser = proxy.app[state.PARSER]
+        parser = proxy.app[GATEWAY].parser
         for data, status, param in expected:
             post = http.post(
                 proxy.url + "/v1/chat/completions",

@@ -21,7 +21,7 @@ from proxy_support import (
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.completions import CompletionRequest
 from prism_proxy.api.generate import GenerateRequest
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.edge.limits import (
     ClientReservations,
     EngineSize,
@@ -128,7 +128,7 @@ async def test_one_client_past_its_share_gets_429_and_others_are_served() -> Non
         loopback_app(backend) as url,
         running_proxy(url, max_client_decode_tokens=3_000, tokenizer="builtin") as proxy,
     ):
-        reservations = proxy.app[state.RESERVATIONS]
+        reservations = proxy.app[GATEWAY].reservations
         path = "/v1/chat/completions"
         first = asyncio.create_task(post(proxy.url, path, forced, "127.0.0.2"))
         await eventually(lambda: reservations.held("127.0.0.2") == 2_000)
@@ -140,6 +140,6 @@ async def test_one_client_past_its_share_gets_429_and_others_are_served() -> Non
         assert (await first)[0] == (await other)[0] == 200
         await eventually(lambda: not set(reservations))
         # counted per account (without keys, every client is `addr`) with the limit named
-        registry = proxy.app[state.METRICS].registry
+        registry = proxy.app[GATEWAY].metrics.registry
         refused = {"account": "addr", "status": "429", "limit": "max_client_decode_tokens"}
         assert registry.get_sample_value("prism:account_requests_total", refused) == 1

@@ -20,7 +20,7 @@ from prism_proxy.admission.pieces import (
     piece_size,
 )
 from prism_proxy.app import RunningProxy
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.edge.pieces import piece_body
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.types import QueuedRequest
@@ -56,18 +56,18 @@ def test_piece_ends_off_and_piece_size_auto() -> None:
     assert piece_size(256, 4096) == 256
 
 
-async def test_turns_go_in_ticket_order_and_a_cancelled_waiter_leaves() -> None:
+async def test_a_cancelled_waiter_leaves_the_line() -> None:
     turns = PrefillTurns(capacity=1)
     order: list[str] = []
-    first, second, third = turns.ticket(), turns.ticket(), turns.ticket()
-    await turns.acquire(first)
+    await turns.acquire()
 
-    async def take(name: str, ticket: int) -> None:
-        await turns.acquire(ticket)
+    async def take(name: str) -> None:
+        await turns.acquire()
         order.append(name)
 
-    late = asyncio.create_task(take("third", third))
-    gone = asyncio.create_task(take("second", second))
+    gone = asyncio.create_task(take("second"))
+    await eventually(lambda: turns.waiting == 1)
+    late = asyncio.create_task(take("third"))
     await eventually(lambda: turns.waiting == 2)
     gone.cancel()
     await eventually(lambda: turns.waiting == 1)
@@ -80,25 +80,26 @@ async def test_turns_go_in_ticket_order_and_a_cancelled_waiter_leaves() -> None:
         turns.release()
 
 
-async def test_turns_hand_out_the_earlier_ticket_first() -> None:
+async def test_turns_go_first_come_first_served() -> None:
     turns = PrefillTurns(capacity=2)
-    tickets = [turns.ticket() for _ in range(4)]
-    await turns.acquire(tickets[0])
-    await turns.acquire(tickets[1])
-    got: list[int] = []
+    await turns.acquire()
+    await turns.acquire()
+    got: list[str] = []
 
-    async def take(ticket: int) -> None:
-        await turns.acquire(ticket)
-        got.append(ticket)
+    async def take(name: str) -> None:
+        await turns.acquire()
+        got.append(name)
 
-    tasks = [asyncio.create_task(take(t)) for t in (tickets[3], tickets[2])]
+    tasks = [asyncio.create_task(take("earlier"))]
+    await eventually(lambda: turns.waiting == 1)
+    tasks.append(asyncio.create_task(take("later")))
     await eventually(lambda: turns.waiting == 2)
     turns.release()
     await eventually(lambda: len(got) == 1)
-    assert got == [tickets[2]]
+    assert got == ["earlier"]
     turns.release()
     await asyncio.gather(*tasks)
-    assert got == [tickets[2], tickets[3]] and turns.held == 2
+    assert got == ["earlier", "later"] and turns.held == 2
 
 
 def test_a_parked_request_frees_its_place_in_b_until_unparked() -> None:
@@ -204,7 +205,7 @@ async def test_a_short_chat_goes_between_the_pieces_of_long_prompts(sim: ServerP
         for _, prompt_tokens, cached in answers:
             assert prompt_tokens > 4 * 256 and cached < 256
         assert proxy_pieces(proxy) >= 4
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
         await eventually(lambda: admission.inflight == 0)  # nothing leaks
         assert admission.turns.held == 0 and admission.pending_prefill == 0
         # The same prompt again is cached whole: the pieces cached what the request needs.
@@ -219,7 +220,7 @@ async def test_long_prompts_under_two_pieces_take_turns_uncut(sim: ServerProcess
     engine serves first come, first served: released together, it would come last)."""
     async with running_proxy(sim.url, prefill_piece_tokens=4096, prefill_batch=8) as proxy:
         client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="none", max_retries=0)
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
         began = asyncio.get_running_loop().time()
         longs = [
             asyncio.create_task(first_token_s(client, long_text(200 + i), began)) for i in range(4)
@@ -246,7 +247,7 @@ async def test_a_client_gone_during_the_pieces_leaves_nothing(sim: ServerProcess
         for task in longs:
             task.cancel()
         await asyncio.gather(*longs, return_exceptions=True)
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
         await eventually(lambda: admission.inflight == 0, timeout_s=30.0)
         assert admission.turns.held == 0 and admission.turns.waiting == 0
         # The proxy still serves, and the engine runs nothing of theirs.
@@ -256,5 +257,5 @@ async def test_a_client_gone_during_the_pieces_leaves_nothing(sim: ServerProcess
 
 
 def proxy_pieces(proxy: RunningProxy) -> float:
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     return registry.get_sample_value("prism:prefill_pieces_total") or 0.0

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from proxy_support import eventually
 
-from prism_proxy.admission.core import PrefillPacing
+from prism_proxy.admission.core import AdmissionCore, PrefillPacing
 from prism_proxy.admission.driver import AdmissionController, QueueFullError, ShuttingDownError
 from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.qas.params import QasParams
@@ -16,15 +16,19 @@ from prism_proxy.qas.types import QueuedRequest
 
 
 def _controller(
-    policy: str = "fifo", prefill_batch: int = 2, max_inflight: int | None = None, **kwargs
+    policy: str = "fifo",
+    prefill_batch: int = 2,
+    max_inflight: int | None = None,
+    max_queue: int = 100,
+    **kwargs,
 ) -> AdmissionController:
-    settings = {"window_s": 0.001, "max_queue": 100, **kwargs}
-    return AdmissionController(
+    core = AdmissionCore(
         make_policy(policy, QasParams()),
-        pacing=PrefillPacing(prefill_batch, max_inflight),
-        metrics=ProxyMetrics.create(),
-        **settings,
+        PrefillPacing(prefill_batch, max_inflight),
+        window_s=0.001,
+        max_queue=max_queue,
     )
+    return AdmissionController(core, metrics=ProxyMetrics.create(), **kwargs)
 
 
 def _gauge(controller: AdmissionController, name: str) -> float:

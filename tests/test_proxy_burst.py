@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_metric, sim_server
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -89,8 +89,8 @@ async def test_burst_of_2000_concurrent_requests(proxy_factory: ProxyFactory, si
     assert len(results) == NUM_REQUESTS
     assert all(status == 200 for _, status, _, _ in results)
     assert all(ids == [expected] for _, _, ids, expected in results)  # its own answer, once
-    await eventually(lambda: proxy.app[state.ADMISSION].inflight == 0)
-    registry = proxy.app[state.METRICS].registry
+    await eventually(lambda: proxy.app[GATEWAY].admission.inflight == 0)
+    registry = proxy.app[GATEWAY].metrics.registry
     assert registry.get_sample_value("prism:queue_depth") == 0
     assert registry.get_sample_value("prism:inflight_requests") == 0
 

@@ -15,7 +15,7 @@ import pytest
 from proxy_support import eventually, running_proxy
 
 from loadgen.processes import free_port, spawn_server, wait_healthy
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 REQUESTS = 240
 SIM_ARGS = ["--speed", "10", "--log-level", "warning"]
@@ -101,7 +101,7 @@ async def test_aborts_and_a_backend_crash_lose_nothing(tmp_path) -> None:
                         wait_healthy, sim.url, sim.process, STARTUP_S, "/health"
                     )
             outcomes = Counter(await asyncio.gather(*tasks))
-            admission = proxy.app[state.ADMISSION]
+            admission = proxy.app[GATEWAY].admission
             await eventually(
                 lambda: (
                     (admission.queue_depth, admission.inflight, admission.pending_prefill)

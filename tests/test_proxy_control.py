@@ -21,7 +21,7 @@ from proxy_support import (
 )
 
 from loadgen.processes import free_port
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_wire import SYSTEM_OWNER_PREFIX
 
 sim = pytest.fixture(scope="module")(sim_server)
@@ -82,7 +82,7 @@ async def test_waves_push_dispatch_priorities(proxy_factory: ProxyFactory) -> No
         # and for its head.
         assert received[0]["table"]["alpha"] == 1e5 + 1
         assert received[0]["table"][next(iter(heads))] == 1e5 + 1
-        registry = proxy.app[state.METRICS].registry
+        registry = proxy.app[GATEWAY].metrics.registry
         # the stub records a push before the proxy has read its answer and counted it
         await eventually(
             lambda: registry.get_sample_value("prism:control_rpc_pushes_total") == len(received)
@@ -97,7 +97,7 @@ async def test_dead_control_endpoint_is_counted_not_fatal(proxy_factory: ProxyFa
         session.post(proxy.url + "/v1/chat/completions", json=_chat(["alpha"])) as response,
     ):
         assert response.status == 200
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     await eventually(lambda: registry.get_sample_value("prism:control_rpc_failures_total") == 1)
     assert registry.get_sample_value("prism:control_rpc_up") == 0
 
@@ -156,7 +156,7 @@ async def test_server_info_reports_the_settings_in_effect(proxy_factory: ProxyFa
     assert dart["prefill_batch"]["mode"] == "auto" and dart["prefill_batch"]["value"] >= 1
     assert dart["backstop"]["mode"] == "auto"
     # The simulated engine's max_running_requests (learned from its /server_info).
-    backend = with_dart.app[state.ADMISSION].pacing
+    backend = with_dart.app[GATEWAY].admission.pacing
     assert dart["backstop"]["value"] == backend.backstop > 0
     assert view["qas_variant"] == "residency" and view["qas"]["cold_deadline_ms"] == 500
     assert view["qas"]["canonical_ties"] is False

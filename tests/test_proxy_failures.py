@@ -22,7 +22,7 @@ from proxy_support import (
 )
 
 from loadgen.processes import free_port
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -32,7 +32,7 @@ LONG_STREAM = {**CHAT, "max_tokens": 20000, "stream": True}
 
 
 def _gauges_zero(proxy) -> bool:
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     return (
         registry.get_sample_value("prism:queue_depth") == 0
         and registry.get_sample_value("prism:inflight_requests") == 0
@@ -96,7 +96,7 @@ async def test_413_over_max_body_bytes(proxy_factory: ProxyFactory) -> None:
 
 async def test_429_when_queue_full_then_recovers(proxy_factory: ProxyFactory, sim) -> None:
     proxy = await proxy_factory(max_inflight=1, max_queue=1, retry_after_s=3)
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     url = proxy.url + "/v1/chat/completions"
     async with aiohttp.ClientSession() as session:
         holder = await session.post(url, json=LONG_STREAM)  # takes the only slot
@@ -134,7 +134,7 @@ async def test_502_when_backend_is_down() -> None:
             assert response.status == 502
         async with session.get(proxy.url + "/health") as response:
             assert (await response.json())["backend_up"] is False
-        registry = proxy.app[state.METRICS].registry
+        registry = proxy.app[GATEWAY].metrics.registry
         assert registry.get_sample_value("prism:backend_up") == 0
         assert _gauges_zero(proxy)
 
@@ -155,7 +155,7 @@ async def test_disconnect_mid_stream_aborts_at_backend(
     proxy_factory: ProxyFactory, sim, case: str
 ) -> None:
     proxy = await proxy_factory()
-    backend = proxy.app[state.BACKEND]
+    backend = proxy.app[GATEWAY].backend
     aborted_before = sim_metric(sim, "sglang:num_aborted_requests_total")
     path, lane, body = STREAMS[case]
     async with aiohttp.ClientSession() as session:
@@ -168,7 +168,7 @@ async def test_disconnect_mid_stream_aborts_at_backend(
     await eventually(
         lambda: sim_metric(sim, "sglang:num_aborted_requests_total") == aborted_before + 1
     )
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     endpoint = "generate" if case == "generate" else "chat"
     labels = {"endpoint": endpoint, "lane": lane, "status": "499"}
     # counted when the cancelled handler's middleware unwinds, after the gauges fell
@@ -177,7 +177,7 @@ async def test_disconnect_mid_stream_aborts_at_backend(
 
 async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFactory, sim) -> None:
     proxy = await proxy_factory(max_inflight=1)
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     url = proxy.url + "/v1/chat/completions"
     finished_before = sim_metric(sim, "sglang:num_requests_total")
     async with aiohttp.ClientSession() as session:
@@ -196,7 +196,7 @@ async def test_disconnect_while_queued_leaves_the_queue(proxy_factory: ProxyFact
     # task, so the count read after it is final: one abort, the holder's, none for the
     # leaver.
     await proxy.stop()
-    assert proxy.app[state.BACKEND].aborts_sent == 1
+    assert proxy.app[GATEWAY].backend.aborts_sent == 1
     # The withdrawn request never reached the engine: nothing finished there normally.
     assert sim_metric(sim, "sglang:num_requests_total") == finished_before
 
@@ -231,7 +231,7 @@ async def test_backend_errors_map_to_clear_statuses(backend_status, proxy_status
 async def test_disconnect_while_backend_works_aborts(proxy_factory: ProxyFactory, sim) -> None:
     """Non-streaming: the client leaves while the backend generates → abort at once."""
     proxy = await proxy_factory()
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     aborted_before = sim_metric(sim, "sglang:num_aborted_requests_total")
     body = {**CHAT, "max_tokens": 20000}
     async with aiohttp.ClientSession() as session:
@@ -241,7 +241,7 @@ async def test_disconnect_while_backend_works_aborts(proxy_factory: ProxyFactory
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-    await eventually(lambda: proxy.app[state.BACKEND].aborts_sent == 1)
+    await eventually(lambda: proxy.app[GATEWAY].backend.aborts_sent == 1)
     await eventually(lambda: _gauges_zero(proxy))
     await eventually(
         lambda: sim_metric(sim, "sglang:num_aborted_requests_total") == aborted_before + 1
@@ -328,9 +328,9 @@ async def test_health_probes_follow_the_backend_down_and_up() -> None:
         running_proxy(url, health_interval_s=0.02, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as session,
     ):
-        registry = proxy.app[state.METRICS].registry
+        registry = proxy.app[GATEWAY].metrics.registry
         assert registry.get_sample_value("prism:backend_up") == 1  # the startup probe
-        pacing = proxy.app[state.ADMISSION].pacing
+        pacing = proxy.app[GATEWAY].admission.pacing
         assert (pacing.prefill_batch, pacing.backstop) == (2, 5)  # 2048 / 1024 tokens
         assert registry.get_sample_value("prism:prefill_batch") == 2
         assert registry.get_sample_value("prism:inflight_limit") == 5
@@ -373,7 +373,7 @@ async def test_error_chunk_in_a_backend_stream(chunks_before_error: int) -> None
         session.post(proxy.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as r,
     ):
         text = await r.text()
-        registry = proxy.app[state.METRICS].registry
+        registry = proxy.app[GATEWAY].metrics.registry
         labels = {"endpoint": "chat", "lane": "cold", "status": "502"}
         await eventually(lambda: registry.get_sample_value("prism:requests_total", labels) == 1)
         assert _gauges_zero(proxy)
@@ -413,7 +413,7 @@ async def test_one_requests_engine_error_leaves_the_engine_up() -> None:
         running_proxy(url, health_interval_s=0.02, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as session,
     ):
-        backend, registry = proxy.app[state.BACKEND], proxy.app[state.METRICS].registry
+        backend, registry = proxy.app[GATEWAY].backend, proxy.app[GATEWAY].metrics.registry
         assert backend.up is True
         downs = backend.downs
         for _ in range(3):

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture
 
 from loadgen.processes import ServerProcess, run_server
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ async def test_per_key_in_flight_limit_is_429_with_retry_after(
     digest = hashlib.sha256(b"sk-capped").hexdigest()
     path.write_text(f"sha256:{digest} name=capped max_inflight=1\n")
     proxy = await proxy_factory(api_keys_file=str(path), api_keys="sk-free")
-    usage = proxy.app[state.USAGE]
+    usage = proxy.app[GATEWAY].usage
     async with _client(proxy.url, "sk-capped") as capped, _client(proxy.url, "sk-free") as free:
         stream = await capped.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=4000, stream=True
@@ -131,7 +131,7 @@ async def test_steady_key_released_past_a_floods_backlog(
         max_inflight=1,
         fair_share=fair_share,
     )
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     done: list[str] = []
 
     async def ask(client: openai.AsyncOpenAI, name: str, max_tokens: int) -> None:
@@ -191,7 +191,7 @@ async def test_metrics_per_key_follow_requests(
         prefill_batch=1,
         max_inflight=1,
     )
-    free_name = next(name for name in proxy.app[state.KEYS].accounts if name != "capped")
+    free_name = next(name for name in proxy.app[GATEWAY].keys.accounts if name != "capped")
 
     def requests(text: str, account: str, status: str, limit: str = "none") -> float:
         return _sample(

@@ -15,7 +15,7 @@ from proxy_support import ProxyFactory, eventually, proxy_factory_fixture, sim_s
 from sim_support import common_prefix
 
 from prism_proxy.api.segments import SegmentedPrompt
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.serializer import Serializer
 from prism_tokens.tokenizer import load_tokenizer
 
@@ -77,7 +77,7 @@ async def test_chat_stream_equals_non_stream(proxy_factory: ProxyFactory, hinted
     # The second identical prompt is served from the engine's prefix cache.
     assert usage.prompt_tokens_details.cached_tokens > 0
     lane = "hot" if hinted else "cold"
-    metrics = proxy.app[state.METRICS].registry
+    metrics = proxy.app[GATEWAY].metrics.registry
     labels = {"endpoint": "chat", "lane": lane, "status": "200"}
     # the streamed request is counted once its handler returns, after its last chunk
     await eventually(lambda: metrics.get_sample_value("prism:requests_total", labels) == 2)
@@ -123,7 +123,7 @@ async def test_passthrough_features_reach_backend_endpoint(proxy_factory: ProxyF
     # The backend's own OpenAI endpoint answered (its ids, not the proxy's token path).
     for answer in (whole, plain):
         assert answer.choices and not answer.id.startswith("chatcmpl-prism-")
-    metrics = proxy.app[state.METRICS].registry
+    metrics = proxy.app[GATEWAY].metrics.registry
 
     def requests(lane: str) -> float:
         labels = {"endpoint": "chat", "lane": lane, "status": "200"}
@@ -157,7 +157,7 @@ async def _cached_tokens_of_second(proxy_factory: ProxyFactory, policy: str, tag
             model="m", messages=MESSAGES, max_tokens=2, extra_body=hint(c, a)
         )
         await first.close()
-    await eventually(lambda: proxy.app[state.ADMISSION].inflight == 0)
+    await eventually(lambda: proxy.app[GATEWAY].admission.inflight == 0)
     return second.usage.prompt_tokens_details.cached_tokens
 
 
@@ -264,8 +264,8 @@ async def test_every_policy_serves_concurrent_hinted_requests(
         )
     assert all(a.choices[0].message.content for a in answers)
     assert len({a.id for a in answers}) == 24
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     assert registry.get_sample_value("prism:wave_size_bucket", {"le": "4.0"}) == (
         registry.get_sample_value("prism:wave_size_count")
     )
-    await eventually(lambda: proxy.app[state.ADMISSION].inflight == 0)
+    await eventually(lambda: proxy.app[GATEWAY].admission.inflight == 0)

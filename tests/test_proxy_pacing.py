@@ -16,7 +16,7 @@ from aiohttp import web
 from proxy_support import eventually, loopback_app, running_proxy
 
 from prism_proxy.app import RunningProxy
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
 from prism_tokens.tokenizer import load_tokenizer
@@ -139,7 +139,7 @@ async def _held_proxy(
 
 async def test_pending_prefill_holds_releases_until_first_tokens() -> None:
     async with _held_proxy(prefill_batch=2) as (backend, proxy, http):
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
 
         async def call() -> dict:
             async with http.post(proxy.url + "/generate", json=HELD_BODY) as response:
@@ -163,7 +163,7 @@ async def test_pending_prefill_holds_releases_until_first_tokens() -> None:
 
 async def test_a_client_leaving_while_pending_frees_its_place_at_once() -> None:
     async with _held_proxy(prefill_batch=1) as (backend, proxy, http):
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
 
         async def call() -> int:
             async with http.post(proxy.url + "/generate", json=HELD_BODY) as response:
@@ -240,7 +240,7 @@ async def test_a_non_streamed_passthrough_leaves_pending_prefill_at_its_first_to
         running_proxy(url, prefill_batch=1, window_ms=0, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
     ):
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
 
         async def call(body: dict) -> dict:
             async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
@@ -275,7 +275,7 @@ async def test_a_request_the_engine_cannot_stream_takes_no_place_in_pacing() -> 
         running_proxy(url, prefill_batch=1, window_ms=0, tokenizer="builtin") as proxy,
         aiohttp.ClientSession() as http,
     ):
-        admission = proxy.app[state.ADMISSION]
+        admission = proxy.app[GATEWAY].admission
         body = {**CHAT_WITH_TOOLS, "return_meta_info": True}
         blind = asyncio.create_task(http.post(proxy.url + "/v1/chat/completions", json=body))
         await eventually(lambda: len(backend.received) == 1)

@@ -24,7 +24,7 @@ from proxy_support import (
 
 from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.app import start_proxy
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.alignment import canonical_key
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QasParams, qas_params
@@ -78,7 +78,7 @@ async def _second_request_reuse(proxy_factory: ProxyFactory, sim, variant: str) 
     proxy = await proxy_factory(qas_variant=variant, qas=qas_params(variant))
     docs = _docs(variant)
     await _send(proxy.url, docs, FIRST_ORDER, "Which documents mention ice?")
-    await eventually(lambda: proxy.app[state.ADMISSION].inflight == 0)
+    await eventually(lambda: proxy.app[GATEWAY].admission.inflight == 0)
     cached = await _send(proxy.url, docs, SECOND_ORDER, "Which one is about fire?")
     return cached
 
@@ -126,7 +126,7 @@ async def test_ttft_slo_header_is_checked_and_honoured(proxy_factory) -> None:
                 "/v1/chat/completions", json=body, headers={"x-prism-ttft-slo-ms": good}
             )
             assert answer.status_code == 200, good
-    assert proxy.app[state.ADMISSION].queue_depth == 0
+    assert proxy.app[GATEWAY].admission.queue_depth == 0
 
 
 async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path) -> None:
@@ -140,7 +140,7 @@ async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path
             proxy_config(backend.url, control_url=control_url, control_token=token)
         )
         try:
-            policy = proxy.app[state.ADMISSION].core.policy
+            policy = proxy.app[GATEWAY].admission.core.policy
             assert isinstance(policy.residency, PendingResidency)
             dart = policy.residency.source
             assert isinstance(dart, ResidentSegments)
@@ -159,7 +159,9 @@ async def test_with_dart_the_proxy_reads_residency_from_the_control_rpc(tmp_path
             )
         )
         try:
-            assert isinstance(view_proxy.app[state.ADMISSION].core.policy.residency, ViewResidency)
+            assert isinstance(
+                view_proxy.app[GATEWAY].admission.core.policy.residency, ViewResidency
+            )
         finally:
             await view_proxy.stop()
 
@@ -175,8 +177,8 @@ async def test_one_proxy_pushes_to_every_replicas_dart(tmp_path) -> None:
             proxy_config(sims[0].engine.url, control_url=urls, control_token=token)
         )
         try:
-            assert len(proxy.app[state.CONTROLS]) == 2
-            residency = proxy.app[state.ADMISSION].core.policy.residency.source
+            assert len(proxy.app[GATEWAY].controls) == 2
+            residency = proxy.app[GATEWAY].admission.core.policy.residency.source
             assert isinstance(residency, UnionResidency)
             docs = _docs("fan")
             await _send(proxy.url, docs, FIRST_ORDER, "Which documents mention ice?")

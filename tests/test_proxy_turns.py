@@ -18,7 +18,7 @@ import pytest
 from proxy_support import DartSim, running_proxy
 from sim_support import common_prefix
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.conversation import find_turns
 from prism_tokens.chat import content_format, template_messages, template_tools
 from prism_tokens.tokenizer import load_tokenizer
@@ -79,7 +79,7 @@ async def test_an_agent_loop_is_scheduled_by_its_turns_and_anchored(dart_sim) ->
             messages.append(
                 {"role": "tool", "tool_call_id": tool_call.id, "content": f"sunny, {20 + turn} C"}
             )
-        registry = proxy.app[state.METRICS].registry
+        registry = proxy.app[GATEWAY].metrics.registry
         labels = {"endpoint": "chat", "outcome": "turns", "layout": "messages"}
         assert registry.get_sample_value("prism:extraction_total", labels) == 3
     with httpx.Client(base_url=control_url, timeout=10) as control:

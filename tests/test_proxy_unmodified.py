@@ -23,7 +23,7 @@ from proxy_support import (
 )
 
 from loadgen.apis import LAYOUTS
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 sim = pytest.fixture(scope="module")(sim_server)
 proxy_factory = pytest.fixture(proxy_factory_fixture)
@@ -152,7 +152,7 @@ async def test_without_reordering_the_prompt_is_the_clients_own_text() -> None:
                     counts = extraction_counts((await http.get(proxy.url + "/metrics")).text)
                 found_as = FOUND_AS.get(layout, layout)
                 assert counts.get(("found-ordered", found_as)) == 1, (layout, counts)
-                tokenizer = proxy.app[state.TOKENIZER]
+                tokenizer = proxy.app[GATEWAY].tokenizer
                 assert tokenizer.decode(seen[-1]) == tokenizer.render_chat(chat), layout
 
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 from proxy_support import ProxyFactory, proxy_factory_fixture, sim_server
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_tokens.tokenizer import load_tokenizer
 
 sim = pytest.fixture(scope="module")(sim_server)
@@ -39,7 +39,7 @@ async def test_every_sampled_chat_is_measured_against_the_engines_rendering(
     proxy_factory: ProxyFactory,
 ) -> None:
     proxy = await proxy_factory(rendering_check_every=1)
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
     drifts = []
     for order in (DOCS, DOCS[::-1], DOCS[1:]):
@@ -65,5 +65,5 @@ async def test_no_check_when_off(proxy_factory: ProxyFactory) -> None:
     client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused")
     await client.chat.completions.create(model="m", messages=chat(DOCS), max_tokens=2)
     await client.close()
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     assert registry.get_sample_value("prism:prompt_rendering_drift_tokens_count") == 0

@@ -17,7 +17,7 @@ from loadgen.session_twin import SessionFeatures, SessionTwin, shared_tokens, si
 from loadgen.twin import TwinSetup
 from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionTable
 from prism_proxy.admission.sessions import SessionParams as TableParams
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
@@ -317,7 +317,7 @@ async def test_sessions_off_keeps_no_session_state(sim) -> None:
     }
     for sessions in (False, True):
         async with running_proxy(sim.url, sessions=sessions) as proxy:
-            assert (state.SESSIONS in proxy.app) is sessions
+            assert (proxy.app[GATEWAY].sessions is not None) is sessions
             async with httpx.AsyncClient() as client:
                 answer = await client.post(proxy.url + "/v1/chat/completions", json=body)
                 assert answer.status_code == 200

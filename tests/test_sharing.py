@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from proxy_support import ProxyFactory, proxy_factory_fixture, sim_server
 from sim_support import common_prefix as token_prefix
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.sharing import (
     BLOCK_TOKENS,
     RECORD_BYTES,
@@ -112,7 +112,7 @@ async def test_a_prefix_is_reported_to_others_once_several_clients_sent_it(
     proxy_factory: ProxyFactory,
 ) -> None:
     proxy = await proxy_factory()
-    metrics = proxy.app[state.METRICS].registry
+    metrics = proxy.app[GATEWAY].metrics.registry
     assert await told_cached(proxy.url, "127.0.0.2", rag("Which bridge is older?")) == 0
 
     def engine_cached() -> float:

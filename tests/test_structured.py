@@ -14,7 +14,8 @@ from proxy_support import eventually, holding_backend, loopback_app, running_pro
 
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.structured import EngineGrammar, engine_grammars
-from prism_proxy.edge import grammar_ledger, state
+from prism_proxy.edge import grammar_ledger
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.edge.grammar_ledger import WINDOW_S, GrammarLedger
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
@@ -170,7 +171,7 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
             max_client_grammars_per_minute=3, max_schema_bytes=2_000, retry_after_s=2,
         ) as proxy,
     ):  # fmt: skip
-        ledger = proxy.app[state.STRUCTURED]
+        ledger = proxy.app[GATEWAY].structured
         first = asyncio.create_task(post(proxy.url, structured(schema_named("s1")), a))
         await eventually(lambda: ledger.compiling(a) == 1)
         async with asyncio.timeout(30):  # a liveness bound: without the share it would wait
@@ -208,7 +209,7 @@ async def test_new_grammars_of_one_client_are_bounded_and_another_client_is_serv
         assert len(seen) == sent + 5  # none of the refused reached the engine
         # both 429s counted per account (without keys, every client is `addr`)
         refused = {"account": "addr", "status": "429", "limit": "grammars"}
-        registry = proxy.app[state.METRICS].registry
+        registry = proxy.app[GATEWAY].metrics.registry
         assert registry.get_sample_value("prism:account_requests_total", refused) == 2
 
 
@@ -224,7 +225,7 @@ async def test_a_fleet_with_the_same_new_schema_compiles_it_once_and_none_is_ref
         loopback_app(backend) as url,
         running_proxy(url, tokenizer="builtin", max_client_grammar_compiles=1) as proxy,
     ):
-        ledger = proxy.app[state.STRUCTURED]
+        ledger = proxy.app[GATEWAY].structured
         body = structured(schema_named("tools"))
         fleet = [asyncio.create_task(post(proxy.url, body, "127.0.0.2")) for _ in range(20)]
         await eventually(lambda: len(seen) == 1 and ledger.compiling("127.0.0.2") == 1)
@@ -233,4 +234,4 @@ async def test_a_fleet_with_the_same_new_schema_compiles_it_once_and_none_is_ref
         assert statuses == [200] * 20
         # only the first reached the engine before its answer; the others after it
         assert [after for _, after in arrived] == [False] + [True] * 19
-        await eventually(lambda: not proxy.app[state.COMPILED] and len(ledger) <= 1)
+        await eventually(lambda: not proxy.app[GATEWAY].compiled and len(ledger) <= 1)

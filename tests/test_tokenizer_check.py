@@ -28,7 +28,7 @@ from loadgen.processes import free_port
 from prism_proxy.app import start_proxy
 from prism_proxy.backend.tokenizer_choice import TokenizerMismatch, TokenizerState
 from prism_proxy.backend.tokenizer_guard import TokenizerCheck
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
 from prism_tokens.builtin import CHATML_TEMPLATE, ensure_builtin
@@ -280,7 +280,7 @@ async def sim_prompt_tokens(url: str, chat: dict) -> int:
 
 
 def gauge(proxy, name: str, **labels: str) -> float | None:
-    return proxy.app[state.METRICS].registry.get_sample_value(name, labels)
+    return proxy.app[GATEWAY].metrics.registry.get_sample_value(name, labels)
 
 
 @pytest.mark.parametrize("served", ["builtin", "variant", "bpe"])
@@ -292,8 +292,8 @@ async def test_auto_takes_the_engines_tokenizer(dirs, served: str) -> None:
     async with sim_at(0, tokenizer, seen) as url:
         proxy = await start_proxy(proxy_settings(url))
         try:
-            assert proxy.app[state.TOKENIZER].name == tokenizer.name
-            assert proxy.app[state.TOKENIZER_GUARD].check.state is TokenizerState.MATCH
+            assert proxy.app[GATEWAY].tokenizer.name == tokenizer.name
+            assert proxy.app[GATEWAY].tokenizer_guard.check.state is TokenizerState.MATCH
             label = "builtin" if served == "builtin" else served
             assert gauge(proxy, "prism:tokenizer_verified", tokenizer=label) == 1
             status, answer, _ = await post(proxy.url + "/v1/chat/completions", CHAT)
@@ -341,7 +341,7 @@ async def test_forward_mode_serves_every_request_through_the_engines_endpoints(d
             proxy_settings(url, tokenizer="builtin", tokenizer_mismatch="forward")
         )
         try:
-            guard = proxy.app[state.TOKENIZER_GUARD]
+            guard = proxy.app[GATEWAY].tokenizer_guard
             assert guard.check.state is TokenizerState.MISMATCH
             assert gauge(proxy, "prism:tokenizer_verified", tokenizer="builtin") == 0
             assert gauge(proxy, "prism:token_path_open") == 0
@@ -397,9 +397,9 @@ async def test_an_engine_restarted_with_another_tokenizer_shuts_the_token_path(
     async with sim_at(port, builtin, first):
         proxy = await start_proxy(settings)
     try:
-        guard = proxy.app[state.TOKENIZER_GUARD]
+        guard = proxy.app[GATEWAY].tokenizer_guard
         assert guard.check.state is TokenizerState.MATCH
-        backend = proxy.app[state.BACKEND]
+        backend = proxy.app[GATEWAY].backend
         await eventually(lambda: backend.up is False, timeout_s=30.0)  # the probe saw it go
         async with sim_at(port, _load(dirs["bpe"]), second) as url:
             await eventually(lambda: guard.check.state is TokenizerState.MISMATCH, 30.0)
@@ -443,14 +443,14 @@ async def test_an_engine_down_at_start_is_checked_when_it_answers(dirs) -> None:
     seen = Seen()
     proxy = await start_proxy(proxy_settings(f"http://127.0.0.1:{port}", tokenizer="builtin"))
     try:
-        assert proxy.app[state.TOKENIZER_GUARD].check.state is None
+        assert proxy.app[GATEWAY].tokenizer_guard.check.state is None
         assert gauge(proxy, "prism:token_path_open") == 0
         status, _, _ = await post(proxy.url + "/v1/chat/completions", CHAT)
         assert status == 502
         async with sim_at(port, _load("builtin"), seen):
             status, _, _ = await post(proxy.url + "/v1/chat/completions", CHAT)
             assert status == 200 and seen.generate_ids == 1
-            assert proxy.app[state.TOKENIZER_GUARD].check.state is TokenizerState.MATCH
+            assert proxy.app[GATEWAY].tokenizer_guard.check.state is TokenizerState.MATCH
     finally:
         await proxy.stop()
 
@@ -478,7 +478,7 @@ async def test_a_named_tokenizer_is_used_unverified_when_the_engine_cannot_token
     async with loopback_app(untokenizing_engine("org/model", bodies)) as url:
         proxy = await start_proxy(proxy_settings(url, tokenizer="builtin"))
         try:
-            assert proxy.app[state.TOKENIZER_GUARD].check.state is TokenizerState.UNVERIFIED
+            assert proxy.app[GATEWAY].tokenizer_guard.check.state is TokenizerState.UNVERIFIED
             assert gauge(proxy, "prism:tokenizer_verified", tokenizer="builtin") == -1
             assert gauge(proxy, "prism:token_path_open") == 1
             status, answer, _ = await post(proxy.url + "/v1/chat/completions", CHAT)
@@ -497,8 +497,8 @@ async def test_auto_without_a_check_takes_only_the_engines_own_directory() -> No
     async with loopback_app(untokenizing_engine(directory, bodies)) as url:
         proxy = await start_proxy(proxy_settings(url))
         try:
-            assert proxy.app[state.TOKENIZER].name == directory
-            assert proxy.app[state.TOKENIZER_GUARD].check.state is TokenizerState.UNVERIFIED
+            assert proxy.app[GATEWAY].tokenizer.name == directory
+            assert proxy.app[GATEWAY].tokenizer_guard.check.state is TokenizerState.UNVERIFIED
         finally:
             await proxy.stop()
     assert bodies == []
@@ -538,7 +538,7 @@ async def test_an_engine_failing_the_check_gets_no_ids_and_its_error_is_the_answ
     async with loopback_app(app) as url:
         proxy = await start_proxy(proxy_settings(url, tokenizer="builtin"))
         try:
-            assert proxy.app[state.TOKENIZER_GUARD].check.state is None
+            assert proxy.app[GATEWAY].tokenizer_guard.check.state is None
             calls.clear()
             status, answer, _ = await post(proxy.url + "/v1/chat/completions", CHAT)
             assert status == 502 and "engine exploded" in answer["error"]["message"]

@@ -30,7 +30,6 @@ from prism_proxy.admission.core import (
 )
 from prism_proxy.admission.pieces import PrefillTurns
 from prism_proxy.metrics import ProxyMetrics
-from prism_proxy.qas.policies import SchedulingPolicy
 from prism_proxy.qas.types import QueuedRequest, RoundPlan
 
 __all__ = [
@@ -50,32 +49,21 @@ OFFLOAD_OCCURRENCES = 2048
 
 
 class AdmissionController:
-    """Drives one `AdmissionCore` on the event loop; `run()` is the round loop task."""
+    """Drives one `AdmissionCore` on the event loop; `run()` is the round loop task.
+    The core is built apart (`prism_proxy.scheduling.admission_core`, as the twin
+    builds its own)."""
 
     def __init__(
         self,
-        policy: SchedulingPolicy,
+        core: AdmissionCore,
         *,
-        pacing: PrefillPacing,
-        window_s: float,
-        max_queue: int,
-        cold_deadline_s: float | None = None,
         metrics: ProxyMetrics,
         on_wave: PushFn | None = None,
         offload_occurrences: int = OFFLOAD_OCCURRENCES,
         clock: Callable[[], float] = time.monotonic,
-        share_accounts: bool = True,
-        account_weight: Callable[[str], float] | None = None,
     ) -> None:
-        self.core = AdmissionCore(
-            policy,
-            pacing,
-            window_s=window_s,
-            max_queue=max_queue,
-            cold_deadline_s=cold_deadline_s,
-            share_accounts=share_accounts,
-            account_weight=account_weight,
-        )
+        self.core = core
+        pacing = core.pacing
         self.metrics = metrics
         self.on_wave = on_wave
         self.offload_occurrences = offload_occurrences

@@ -16,7 +16,8 @@ A prompt is *long* when more of it is uncached than one piece (the engine's pref
 step by default); past two pieces it is cut. Two rules keep the engine's queue short:
 
 * **turns**: at most one long prompt per engine replica at the engine at a time
-  (`PrefillTurns`), given in release order, so long prompts finish one after another
+  (`PrefillTurns`), first come first served (in the order released prompts ask for
+  one), so long prompts finish one after another
   instead of all together at the end (SGLang prefills one chunked prompt at a time
   anyway);
 * **parked**: a long prompt waiting for its turn is not *pending prefill* (it holds
@@ -31,8 +32,7 @@ flight, so a prompt alone costs one extra engine call (`edge.pieces`).
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
+from collections import deque
 
 from prism_proxy.admission.core import DEFAULT_PREFILL_BUDGET_TOKENS
 
@@ -65,34 +65,30 @@ def piece_ends(length: int, known: int, piece_tokens: int) -> list[int]:
 
 
 class PrefillTurns:
-    """Turns at the engine for pieced prompts: `capacity` at once, oldest first.
+    """Turns at the engine for pieced prompts: `capacity` at once, first come first
+    served.
 
-    `acquire(order)` waits until fewer than `capacity` turns are held and no waiter
-    with a smaller `order` (an earlier release) is left; `release()` gives the turn
-    back. A cancelled waiter leaves the line."""
+    `acquire()` waits until fewer than `capacity` turns are held and every earlier
+    waiter got its turn; `release()` gives the turn back. A cancelled waiter leaves the
+    line."""
 
     def __init__(self, capacity: int = 1) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.held = 0
-        self._line: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._tie = itertools.count()
-
-    def ticket(self) -> int:
-        """A place in line: earlier tickets get their turns first."""
-        return next(self._tie)
+        self._line: deque[asyncio.Future[None]] = deque()
 
     @property
     def waiting(self) -> int:
-        return sum(1 for _, _, future in self._line if not future.done())
+        return sum(1 for future in self._line if not future.done())
 
-    async def acquire(self, order: int) -> None:
+    async def acquire(self) -> None:
         if self.held < self.capacity and not self._line:
             self.held += 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._line, (order, next(self._tie), future))
+        self._line.append(future)
         self._wake()
         try:
             await future
@@ -100,8 +96,7 @@ class PrefillTurns:
             if future.done() and not future.cancelled():
                 self.release()  # granted in the same instant as cancelled: give it back
             else:
-                self._line = [entry for entry in self._line if entry[2] is not future]
-                heapq.heapify(self._line)
+                self._line.remove(future)
                 self._wake()
             raise
 
@@ -114,7 +109,7 @@ class PrefillTurns:
     def _wake(self) -> None:
         line = self._line
         while line and self.held < self.capacity:
-            _, _, future = heapq.heappop(line)
+            future = line.popleft()
             if future.done():
                 continue
             self.held += 1

@@ -10,10 +10,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from prism_proxy.api.costs import DecodeAsk, PromptSize, Sequences, forced_tokens_of
-from prism_proxy.api.field_types import BoundedJson, TokenIds, TopLogprobs, json_chars
+from prism_proxy.api.field_types import BoundedJson, TokenCount, TokenIds, TopLogprobs, json_chars
 from prism_proxy.api.messages import ChatMessage
 from prism_proxy.api.openai_fields import OpenAIFields
-from prism_proxy.api.segments import TokenCount
 from prism_proxy.api.sglang_fields import CHAT_TEMPLATE_RESERVED
 
 ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]

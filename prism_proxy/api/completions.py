@@ -18,9 +18,16 @@ from prism_proxy.api.costs import (
     prompt_positions,
     prompt_size,
 )
-from prism_proxy.api.field_types import BatchIds, Choices, Grammar, Text, TokenIds, TopLogprobs
+from prism_proxy.api.field_types import (
+    BatchIds,
+    Choices,
+    Grammar,
+    Text,
+    TokenCount,
+    TokenIds,
+    TopLogprobs,
+)
 from prism_proxy.api.openai_fields import OpenAIFields
-from prism_proxy.api.segments import TokenCount
 from prism_proxy.api.sglang_fields import MAX_BATCH
 
 Prompt = Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_BATCH)] | TokenIds

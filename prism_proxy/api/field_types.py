@@ -1,16 +1,17 @@
 """Field types of the client-facing bodies: strict JSON, and the bounds that keep the
 engine up (SGLang's own where they stop a crash, PRISM's where SGLang has none;
-`prism_proxy.api.sglang_fields` says which fields are served and why). The sampling
-ranges (`Temperature`, `TopP`, ...) live beside SGLang's sampling params in
-`api.segments`.
+`prism_proxy.api.sglang_fields` says which fields are served and why), with the sampling
+ranges (`Temperature`, `TopP`, ...) every body carrying sampling fields shares, and
+`SamplingBounds`: the sampling fields both `sampling_params` models (`/generate`'s and
+`api.segments`') declare alike.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 import orjson
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from prism_proxy.api.sglang_fields import (
     MAX_BATCH,
@@ -91,3 +92,54 @@ def logit_bias_ids(bias: dict[str, float]) -> list[int]:
 
 
 BatchIds = Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+def _top_k(value: int) -> int:
+    if value == 0:
+        raise ValueError("must be -1 (disabled) or >= 1")
+    return value
+
+
+# SGLang's own bounds (`srt/sampling/sampling_params.py: verify`), shared by every body
+# that carries sampling fields; all finite (the models set allow_inf_nan=False).
+Temperature = Annotated[float, Field(ge=0.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=-1), AfterValidator(_top_k)]
+MinP = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0, le=2.0)]
+TokenCount = Annotated[int, Field(ge=0)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def check_token_range(min_new_tokens: int | None, max_new_tokens: int | None) -> None:
+    """SGLang refuses a minimum above the maximum."""
+    if (
+        min_new_tokens is not None
+        and max_new_tokens is not None
+        and (min_new_tokens > max_new_tokens)
+    ):
+        raise ValueError(
+            f"min_new_tokens ({min_new_tokens}) must not exceed max_new_tokens ({max_new_tokens})"
+        )
+
+
+class SamplingBounds(BaseModel):
+    """The sampling fields SGLang's `sampling_params` takes that every model of them
+    declares alike, in SGLang's order, with the minimum checked against the maximum;
+    each subclass sets its own `model_config` and adds the rest."""
+
+    max_new_tokens: TokenCount | None = None
+    min_new_tokens: TokenCount | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> Self:
+        check_token_range(self.min_new_tokens, self.max_new_tokens)
+        return self

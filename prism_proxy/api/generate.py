@@ -22,6 +22,8 @@ from prism_proxy.api.field_types import (
     Choices,
     Grammar,
     LogitBias,
+    SamplingBounds,
+    Seed,
     StopStrings,
     Tag,
     Text,
@@ -30,35 +32,15 @@ from prism_proxy.api.field_types import (
     logit_bias_ids,
 )
 from prism_proxy.api.hints import PrismHint
-from prism_proxy.api.segments import (
-    MinP,
-    Penalty,
-    RepetitionPenalty,
-    Seed,
-    Temperature,
-    TokenCount,
-    TopK,
-    TopP,
-    check_token_range,
-)
 from prism_proxy.api.sglang_fields import MAX_BATCH, PROXY_OWNED
 
 
-class NativeSamplingParams(BaseModel):
+class NativeSamplingParams(SamplingBounds):
     """`/generate`'s `sampling_params`, as SGLang 0.5.23's `SamplingParams` takes them;
     every field checked (unknown ones refused, as SGLang does)."""
 
     model_config = ConfigDict(extra="forbid", **STRICT)
 
-    max_new_tokens: TokenCount | None = None
-    min_new_tokens: TokenCount | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = None
-    min_p: MinP | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    repetition_penalty: RepetitionPenalty | None = None
     stop: str | StopStrings | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
@@ -73,11 +55,6 @@ class NativeSamplingParams(BaseModel):
     ebnf: Grammar | None = None
     structural_tag: Grammar | None = None
     logit_bias: LogitBias | None = None
-
-    @model_validator(mode="after")
-    def _min_below_max(self) -> Self:
-        check_token_range(self.min_new_tokens, self.max_new_tokens)
-        return self
 
     def to_sglang(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

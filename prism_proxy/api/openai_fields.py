@@ -24,23 +24,21 @@ from prism_proxy.api.field_types import (
     Choices,
     Grammar,
     LogitBias,
-    ModelName,
-    StopStrings,
-    Tag,
-    logit_bias_ids,
-)
-from prism_proxy.api.hints import PrismHint
-from prism_proxy.api.segments import (
     MinP,
+    ModelName,
     Penalty,
     RepetitionPenalty,
     Seed,
+    StopStrings,
+    Tag,
     Temperature,
     TokenCount,
     TopK,
     TopP,
     check_token_range,
+    logit_bias_ids,
 )
+from prism_proxy.api.hints import PrismHint
 from prism_proxy.api.sglang_fields import PROXY_OWNED
 
 

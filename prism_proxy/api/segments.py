@@ -17,10 +17,9 @@ one-line message naming the field, e.g. ``segments[1].id: duplicate segment id '
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Self
+from typing import Any, Self
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -30,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from prism_proxy.api.field_types import SamplingBounds, Seed
 from prism_wire import RESERVED_ID_START
 
 
@@ -228,37 +228,7 @@ def parse_prompt(data: Any, limits: RequestLimits = DEFAULT_LIMITS) -> Segmented
         raise RequestError(format_validation_error(err)) from None
 
 
-def _top_k(value: int) -> int:
-    if value == 0:
-        raise ValueError("must be -1 (disabled) or >= 1")
-    return value
-
-
-# SGLang's own bounds (`srt/sampling/sampling_params.py: verify`), shared by every body
-# that carries sampling fields; all finite (the models set allow_inf_nan=False).
-Temperature = Annotated[float, Field(ge=0.0)]
-TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-TopK = Annotated[int, Field(ge=-1), AfterValidator(_top_k)]
-MinP = Annotated[float, Field(ge=0.0, le=1.0)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-RepetitionPenalty = Annotated[float, Field(gt=0.0, le=2.0)]
-TokenCount = Annotated[int, Field(ge=0)]
-Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-
-
-def check_token_range(min_new_tokens: int | None, max_new_tokens: int | None) -> None:
-    """SGLang refuses a minimum above the maximum."""
-    if (
-        min_new_tokens is not None
-        and max_new_tokens is not None
-        and (min_new_tokens > max_new_tokens)
-    ):
-        raise ValueError(
-            f"min_new_tokens ({min_new_tokens}) must not exceed max_new_tokens ({max_new_tokens})"
-        )
-
-
-class SamplingParams(BaseModel):
+class SamplingParams(SamplingBounds):
     """Sampling parameters, as SGLang's ``/generate`` ``sampling_params`` accepts them
     (``srt/sampling/sampling_params.py``); ``None`` leaves the backend's default.
     Unknown fields are rejected: a typo must not silently change generation."""
@@ -267,15 +237,6 @@ class SamplingParams(BaseModel):
         extra="forbid", strict=True, frozen=True, populate_by_name=True, allow_inf_nan=False
     )
 
-    max_new_tokens: TokenCount | None = None
-    min_new_tokens: TokenCount | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    top_k: TopK | None = None
-    min_p: MinP | None = None
-    frequency_penalty: Penalty | None = None
-    presence_penalty: Penalty | None = None
-    repetition_penalty: RepetitionPenalty | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
@@ -285,11 +246,6 @@ class SamplingParams(BaseModel):
     json_schema: str | None = None
     regex: str | None = None
     logit_bias: dict[str, float] | None = None
-
-    @model_validator(mode="after")
-    def _min_below_max(self) -> Self:
-        check_token_range(self.min_new_tokens, self.max_new_tokens)
-        return self
 
     def to_sglang(self) -> dict[str, Any]:
         """The ``sampling_params`` object for SGLang's ``/generate`` (unset fields left

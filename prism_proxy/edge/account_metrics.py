@@ -21,9 +21,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from prism_proxy.edge import state
 from prism_proxy.edge.accounts import ACCOUNT
 from prism_proxy.edge.errors import CLIENT_CLOSED, ENDPOINT, REFUSED_BY, STATUS
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.edge.openai_format import TokenUsage
 from prism_proxy.metrics import AccountHoldings, ProxyMetrics
 
@@ -40,10 +40,11 @@ def account_label(request: web.Request, keys_on: bool) -> str:
     return UNAUTHENTICATED if account is None else account.name
 
 
-def count_tokens(request: web.Request, usage: TokenUsage) -> None:
+def count_tokens(
+    request: web.Request, metrics: ProxyMetrics, keys_on: bool, usage: TokenUsage
+) -> None:
     """The tokens of a request's answer, on its account."""
-    metrics = request.app[state.METRICS]
-    account = account_label(request, state.KEYS in request.app)
+    account = account_label(request, keys_on)
     metrics.child(metrics.account_tokens, account, "prompt").inc(usage.prompt_tokens)
     metrics.child(metrics.account_tokens, account, "completion").inc(usage.completion_tokens)
 
@@ -51,8 +52,11 @@ def count_tokens(request: web.Request, usage: TokenUsage) -> None:
 def account_holdings(app: web.Application) -> AccountHoldings:
     """Each account's (in flight, queued) now: every key account (0 when idle, so its
     series stays), or all clients under `addr` without keys."""
-    holdings = app[state.USAGE].holdings()
-    table = app.get(state.KEYS)
+    gateway = app.get(GATEWAY)
+    if gateway is None:
+        return {}  # not started yet
+    holdings = gateway.usage.holdings()
+    table = gateway.keys
     if table is None:
         inflight = queued = 0
         for _, open_requests, queued_requests in holdings:

@@ -21,9 +21,9 @@ from typing import Any
 from aiohttp import web
 
 from prism_proxy.config import ConfigError, ProxyConfig
-from prism_proxy.edge import state
 from prism_proxy.edge.account_limits import Limits, Refusal
 from prism_proxy.edge.errors import ENDPOINT, REFUSED_BY, ApiError
+from prism_proxy.edge.gateway import GATEWAY, Gateway
 from prism_proxy.edge.keys import Account, KeyFileError, KeyTable, parse_env_keys, parse_key_file
 from prism_proxy.edge.keys import presented_key as _presented_key
 
@@ -88,10 +88,9 @@ def connection_key(peername: object) -> str:
     return ""
 
 
-def limits_of(request: web.Request) -> Limits:
+def limits_of(request: web.Request, config: ProxyConfig) -> Limits:
     """The per-account limits in effect for `request` (its key's own, else the
     deployment's defaults)."""
-    config = request.app[state.CONFIG]
     account = request.get(ACCOUNT)
     own = account.limits if account is not None else None
 
@@ -107,17 +106,6 @@ def limits_of(request: web.Request) -> Limits:
     )
 
 
-def weight_of(table: KeyTable | None) -> Any:
-    """The fair-share weight of an account name (1 unless its key file line says)."""
-    accounts = table.accounts if table is not None else {}
-
-    def weight(name: str) -> float:
-        account = accounts.get(name)
-        return account.limits.weight if account is not None else 1.0
-
-    return weight
-
-
 def refused(request: web.Request, refusal: Refusal) -> ApiError:
     """The 429 of a request over one of its account's limits (named for the metrics)."""
     request[REFUSED_BY] = refusal.limit
@@ -130,13 +118,12 @@ def refused(request: web.Request, refusal: Refusal) -> ApiError:
     )
 
 
-def charge(request: web.Request, tokens: int) -> None:
+def charge(request: web.Request, gateway: Gateway, tokens: int) -> None:
     """The request's answer used `tokens` (prompt + completion): its account's tokens
     per minute, when limited."""
-    tokens_per_minute = limits_of(request).tokens_per_minute
+    tokens_per_minute = limits_of(request, gateway.config).tokens_per_minute
     if tokens_per_minute:
-        usage = request.app[state.USAGE]
-        usage.charge(client_key(request), tokens, tokens_per_minute, time.monotonic())
+        gateway.usage.charge(client_key(request), tokens, tokens_per_minute, time.monotonic())
 
 
 def _count_refusal(request: web.Request) -> None:
@@ -152,7 +139,8 @@ async def account_middleware(request: web.Request, handler: Any) -> web.StreamRe
     flight for its account until its answer is written (429 over its limits)."""
     if request.path in OPEN_PATHS:
         return await handler(request)
-    table = request.app.get(state.KEYS)
+    gateway = request.app[GATEWAY]
+    table = gateway.keys
     if table is not None:
         headers = request.headers
         key = _presented_key(headers.get("Authorization"), headers.get("x-api-key"))
@@ -169,10 +157,10 @@ async def account_middleware(request: web.Request, handler: Any) -> web.StreamRe
         request[ACCOUNT] = account
     if request.method != "POST":
         return await handler(request)
-    usage = request.app[state.USAGE]
+    usage = gateway.usage
     name = client_key(request)
-    retry_after_s = request.app[state.CONFIG].retry_after_s
-    refusal = usage.open(name, limits_of(request), time.monotonic(), retry_after_s)
+    config = gateway.config
+    refusal = usage.open(name, limits_of(request, config), time.monotonic(), config.retry_after_s)
     if refusal is not None:
         _count_refusal(request)
         raise refused(request, refusal)

@@ -23,9 +23,10 @@ from prism_proxy.admission.driver import (
 )
 from prism_proxy.api.costs import PromptSize
 from prism_proxy.backend.errors import BackendError
-from prism_proxy.edge import state, tracing
+from prism_proxy.edge import tracing
 from prism_proxy.edge.accounts import client_key, limits_of, refused
 from prism_proxy.edge.errors import LANE, REFUSED_BY, ApiError, backend_failure
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.memory import release_free_memory
 from prism_proxy.prompts.jobs import PromptError, TokenJob
 from prism_proxy.qas.types import QueuedRequest
@@ -135,15 +136,20 @@ class Admitted:
     than a generator-based context manager: it is entered once per request, and the
     generator machinery cost more than the admission itself on an idle proxy."""
 
-    __slots__ = ("_account", "_admission", "_lane", "_queued", "_request")
+    __slots__ = ("_account", "_admission", "_gateway", "_lane", "_queued", "_request")
 
     def __init__(
-        self, request: web.Request, queued: QueuedRequest, lane: str | None = None
+        self,
+        request: web.Request,
+        gateway: Gateway,
+        queued: QueuedRequest,
+        lane: str | None = None,
     ) -> None:
         self._request = request
+        self._gateway = gateway
         self._queued = queued
         self._lane = lane
-        self._admission = request.app[state.ADMISSION]
+        self._admission = gateway.admission
         self._account = client_key(request)
 
     async def __aenter__(self) -> Released:
@@ -155,9 +161,12 @@ class Admitted:
             queued = self._queued = replace(
                 queued, ttft_slo_s=slo_s or queued.ttft_slo_s, account=account
             )
-        usage = request.app[state.USAGE]
-        retry_after_s = request.app[state.CONFIG].retry_after_s
-        refusal = usage.queue(account, limits_of(request), time.monotonic(), retry_after_s)
+        gateway = self._gateway
+        usage = gateway.usage
+        config = gateway.config
+        refusal = usage.queue(
+            account, limits_of(request, config), time.monotonic(), config.retry_after_s
+        )
         if refusal is not None:
             raise refused(request, refusal)
         admission = self._admission
@@ -186,7 +195,7 @@ class Admitted:
         chosen = self._lane or release.lane.value
         request[LANE] = chosen
         tracing.released(request, chosen, release.wait_s)
-        metrics = request.app[state.METRICS]
+        metrics = gateway.metrics
         metrics.child(metrics.admission_wait, chosen).observe(release.wait_s)
         return release
 
@@ -196,7 +205,7 @@ class Admitted:
             self._raise_mapped(exc)
 
     def _raise_mapped(self, exc: BaseException) -> None:
-        error = _admission_error(exc, self._request.app[state.CONFIG].retry_after_s)
+        error = _admission_error(exc, self._gateway.config.retry_after_s)
         if isinstance(exc, QueueFullError):
             self._request[REFUSED_BY] = "max_queue"
         if error is not None:

@@ -12,9 +12,9 @@ from aiohttp import web
 
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.costs import PromptSize
-from prism_proxy.edge import state
 from prism_proxy.edge.admit import make_job, new_rid, off_loop
 from prism_proxy.edge.errors import ENDPOINT
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.openai_format import ChatFormat, answer_format
 from prism_proxy.edge.passthrough import passthrough
@@ -56,20 +56,24 @@ def _chat_turns(
 
 
 async def chat_relay(
-    request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any], size: PromptSize
+    request: web.Request,
+    gateway: Gateway,
+    body: ChatCompletionRequest,
+    raw: dict[str, Any],
+    size: PromptSize,
 ) -> web.StreamResponse:
     """A chat only the engine's own endpoint serves (tools and tool calls, `n`,
     logprobs, response formats...): it renders the prompt and parses the answer, so the
     client gets exactly the engine's answer. The proxy renders the same prompt to find
     its turns: QAS schedules it and DART gets its anchors like any other request."""
     forwarded = body.forwarded(raw)
-    tokenizer = request.app[state.TOKENIZER]
+    tokenizer = gateway.tokenizer
     job = None
-    finder = DocumentFinder(request, hinted=False)
-    policy = request.app[state.ADMISSION].core.policy
+    finder = DocumentFinder(request, gateway, hinted=False)
+    policy = gateway.admission.core.policy
     if finder.searching and finder.reorder and policy.reorders:
         # documents in tool results, in the order of their first sighting
-        results = request.app[state.TOOL_RESULTS]
+        results = gateway.tool_results
         await off_loop(
             size,
             lambda: arrange_tool_messages(
@@ -80,65 +84,73 @@ async def chat_relay(
             ),
         )
     # the turns are the proxy's tokenization: only with the engine's tokenizer
-    open_ = request.app[state.TOKENIZER_GUARD].check.open
+    open_ = gateway.tokenizer_guard.check.open
     if open_ and finder.searching:
         try:
             # a session's key is needed only where an answer may end in a tool call
-            last = request.app[state.CONFIG].sessions and bool(forwarded.get("tools"))
+            last = gateway.config.sessions and bool(forwarded.get("tools"))
             job = await off_loop(size, lambda: _chat_turns(tokenizer, forwarded, last))
         except ChatTemplateError:
             job = None
     if job is None or job.head_tokens == 0:
-        count_origin(request, "forwarded")
+        count_origin(request, gateway.metrics, "forwarded")
         job = None
     else:
-        count_origin(request, "turns", "messages")
+        count_origin(request, gateway.metrics, "turns", "messages")
     path = "/v1/chat/completions"
     set_rid = (body.n or 1) == 1
     group = body.prompt_cache_key or ""
     async with (
-        DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, body, raw),
+        DecodeShare(request, gateway, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, gateway, body, raw),
     ):
-        return await passthrough(request, path, forwarded, set_rid=set_rid, job=job, group=group)
+        return await passthrough(
+            request, gateway, path, forwarded, set_rid=set_rid, job=job, group=group
+        )
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+async def chat_completions(request: web.Request, gateway: Gateway) -> web.StreamResponse:
     request[ENDPOINT] = "chat"
-    body, raw = await read_body(request, ChatCompletionRequest)
-    return await serve_chat(request, body, raw)
+    body, raw = await read_body(request, gateway, ChatCompletionRequest)
+    return await serve_chat(request, gateway, body, raw)
 
 
 async def serve_chat(
-    request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any]
+    request: web.Request, gateway: Gateway, body: ChatCompletionRequest, raw: dict[str, Any]
 ) -> web.StreamResponse:
     """A checked chat request (`raw` its body as validated), from its size check to its
     answer: the token path, or the engine's own chat endpoint (`chat_relay`)."""
     size = body.prompt_size()
-    check_prompt_size(request, size)
+    check_prompt_size(gateway.config, size)
     if body.passthrough_reason() is not None:
-        return await chat_relay(request, body, raw, size)
+        return await chat_relay(request, gateway, body, raw, size)
+    # the shares' block here rather than `serve_within_shares`: one file less on the
+    # request's await chain, which every resumption of its task walks again
     async with (
-        DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, body, raw),
+        DecodeShare(request, gateway, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, gateway, body, raw),
     ):
-        return await _chat_token_path(request, body, raw, size)
+        return await _chat_token_path(request, gateway, body, raw, size)
 
 
 async def _chat_token_path(
-    request: web.Request, body: ChatCompletionRequest, raw: dict[str, Any], size: PromptSize
+    request: web.Request,
+    gateway: Gateway,
+    body: ChatCompletionRequest,
+    raw: dict[str, Any],
+    size: PromptSize,
 ) -> web.StreamResponse:
-    if not await token_path_open(request, body.prism is not None):
+    if not await token_path_open(request, gateway, body.prism is not None):
         forwarded = body.forwarded(raw)
         group = body.prompt_cache_key or ""
         return await passthrough(
-            request, "/v1/chat/completions", forwarded, set_rid=True, group=group
+            request, gateway, "/v1/chat/completions", forwarded, set_rid=True, group=group
         )
-    tokenizer = request.app[state.TOKENIZER]
-    serializer = request.app[state.SERIALIZER]
-    rendering = request.app[state.RENDERING]
+    tokenizer = gateway.tokenizer
+    serializer = gateway.serializer
+    rendering = gateway.rendering
     drifts: list[tuple[bool, int]] = []
-    finder = DocumentFinder(request, body.prism is not None)
+    finder = DocumentFinder(request, gateway, body.prism is not None)
     hinted = None
     if body.prism is not None:
         system, suffix = chat_defaults(body.messages)
@@ -171,19 +183,21 @@ async def _chat_token_path(
         job = await make_job(size, build)
         finder.count(request)
         for differs, tokens in drifts:
-            metrics = request.app[state.METRICS]
+            metrics = gateway.metrics
             metrics.child(metrics.rendering_checks, "differs" if differs else "same").inc()
             metrics.rendering_drift.observe(abs(tokens))
     except ChatTemplateError:
         # No usable chat template here: let the backend render the chat itself.
-        count_origin(request, "forwarded")
-        return await passthrough(request, "/v1/chat/completions", body.forwarded(raw), set_rid=True)
+        count_origin(request, gateway.metrics, "forwarded")
+        forwarded = body.forwarded(raw)
+        return await passthrough(request, gateway, "/v1/chat/completions", forwarded, set_rid=True)
     rid = new_rid()
     params = body.sampling_params(body.max_new_tokens)
     # unset: until the context ends, as SGLang's chat endpoint reads it (not /generate's 128)
     params.setdefault("max_new_tokens", None)
     return await token_path(
         request,
+        gateway,
         job,
         size=size,
         rid=rid,

@@ -11,53 +11,40 @@ from aiohttp import web
 
 from prism_proxy.api.completions import CompletionRequest
 from prism_proxy.api.costs import PromptSize
-from prism_proxy.edge import state
 from prism_proxy.edge.admit import make_job, new_rid
-from prism_proxy.edge.errors import ENDPOINT
-from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import CompletionFormat, answer_format
-from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
-    count_origin,
+    engine_instead,
     hint_prompt,
-    token_path_open,
+    serve_one_prompt,
 )
-from prism_proxy.edge.structured import GrammarShare
 from prism_proxy.edge.token_path import token_path
 from prism_proxy.prompts.jobs import TokenJob, private_job, segmented_job
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    request[ENDPOINT] = "completions"
-    body, raw = await read_body(request, CompletionRequest)
-    size = body.prompt_size()
-    check_prompt_size(request, size)
-    async with (
-        DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, body, raw),
-    ):
-        return await _completions(request, body, raw, size)
+async def completions(request: web.Request, gateway: Gateway) -> web.StreamResponse:
+    return await serve_one_prompt(request, gateway, "completions", CompletionRequest, _completions)
 
 
 async def _completions(
-    request: web.Request, body: CompletionRequest, raw: dict[str, Any], size: PromptSize
+    request: web.Request,
+    gateway: Gateway,
+    body: CompletionRequest,
+    raw: dict[str, Any],
+    size: PromptSize,
 ) -> web.StreamResponse:
-    if body.passthrough_reason() is not None:
-        forwarded = body.forwarded(raw)
-        count_origin(request, "forwarded")
-        group = body.prompt_cache_key or ""
-        return await passthrough(
-            request, "/v1/completions", forwarded, set_rid=(body.n or 1) == 1, group=group
-        )
-    if not await token_path_open(request, body.prism is not None):
-        group = body.prompt_cache_key or ""
-        return await passthrough(
-            request, "/v1/completions", body.forwarded(raw), set_rid=True, group=group
-        )
+    group = body.prompt_cache_key or ""
+    one_rid = (body.n or 1) == 1
+    answer = await engine_instead(
+        request, gateway, body, raw, "/v1/completions", set_rid=one_rid, group=group
+    )
+    if answer is not None:
+        return answer
     prompt = body.single_prompt()
-    serializer = request.app[state.SERIALIZER]
-    finder = DocumentFinder(request, body.prism is not None)
+    serializer = gateway.serializer
+    finder = DocumentFinder(request, gateway, body.prism is not None)
     hinted = None
     if body.prism is not None:
         text = prompt if isinstance(prompt, str) else None
@@ -77,6 +64,7 @@ async def _completions(
     rid = new_rid()
     return await token_path(
         request,
+        gateway,
         job,
         size=size,
         rid=rid,
@@ -86,5 +74,5 @@ async def _completions(
             CompletionFormat, body.rid or rid, "cmpl", body.model, body.include_usage
         ),
         extra_fields=body.generate_fields(),
-        group=body.prompt_cache_key or "",
+        group=group,
     )

@@ -13,30 +13,30 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from prism_proxy.edge import state
+from prism_proxy.config import ProxyConfig
 from prism_proxy.edge.chat import chat_completions
 from prism_proxy.edge.completions import completions
 from prism_proxy.edge.errors import LANE, json_answer
+from prism_proxy.edge.gateway import Gateway, with_gateway
 from prism_proxy.edge.generate import generate
 
 
-async def health(request: web.Request) -> web.Response:
+async def health(request: web.Request, gateway: Gateway) -> web.Response:
     """Liveness of the proxy itself (200 while it serves); the body reports the rest."""
-    app = request.app
-    admission = app[state.ADMISSION]
+    admission = gateway.admission
     return json_answer(
         {
             "status": "ok",
-            "backend_up": bool(app[state.BACKEND].up),
+            "backend_up": bool(gateway.backend.up),
             "queue_depth": admission.queue_depth,
             "inflight": admission.inflight,
-            "policy": app[state.CONFIG].policy,
+            "policy": gateway.config.policy,
         }
     )
 
 
-async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[state.METRICS].render()
+async def metrics(request: web.Request, gateway: Gateway) -> web.Response:
+    body, content_type = gateway.metrics.render()
     response = web.Response(body=body)
     response.headers["Content-Type"] = content_type
     return response
@@ -53,11 +53,11 @@ async def lane_header(request: web.Request, response: web.StreamResponse) -> Non
         response.headers[LANE_HEADER] = lane
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/generate", generate)
-    app.router.add_get("/health", health)
-    if app[state.CONFIG].metrics_listen is None:  # else on the admin listener only
-        app.router.add_get("/metrics", metrics)
+def add_routes(app: web.Application, config: ProxyConfig) -> None:
+    app.router.add_post("/v1/chat/completions", with_gateway(chat_completions))
+    app.router.add_post("/v1/completions", with_gateway(completions))
+    app.router.add_post("/generate", with_gateway(generate))
+    app.router.add_get("/health", with_gateway(health))
+    if config.metrics_listen is None:  # else on the admin listener only
+        app.router.add_get("/metrics", with_gateway(metrics))
     app.on_response_prepare.append(lane_header)

@@ -23,7 +23,7 @@ from aiohttp import http_exceptions, web
 
 from prism_proxy.api.error_body import openai_error
 from prism_proxy.backend.errors import BackendError
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 MESSAGES = {
     400: "malformed HTTP request",
@@ -260,7 +260,7 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     finally:
         endpoint = request.get(ENDPOINT)
         if endpoint is not None:
-            metrics = request.app[state.METRICS]
+            metrics = request.app[GATEWAY].metrics
             lane = request[LANE]
             status = request.get(STATUS, status)
             metrics.child(metrics.requests, endpoint, lane, str(status)).inc()

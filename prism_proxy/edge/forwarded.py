@@ -23,8 +23,8 @@ from prism_proxy.api.forwarded import (
     embedding_answer,
 )
 from prism_proxy.backend.errors import BackendError
-from prism_proxy.edge import state
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
+from prism_proxy.edge.gateway import Gateway, with_gateway
 from prism_proxy.edge.intake import check_prompt_size, read_body
 from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES
@@ -32,13 +32,13 @@ from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES
 EMBEDDINGS_PATH = "/v1/embeddings"
 
 
-async def embeddings(request: web.Request) -> web.StreamResponse:
+async def embeddings(request: web.Request, gateway: Gateway) -> web.StreamResponse:
     request[ENDPOINT] = "embeddings"
-    body, raw = await read_body(request, EmbeddingRequest)
-    check_prompt_size(request, body.prompt_size())
+    body, raw = await read_body(request, gateway, EmbeddingRequest)
+    check_prompt_size(gateway.config, body.prompt_size())
     # a batch's rid would be a list of the engine's own: one rid names one input
     forwarded = body.forwarded(raw)
-    answer = await passthrough(request, EMBEDDINGS_PATH, forwarded, set_rid=not body.batch)
+    answer = await passthrough(request, gateway, EMBEDDINGS_PATH, forwarded, set_rid=not body.batch)
     data = answer.body if isinstance(answer, web.Response) else None
     if answer.status != 200 or not isinstance(data, bytes):
         return answer  # the engine's own error, or a client gone
@@ -57,31 +57,30 @@ def _published(data: bytes) -> web.Response:
     return json_answer(embedding_answer(answer))
 
 
-async def _forward(request: web.Request, path: str, body: dict[str, Any]) -> web.Response:
+async def _forward(gateway: Gateway, path: str, body: dict[str, Any]) -> web.Response:
     """Send `body` to the engine's `path` now; its answer, or its error's status."""
-    backend = request.app[state.BACKEND]
     try:
-        answer = await backend.post_json(path, body, request.app[state.CONFIG].backend_timeout_s)
+        answer = await gateway.backend.post_json(path, body, gateway.config.backend_timeout_s)
     except BackendError as exc:
         raise backend_failure(exc) from None
     return json_answer(answer)
 
 
-async def tokenize(request: web.Request) -> web.Response:
+async def tokenize(request: web.Request, gateway: Gateway) -> web.Response:
     request[ENDPOINT] = "tokenize"
-    body, raw = await read_body(request, TokenizeRequest)
-    check_prompt_size(request, body.prompt_size())
-    return await _forward(request, "/v1/tokenize", body.forwarded(raw))
+    body, raw = await read_body(request, gateway, TokenizeRequest)
+    check_prompt_size(gateway.config, body.prompt_size())
+    return await _forward(gateway, "/v1/tokenize", body.forwarded(raw))
 
 
-async def detokenize(request: web.Request) -> web.Response:
+async def detokenize(request: web.Request, gateway: Gateway) -> web.Response:
     request[ENDPOINT] = "detokenize"
-    body, raw = await read_body(request, DetokenizeRequest)
-    check_prompt_size(request, body.prompt_size())
-    return await _forward(request, "/v1/detokenize", body.forwarded(raw))
+    body, raw = await read_body(request, gateway, DetokenizeRequest)
+    check_prompt_size(gateway.config, body.prompt_size())
+    return await _forward(gateway, "/v1/detokenize", body.forwarded(raw))
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post(EMBEDDINGS_PATH, embeddings)
-    app.router.add_post("/v1/tokenize", tokenize)
-    app.router.add_post("/v1/detokenize", detokenize)
+    app.router.add_post(EMBEDDINGS_PATH, with_gateway(embeddings))
+    app.router.add_post("/v1/tokenize", with_gateway(tokenize))
+    app.router.add_post("/v1/detokenize", with_gateway(detokenize))

@@ -11,46 +11,36 @@ from aiohttp import web
 
 from prism_proxy.api.costs import PromptSize
 from prism_proxy.api.generate import GenerateRequest
-from prism_proxy.edge import state
 from prism_proxy.edge.admit import make_job, new_rid
-from prism_proxy.edge.errors import ENDPOINT
-from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import GenerateFormat, answer_format
-from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
-    count_origin,
+    engine_instead,
     hint_prompt,
-    token_path_open,
+    serve_one_prompt,
 )
-from prism_proxy.edge.structured import GrammarShare
 from prism_proxy.edge.token_path import token_path
 from prism_proxy.prompts.jobs import PromptError, TokenJob, private_job, segmented_job
 
 
-async def generate(request: web.Request) -> web.StreamResponse:
-    request[ENDPOINT] = "generate"
-    body, raw = await read_body(request, GenerateRequest)
-    size = body.prompt_size()
-    check_prompt_size(request, size)
-    async with (
-        DecodeShare(request, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, body, raw),
-    ):
-        return await _generate(request, body, raw, size)
+async def generate(request: web.Request, gateway: Gateway) -> web.StreamResponse:
+    return await serve_one_prompt(request, gateway, "generate", GenerateRequest, _generate)
 
 
 async def _generate(
-    request: web.Request, body: GenerateRequest, raw: dict[str, Any], size: PromptSize
+    request: web.Request,
+    gateway: Gateway,
+    body: GenerateRequest,
+    raw: dict[str, Any],
+    size: PromptSize,
 ) -> web.StreamResponse:
-    if body.passthrough_reason() is not None:
-        count_origin(request, "forwarded")
-        return await passthrough(request, "/generate", body.forwarded(raw), set_rid=False)
-    if not await token_path_open(request, body.prism is not None):
-        # one prompt (batches are passthrough already), as the client wrote it
-        return await passthrough(request, "/generate", body.forwarded(raw), set_rid=True)
-    serializer = request.app[state.SERIALIZER]
-    finder = DocumentFinder(request, body.prism is not None)
+    # the engine's own rids name a batch's prompts
+    answer = await engine_instead(request, gateway, body, raw, "/generate", set_rid=False)
+    if answer is not None:
+        return answer
+    serializer = gateway.serializer
+    finder = DocumentFinder(request, gateway, body.prism is not None)
     hinted = None
     if body.prism is not None:
         text = body.text if isinstance(body.text, str) else None
@@ -72,6 +62,7 @@ async def _generate(
     rid = new_rid()
     return await token_path(
         request,
+        gateway,
         job,
         size=size,
         rid=rid,

@@ -15,12 +15,14 @@ from pydantic import BaseModel, ValidationError
 
 from prism_proxy.api.costs import CheckedBody, DecodeAsk, PromptSize
 from prism_proxy.api.error_body import describe_validation_error
+from prism_proxy.api.grammars.gate import GrammarGate
 from prism_proxy.api.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, REFUSED
+from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig
-from prism_proxy.edge import state
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.bodies import BodyError, Caps, check_counts
 from prism_proxy.edge.errors import REFUSED_BY, ApiError
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.limits import (
     EngineSize,
     LimitError,
@@ -42,17 +44,19 @@ def body_caps(config: ProxyConfig) -> Caps:
     return Caps(config.max_messages, config.max_segments, config.max_prompt_chars)
 
 
-async def read_body(request: web.Request, model: type[M]) -> tuple[M, dict[str, Any]]:
+async def read_body(
+    request: web.Request, gateway: Gateway, model: type[M]
+) -> tuple[M, dict[str, Any]]:
     """Parse and validate the JSON body: 413 over the limits, 400 naming the bad field.
     Costly bodies are judged off the event loop first (`prism_proxy.edge.bodies`)."""
-    raw = await read_raw(request)
-    return await checked_body(request, model, raw), raw
+    raw = await read_raw(request, gateway)
+    return await checked_body(gateway, model, raw), raw
 
 
-async def read_raw(request: web.Request) -> dict[str, Any]:
+async def read_raw(request: web.Request, gateway: Gateway) -> dict[str, Any]:
     """The JSON object of the body, within the byte limit and the list caps, with no
     refused field (`check_refused`); not yet validated."""
-    config = request.app[state.CONFIG]
+    config = gateway.config
     limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
@@ -61,7 +65,7 @@ async def read_raw(request: web.Request) -> dict[str, Any]:
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(limit) from None
     try:
-        raw = await request.app[state.PARSER].parse(data)
+        raw = await gateway.parser.parse(data)
         if not isinstance(raw, dict):
             raise BodyError(400, "body: expected a JSON object")
         check_counts(raw, body_caps(config))
@@ -71,7 +75,7 @@ async def read_raw(request: web.Request) -> dict[str, Any]:
     return raw
 
 
-async def checked_body(request: web.Request, model: type[M], raw: dict[str, Any]) -> M:
+async def checked_body(gateway: Gateway, model: type[M], raw: dict[str, Any]) -> M:
     """`raw` validated by `model`, then checked against the served model: its token
     ids, `top_k`, prompt logprobs (`check_served`) and grammars (`check_grammars`)."""
     try:
@@ -80,8 +84,8 @@ async def checked_body(request: web.Request, model: type[M], raw: dict[str, Any]
         param, message = describe_validation_error(exc)
         raise ApiError(400, message, param=param) from None
     checked = cast(CheckedBody, body)
-    check_served(request, checked)
-    await check_grammars(request, checked)
+    check_served(gateway.tokenizer_guard, checked)
+    await check_grammars(gateway.grammars, checked)
     return body
 
 
@@ -126,10 +130,9 @@ def _unknown_vocabulary(refusal: str) -> None:
     )
 
 
-def check_served(request: web.Request, body: CheckedBody) -> None:
+def check_served(guard: TokenizerGuard, body: CheckedBody) -> None:
     """What types cannot say: every token id within the served vocabulary, `top_k`
     within it, and prompt logprobs within `MAX_PROMPT_LOGPROB_ENTRIES`."""
-    guard = request.app[state.TOKENIZER_GUARD]
     vocab_size = guard.vocab_size
     try:
         for param, ids in body.token_ids():
@@ -158,10 +161,9 @@ def check_served(request: web.Request, body: CheckedBody) -> None:
 OFFLOAD_GRAMMAR_CHARS = 4096
 
 
-async def check_grammars(request: web.Request, body: CheckedBody) -> None:
+async def check_grammars(gate: GrammarGate, body: CheckedBody) -> None:
     """400 naming the first grammar (`ebnf`, `regex`, `structural_tag`) the deployment's
     `grammars` policy does not let through (`api.grammars.gate.GrammarGate`)."""
-    gate = request.app[state.GRAMMARS]
     for param, kind, text in body.grammars():
         found, reason = gate.known(kind, text)
         if not found:
@@ -173,9 +175,9 @@ async def check_grammars(request: web.Request, body: CheckedBody) -> None:
             raise ApiError(400, f"{param}: not accepted: {reason}", param=param)
 
 
-def check_prompt_size(request: web.Request, size: PromptSize) -> None:
+def check_prompt_size(config: ProxyConfig, size: PromptSize) -> None:
     """413 above `max_prompt_chars` (every path, the forwarded one included)."""
-    limit = request.app[state.CONFIG].max_prompt_chars
+    limit = config.max_prompt_chars
     if size.chars > limit:
         raise ApiError(
             413,
@@ -185,8 +187,8 @@ def check_prompt_size(request: web.Request, size: PromptSize) -> None:
         )
 
 
-def engine_size(request: web.Request) -> EngineSize:
-    backend = request.app[state.ADMISSION].pacing.backend
+def engine_size(gateway: Gateway) -> EngineSize:
+    backend = gateway.admission.pacing.backend
     return EngineSize(backend.kv_pool_tokens, backend.context_tokens)
 
 
@@ -195,12 +197,14 @@ class DecodeShare:
     (`edge.limits`): 400 over `max_decode_tokens` or, for a non-streamed answer,
     `max_answer_bytes`; 429 with Retry-After beyond `max_client_decode_tokens`."""
 
-    __slots__ = ("_client", "_request", "_tokens", "ask")
+    __slots__ = ("_client", "_reservations", "_tokens", "ask")
 
-    def __init__(self, request: web.Request, ask: DecodeAsk, *, stream: bool) -> None:
-        config = request.app[state.CONFIG]
-        engine = engine_size(request)
-        self._request = request
+    def __init__(
+        self, request: web.Request, gateway: Gateway, ask: DecodeAsk, *, stream: bool
+    ) -> None:
+        config = gateway.config
+        engine = engine_size(gateway)
+        self._reservations = gateway.reservations
         self._client = client_key(request)
         self.ask = ask
         try:
@@ -211,7 +215,7 @@ class DecodeShare:
             raise ApiError(exc.status, exc.message, param=exc.param) from None
         self._tokens = reserved_tokens(ask, engine)
         limit = client_limit(config.max_client_decode_tokens, engine)
-        if not request.app[state.RESERVATIONS].hold(self._client, self._tokens, limit):
+        if not self._reservations.hold(self._client, self._tokens, limit):
             request[REFUSED_BY] = "max_client_decode_tokens"
             raise ApiError(
                 429,
@@ -225,4 +229,4 @@ class DecodeShare:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self._request.app[state.RESERVATIONS].release(self._client, self._tokens)
+        self._reservations.release(self._client, self._tokens)

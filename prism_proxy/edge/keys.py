@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DIGEST_PREFIX = "sha256:"
@@ -184,3 +185,14 @@ def presented_key(authorization: str | None, x_api_key: str | None) -> str | Non
     if x_api_key and x_api_key.strip():
         return x_api_key.strip()
     return None
+
+
+def weight_of(table: KeyTable | None) -> Callable[[str], float]:
+    """The fair-share weight of an account name (1 unless its key file line says)."""
+    accounts = table.accounts if table is not None else {}
+
+    def weight(name: str) -> float:
+        account = accounts.get(name)
+        return account.limits.weight if account is not None else 1.0
+
+    return weight

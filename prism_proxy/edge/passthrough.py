@@ -28,11 +28,12 @@ from aiohttp import web
 
 from prism_proxy.admission.sessions import SessionKeeper
 from prism_proxy.backend.errors import BackendError
-from prism_proxy.edge import state, tracing
+from prism_proxy.edge import tracing
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import Admitted, new_rid
 from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
 from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import SSE_DONE, TokenUsage, json_bytes, sse, stream_error
 from prism_proxy.edge.relay import (
     OFFLOAD_ANSWER_BYTES,
@@ -65,6 +66,7 @@ class _ClientGone(Exception):
 
 async def passthrough(
     request: web.Request,
+    gateway: Gateway,
     path: str,
     body: dict[str, Any],
     *,
@@ -88,15 +90,15 @@ async def passthrough(
     body["extra_key"] = tenant_key(client_key(request), body.get("extra_key"))
     arrival = time.monotonic()
     # agent sessions: chats that offer tools, whose answers may end in a tool call
-    keeper = request.app.get(state.SESSIONS) if job is not None and body.get("tools") else None
+    keeper = gateway.sessions if job is not None and body.get("tools") else None
     if job is None:
         queued = QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
     else:
         queued = job.queued(rid or new_rid(), arrival, group)
     if keeper is not None:
-        queued = _session_arrival(request, keeper, queued, job)
+        queued = _session_arrival(request, gateway, keeper, queued, job)
     try:
-        return await _passthrough(request, path, body, queued, job, rid, keeper)
+        return await _passthrough(request, gateway, path, body, queued, job, rid, keeper)
     except BaseException:
         if keeper is not None:
             keeper.forget(queued.rid)
@@ -104,14 +106,18 @@ async def passthrough(
 
 
 def _session_arrival(
-    request: web.Request, keeper: SessionKeeper, queued: QueuedRequest, job: TokenJob | None
+    request: web.Request,
+    gateway: Gateway,
+    keeper: SessionKeeper,
+    queued: QueuedRequest,
+    job: TokenJob | None,
 ) -> QueuedRequest:
     """Tell the keeper a chat with tools arrived; mark a continuation with its program's
     start."""
     assert job is not None
     tokens = len(job.build(()).prompt_fields.get("input_ids", ())) - job.head_tokens
     start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens, client_key(request))
-    metrics = request.app[state.METRICS]
+    metrics = gateway.metrics
     metrics.child(metrics.session_calls, "new" if start is None else "continued").inc()
     return queued if start is None else replace(queued, program_start=start)
 
@@ -146,6 +152,7 @@ def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
 
 async def _passthrough(
     request: web.Request,
+    gateway: Gateway,
     path: str,
     body: dict[str, Any],
     queued: QueuedRequest,
@@ -153,11 +160,11 @@ async def _passthrough(
     rid: str | None,
     keeper: SessionKeeper | None,
 ) -> web.StreamResponse:
-    backend = request.app[state.BACKEND]
-    limit_bytes = request.app[state.CONFIG].max_answer_bytes
+    backend = gateway.backend
+    limit_bytes = gateway.config.max_answer_bytes
     streams = bool(body.get("stream"))
     answer = _assembly(path, body, limit_bytes)
-    async with Admitted(request, queued, lane=None if job else "passthrough") as release:
+    async with Admitted(request, gateway, queued, lane=None if job else "passthrough") as release:
         lane = release.lane.value if job else "passthrough"
         if job is not None:
             dispatch = job.build(release.skeleton)
@@ -170,19 +177,19 @@ async def _passthrough(
             body["custom_params"] = {CUSTOM_PARAMS_KEY: orjson.dumps(hints).decode()}
         if answer is None and not streams:
             # its first token cannot be seen: it takes no place in prefill pacing
-            request.app[state.ADMISSION].first_token(queued.rid)
+            gateway.admission.first_token(queued.rid)
         try:
             async with backend.forward(path, body, tracing.engine_headers(request)) as upstream:
                 if upstream.content_type.startswith("text/event-stream"):
                     if answer is not None:
                         return await _assemble_lines(
-                            request, upstream, answer, queued.rid, lane, keeper
+                            request, gateway, upstream, answer, queued.rid, lane, keeper
                         )
-                    return await _relay_lines(request, upstream, queued.rid, lane, keeper)
+                    return await _relay_lines(request, gateway, upstream, queued.rid, lane, keeper)
                 data = await _read_bounded(upstream, limit_bytes, rid, backend)
-                request.app[state.ADMISSION].first_token(queued.rid)
+                gateway.admission.first_token(queued.rid)
                 tracing.first_token(request)
-                record_tokens(request, lane, _usage_of(data))
+                record_tokens(request, gateway, lane, _usage_of(data))
                 if keeper is not None:
                     keeper.started(queued.rid)
                     ok = upstream.status == 200
@@ -243,6 +250,7 @@ async def _sse_objects(upstream: Any, rid: str, backend: Any) -> AsyncIterator[d
 
 async def _assemble_lines(
     request: web.Request,
+    gateway: Gateway,
     upstream: Any,
     answer: OpenAIAnswer | GenerateAnswer,
     rid: str,
@@ -251,13 +259,13 @@ async def _assemble_lines(
 ) -> web.Response:
     """A stream the client did not ask for, assembled into one answer: the first object
     ends the request's pending prefill."""
-    backend = request.app[state.BACKEND]
-    metrics = request.app[state.METRICS]
+    backend = gateway.backend
+    metrics = gateway.metrics
     first = True
     try:
         async for chunk in _sse_objects(upstream, rid, backend):
             if first:
-                request.app[state.ADMISSION].first_token(rid)
+                gateway.admission.first_token(rid)
                 tracing.first_token(request)
                 metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
                 first = False
@@ -295,15 +303,20 @@ async def _assemble_lines(
         tool_call = False
     if keeper is not None:
         keeper.finish(rid, tool_call)
-    record_tokens(request, lane, usage)
+    record_tokens(request, gateway, lane, usage)
     return web.Response(body=data, content_type="application/json")
 
 
 async def _relay_lines(
-    request: web.Request, upstream: Any, rid: str, lane: str, keeper: SessionKeeper | None
+    request: web.Request,
+    gateway: Gateway,
+    upstream: Any,
+    rid: str,
+    lane: str,
+    keeper: SessionKeeper | None,
 ) -> web.StreamResponse:
     """Copy an upstream SSE stream line by line as it comes."""
-    metrics = request.app[state.METRICS]
+    metrics = gateway.metrics
     response = sse_response(request, upstream.status)
     usage: TokenUsage | None = None
     first = True
@@ -325,7 +338,7 @@ async def _relay_lines(
                     keeper.forget(rid)  # no pause follows a broken answer
                 return response
             if first:
-                request.app[state.ADMISSION].first_token(rid)
+                gateway.admission.first_token(rid)
                 tracing.first_token(request)
                 elapsed = time.monotonic() - request[STARTED]
                 metrics.child(metrics.ttft, lane).observe(elapsed)
@@ -342,7 +355,7 @@ async def _relay_lines(
         raise _ClientGone() from exc
     if keeper is not None:
         keeper.finish(rid, tool_call and upstream.status == 200)
-    record_tokens(request, lane, usage)
+    record_tokens(request, gateway, lane, usage)
     return response
 
 

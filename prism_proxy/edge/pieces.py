@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,9 +100,14 @@ class PieceSender:
     setting: int | None
 
     async def send(
-        self, payload: Mapping[str, Any], rid: str, known: int, headers: Mapping[str, str] | None
+        self,
+        payload: Mapping[str, Any],
+        rid: str,
+        known: Callable[[], int],
+        headers: Mapping[str, str] | None,
     ) -> Turn | None:
-        """A long prompt (more uncached tokens past `known` than one piece) waits,
+        """A long prompt (more uncached tokens past `known()`, the tokens the engine
+        may hold cached, asked only of a prompt longer than one piece) waits,
         parked, for its turn, and holds it until its first token; over two pieces
         uncached, it is prefilled in pieces first. After the first piece, the next go
         only while other requests are queued or in flight (alone, the rest goes with the
@@ -113,13 +118,16 @@ class PieceSender:
             return None
         admission = self.admission
         size = piece_size(self.setting, admission.pacing.backend.prefill_budget_tokens)
-        if len(ids) - min(known, len(ids)) <= size:
+        if len(ids) <= size:
             return None
-        ends = piece_ends(len(ids), known, size)
+        cached = min(known(), len(ids))
+        if len(ids) - cached <= size:
+            return None
+        ends = piece_ends(len(ids), cached, size)
         turns = admission.turns
         admission.park(rid)
         try:
-            await turns.acquire(turns.ticket())
+            await turns.acquire()
             turn = Turn(turns, None)
             try:
                 for index, end in enumerate(ends):

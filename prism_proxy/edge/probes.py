@@ -36,14 +36,14 @@ from aiohttp import web
 from prism_proxy.api import engine_info
 from prism_proxy.api.engine_info import published
 from prism_proxy.backend.errors import BackendError
-from prism_proxy.edge import state
 from prism_proxy.edge.errors import ApiError, backend_failure, json_answer
+from prism_proxy.edge.gateway import Gateway, with_gateway
 from prism_proxy.qas.residency import residency_source
 
 
-def proxy_state(app: web.Application) -> dict[str, Any]:
+def proxy_state(gateway: Gateway) -> dict[str, Any]:
     """The proxy's own load and settings, as `prism` in the probe answers."""
-    admission, config = app[state.ADMISSION], app[state.CONFIG]
+    admission, config = gateway.admission, gateway.config
     return {
         "policy": config.policy,
         "qas": config.qas_variant,
@@ -53,16 +53,16 @@ def proxy_state(app: web.Application) -> dict[str, Any]:
         "prefill_batch": admission.pacing.prefill_batch,
         "inflight_limit": admission.pacing.backstop,
         "backend_replicas": admission.pacing.replicas,
-        "settings": proxy_settings(app),
+        "settings": proxy_settings(gateway),
     }
 
 
-def proxy_settings(app: web.Application) -> dict[str, Any]:
+def proxy_settings(gateway: Gateway) -> dict[str, Any]:
     """The settings the proxy runs with, as in effect now: the QAS variant
     and its resolved parameters, pacing (B and the backstop, each fixed or automatic,
     with its current value), the round window, the residency source and the control
     RPC. A sweep stores them beside each run's results."""
-    admission, config = app[state.ADMISSION], app[state.CONFIG]
+    admission, config = gateway.admission, gateway.config
     pacing = admission.pacing
     return {
         "policy": config.policy,
@@ -101,10 +101,10 @@ def with_proxy_queue(loads: dict[str, Any], proxy: dict[str, Any]) -> dict[str, 
     return {**loads, "loads": ranks, "prism": proxy}
 
 
-async def _backend_object(request: web.Request, path: str) -> dict[str, Any]:
+async def _backend_object(gateway: Gateway, path: str) -> dict[str, Any]:
     """The backend's JSON object at `path` (`server_info`, `model_info`: by either of
     SGLang's names, `BackendClient.get_info`)."""
-    backend = request.app[state.BACKEND]
+    backend = gateway.backend
     try:
         if path.startswith("/"):
             answer = await backend.get_json(path)
@@ -117,29 +117,27 @@ async def _backend_object(request: web.Request, path: str) -> dict[str, Any]:
     return answer
 
 
-async def server_info(request: web.Request) -> web.Response:
-    info = await _backend_object(request, "server_info")
-    return json_answer(
-        {**published(info, engine_info.SERVER_INFO), "prism": proxy_state(request.app)}
-    )
+async def server_info(request: web.Request, gateway: Gateway) -> web.Response:
+    info = await _backend_object(gateway, "server_info")
+    return json_answer({**published(info, engine_info.SERVER_INFO), "prism": proxy_state(gateway)})
 
 
-async def model_info(request: web.Request) -> web.Response:
-    info = await _backend_object(request, "model_info")
+async def model_info(request: web.Request, gateway: Gateway) -> web.Response:
+    info = await _backend_object(gateway, "model_info")
     return json_answer(published(info, engine_info.MODEL_INFO))
 
 
-async def models(request: web.Request) -> web.Response:
-    answer = await _backend_object(request, "/v1/models")
+async def models(request: web.Request, gateway: Gateway) -> web.Response:
+    answer = await _backend_object(gateway, "/v1/models")
     return json_answer(published(answer, engine_info.MODELS))
 
 
-async def loads(request: web.Request) -> web.Response:
+async def loads(request: web.Request, gateway: Gateway) -> web.Response:
     query = urlencode([(k, v) for k, v in request.query.items() if k in engine_info.LOADS_QUERY])
     path = "/v1/loads" + (f"?{query}" if query else "")
-    proxy = proxy_state(request.app)
+    proxy = proxy_state(gateway)
     try:
-        backend = await request.app[state.BACKEND].get_json(path)
+        backend = await gateway.backend.get_json(path)
     except BackendError as exc:
         if exc.status != 404:
             raise backend_failure(exc) from None
@@ -149,9 +147,9 @@ async def loads(request: web.Request) -> web.Response:
     return json_answer(with_proxy_queue(published(backend, engine_info.LOADS), proxy))
 
 
-async def health_generate(request: web.Request) -> web.Response:
+async def health_generate(request: web.Request, gateway: Gateway) -> web.Response:
     try:
-        await request.app[state.BACKEND].get_ok("/health_generate")
+        await gateway.backend.get_ok("/health_generate")
     except BackendError as exc:
         raise backend_failure(exc) from None
     return web.Response(text="")
@@ -159,10 +157,10 @@ async def health_generate(request: web.Request) -> web.Response:
 
 def add_probe_routes(app: web.Application) -> None:
     for path in ("/server_info", "/get_server_info"):
-        app.router.add_get(path, server_info)
+        app.router.add_get(path, with_gateway(server_info))
     for path in ("/model_info", "/get_model_info"):
-        app.router.add_get(path, model_info)
+        app.router.add_get(path, with_gateway(model_info))
     for path in ("/v1/loads", "/loads"):
-        app.router.add_get(path, loads)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health_generate", health_generate)
+        app.router.add_get(path, with_gateway(loads))
+    app.router.add_get("/v1/models", with_gateway(models))
+    app.router.add_get("/health_generate", with_gateway(health_generate))

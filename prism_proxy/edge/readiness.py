@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from prism_proxy.backend.tokenizer_guard import TokenizerCheck
-from prism_proxy.edge import state
 from prism_proxy.edge.errors import json_answer
+from prism_proxy.edge.gateway import Gateway, with_gateway
 
 
 @dataclass
@@ -67,16 +67,15 @@ async def livez(request: web.Request) -> web.Response:
     return json_answer({"status": "ok"})
 
 
-async def readyz(request: web.Request) -> web.Response:
-    app = request.app
-    backend = app[state.BACKEND]
-    guard = app[state.TOKENIZER_GUARD]
+async def readyz(request: web.Request, gateway: Gateway) -> web.Response:
+    backend = gateway.backend
+    guard = gateway.tokenizer_guard
     reasons = not_ready(
         backend.up,
         backend.downs,
         guard.check,
         forward=guard.forward,
-        draining=app[READINESS].draining,
+        draining=request.app[READINESS].draining,
     )
     if reasons:
         return json_answer({"status": "not ready", "reasons": reasons}, status=503)
@@ -86,4 +85,4 @@ async def readyz(request: web.Request) -> web.Response:
 def add_readiness_routes(app: web.Application) -> None:
     app[READINESS] = Readiness()
     app.router.add_get("/livez", livez)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/readyz", with_gateway(readyz))

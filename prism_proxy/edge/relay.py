@@ -12,11 +12,12 @@ from typing import Protocol
 
 from aiohttp import web
 
-from prism_proxy.edge import state, tracing
+from prism_proxy.edge import tracing
 from prism_proxy.edge.account_metrics import count_tokens
 from prism_proxy.edge.accounts import charge
 from prism_proxy.edge.assemble import AnswerTooLarge
 from prism_proxy.edge.errors import ApiError
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import TokenUsage
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -71,13 +72,15 @@ def too_large(exc: AnswerTooLarge) -> ApiError:
     return ApiError(400, str(exc), param="stream")
 
 
-def record_tokens(request: web.Request, lane: str, usage: TokenUsage | None) -> None:
+def record_tokens(
+    request: web.Request, gateway: Gateway, lane: str, usage: TokenUsage | None
+) -> None:
     """An answer's tokens: on its trace, in the lane's counters, charged to its client."""
     if usage is None:
         return
     tracing.tokens(request, usage.prompt_tokens, usage.completion_tokens)
-    metrics = request.app[state.METRICS]
+    metrics = gateway.metrics
     metrics.child(metrics.prompt_tokens, lane).inc(usage.prompt_tokens)
     metrics.child(metrics.cached_tokens, lane).inc(usage.cached_tokens)
-    charge(request, usage.prompt_tokens + usage.completion_tokens)
-    count_tokens(request, usage)
+    charge(request, gateway, usage.prompt_tokens + usage.completion_tokens)
+    count_tokens(request, gateway.metrics, gateway.keys is not None, usage)

@@ -23,10 +23,10 @@ from prism_proxy.api.responses.answer import ResponseIds, to_response
 from prism_proxy.api.responses.events import ResponseEvents
 from prism_proxy.api.responses.request import ResponsesRequest, refusal
 from prism_proxy.api.responses.to_chat import response_param, to_chat
-from prism_proxy.edge import state
 from prism_proxy.edge.admit import new_rid
 from prism_proxy.edge.chat import serve_chat
 from prism_proxy.edge.errors import ENDPOINT, ApiError, json_answer
+from prism_proxy.edge.gateway import Gateway, with_gateway
 from prism_proxy.edge.intake import checked_body, engine_size, read_raw
 from prism_proxy.edge.limits import answer_bytes
 from prism_proxy.edge.openai_format import json_bytes
@@ -89,11 +89,11 @@ def _renamed(exc: ApiError) -> ApiError:
     return ApiError(exc.status, message, param=param, kind=exc.kind, headers=exc.headers)
 
 
-def _check_held_answer(request: web.Request, chat: ChatCompletionRequest) -> None:
+def _check_held_answer(gateway: Gateway, chat: ChatCompletionRequest) -> None:
     """A streamed Response keeps its whole answer for its `response.completed` event:
     bounded by `max_answer_bytes`, as an answer the proxy assembles is (400)."""
-    limit = request.app[state.CONFIG].max_answer_bytes
-    size = answer_bytes(chat.decode_ask(), engine_size(request))
+    limit = gateway.config.max_answer_bytes
+    size = answer_bytes(chat.decode_ask(), engine_size(gateway))
     if size > limit:
         raise ApiError(
             400,
@@ -104,22 +104,22 @@ def _check_held_answer(request: web.Request, chat: ChatCompletionRequest) -> Non
         )
 
 
-async def responses(request: web.Request) -> web.StreamResponse:
+async def responses(request: web.Request, gateway: Gateway) -> web.StreamResponse:
     request[ENDPOINT] = "responses"
-    raw = await read_raw(request)
-    refused = refusal(raw, request.app[state.CONFIG].max_messages)
+    raw = await read_raw(request, gateway)
+    refused = refusal(raw, gateway.config.max_messages)
     if refused is not None:
         raise ApiError(refused.status, refused.message, param=refused.param)
-    body = await checked_body(request, ResponsesRequest, raw)
+    body = await checked_body(gateway, ResponsesRequest, raw)
     chat_raw = to_chat(body)
     ids = ResponseIds("resp_" + new_rid(), int(time.time()))
     if body.stream:
         request[REWRITER] = ChatToResponses(ResponseEvents(body, ids))
     try:
-        chat = await checked_body(request, ChatCompletionRequest, chat_raw)
+        chat = await checked_body(gateway, ChatCompletionRequest, chat_raw)
         if body.stream:
-            _check_held_answer(request, chat)
-        answer = await serve_chat(request, chat, chat_raw)
+            _check_held_answer(gateway, chat)
+        answer = await serve_chat(request, gateway, chat, chat_raw)
     except ApiError as exc:
         raise _renamed(exc) from None
     chat_answer = answer.body if isinstance(answer, web.Response) else None
@@ -135,4 +135,4 @@ def _response_answer(body: ResponsesRequest, ids: ResponseIds, chat_answer: byte
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/responses", with_gateway(responses))

@@ -19,11 +19,12 @@ from aiohttp import web
 
 from prism_proxy.api.costs import PromptSize
 from prism_proxy.backend.errors import BackendError
-from prism_proxy.edge import state, tracing
+from prism_proxy.edge import tracing
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import Admitted, off_loop
 from prism_proxy.edge.assemble import AnswerTooLarge
 from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, json_answer
+from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import SSE_DONE, ResponseFormat, TokenUsage, sse, stream_error
 from prism_proxy.edge.relay import (
     OFFLOAD_ANSWER_BYTES,
@@ -38,6 +39,7 @@ from prism_proxy.prompts.sharing import prefix_digests, tenant_key
 
 async def token_path(
     request: web.Request,
+    gateway: Gateway,
     job: TokenJob,
     *,
     size: PromptSize,
@@ -55,13 +57,12 @@ async def token_path(
     the first chunk is the moment the request stops pending prefill (SPEC §2 pacing).
     Non-streaming clients get the chunks assembled into one response.
     """
-    app = request.app
-    backend = app[state.BACKEND]
-    limit_bytes = app[state.CONFIG].max_answer_bytes
+    backend = gateway.backend
+    limit_bytes = gateway.config.max_answer_bytes
     if not stream:
         sampling_params = {**sampling_params, "stream_interval": ONE_CHUNK_AFTER_FIRST}
-    sharing = _Sharing(request, fmt, extra_fields or {})
-    async with Admitted(request, job.queued(rid, time.monotonic(), group)) as release:
+    sharing = _Sharing(request, gateway, fmt, extra_fields or {})
+    async with Admitted(request, gateway, job.queued(rid, time.monotonic(), group)) as release:
         lane = release.lane.value
         payload = await off_loop(
             size,
@@ -75,7 +76,7 @@ async def token_path(
             ),
         )
         headers = tracing.engine_headers(request)
-        turn = await app[state.PIECES].send(payload, rid, sharing.known(), headers)
+        turn = await gateway.pieces.send(payload, rid, sharing.known, headers)
         batches = backend.generate_batches(payload, headers)
         if turn is not None and turn.reused is not None:
             batches = turn.clamped(batches)
@@ -88,10 +89,10 @@ async def token_path(
                         turn.give_back()
                 if first is None:
                     raise BackendError(502, "backend stream ended without a chunk")
-                _first_token(request, rid, lane, first[0])
+                _first_token(request, gateway, rid, lane, first[0])
                 sharing.first_token()
                 if stream:
-                    response = await _relay_stream(request, first, batches, fmt, lane, rid)
+                    response = await _relay_stream(request, gateway, first, batches, fmt, lane, rid)
                     sharing.done()
                     return response
                 assembled = fmt.assembled
@@ -106,7 +107,7 @@ async def token_path(
             except asyncio.CancelledError:
                 backend.abort(rid)  # the client left while the backend was working
                 raise
-        record_tokens(request, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
+        record_tokens(request, gateway, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
         sharing.done()
         whole = fmt.whole()
         if fmt.assembled.size_bytes >= OFFLOAD_ANSWER_BYTES:
@@ -129,11 +130,15 @@ class _Sharing:
     )  # fmt: skip
 
     def __init__(
-        self, request: web.Request, fmt: ResponseFormat, extra_fields: dict[str, Any]
+        self,
+        request: web.Request,
+        gateway: Gateway,
+        fmt: ResponseFormat,
+        extra_fields: dict[str, Any],
     ) -> None:
         self.client = client_key(request)
-        self.shared = request.app[state.SHARING]
-        self.own = request.app[state.OWN]
+        self.shared = gateway.sharing
+        self.own = gateway.own
         self.fmt = fmt
         self.extra_fields = extra_fields
         self.ids: Sequence[int] = ()
@@ -153,7 +158,9 @@ class _Sharing:
 
     def known(self) -> int:
         """Tokens of the prompt the engine may hold cached: the longest prefix any
-        client sent before, or this client's own reuse (its answers included)."""
+        client sent before, or this client's own reuse (its answers included). Asked
+        only of a prompt long enough to take turns (`PieceSender.send`): the own-prefix
+        lookup walks the prompt."""
         if not self.ids:
             return 0
         return max(self.shared_sent, self.own.own_prefix(self.client, self.ids))
@@ -170,21 +177,24 @@ class _Sharing:
             self.own.record(self.client, [*self.ids, *generated])
 
 
-def _first_token(request: web.Request, rid: str, lane: str, chunk: dict[str, Any]) -> None:
+def _first_token(
+    request: web.Request, gateway: Gateway, rid: str, lane: str, chunk: dict[str, Any]
+) -> None:
     """The backend's first chunk: the request leaves pending prefill; TTFT is observed."""
     meta_info = chunk.get("meta_info") or {}
     uncached: int | None = None
     prompt, cached = meta_info.get("prompt_tokens"), meta_info.get("cached_tokens")
     if isinstance(prompt, int) and isinstance(cached, int):
         uncached = prompt - cached
-    request.app[state.ADMISSION].first_token(rid, uncached)
+    gateway.admission.first_token(rid, uncached)
     tracing.first_token(request)
-    metrics = request.app[state.METRICS]
+    metrics = gateway.metrics
     metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
 
 
 async def _relay_stream(
     request: web.Request,
+    gateway: Gateway,
     first: list[dict[str, Any]],
     batches: AsyncIterator[list[dict[str, Any]]],
     fmt: ResponseFormat,
@@ -195,7 +205,7 @@ async def _relay_stream(
     delivered (a chunk is never held back for a later one). Headers go out with the
     first chunk, so a backend that fails before answering still gets a proper 502/503
     status; a failure after that ends the stream with an error event."""
-    backend = request.app[state.BACKEND]
+    backend = gateway.backend
     response = sse_response(request, 200)
     meta_info: dict[str, Any] = {}
     try:
@@ -219,6 +229,6 @@ async def _relay_stream(
         backend.abort(rid)
         request[STATUS] = CLIENT_CLOSED
         return response
-    record_tokens(request, lane, TokenUsage.from_meta(meta_info) if meta_info else None)
+    record_tokens(request, gateway, lane, TokenUsage.from_meta(meta_info) if meta_info else None)
     await response.write_eof()
     return response

@@ -156,14 +156,12 @@ def get_paths() -> list[str]:
         from sglang.srt.entrypoints import http_server
 
     from prism_proxy.config import ProxyConfig
-    from prism_proxy.edge import state
     from prism_proxy.edge.endpoints import add_routes
     from prism_proxy.edge.probes import add_probe_routes
 
     paths = {r.path for r in http_server.app.routes if "GET" in (getattr(r, "methods", None) or ())}
     app = web.Application()
-    app[state.CONFIG] = ProxyConfig()
-    add_routes(app)
+    add_routes(app, ProxyConfig())
     add_probe_routes(app)
     paths |= {r.resource.canonical for r in app.router.routes() if r.method == "GET"}
     paths |= {"/v1/loads", "/v1/loads?include=all", "/v1/loads?format=prometheus"}

@@ -16,7 +16,7 @@ import openai
 import pytest
 from live_support import LiveServer
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 pytestmark = pytest.mark.sglang
 
@@ -107,4 +107,4 @@ async def test_chat_stream_tool_chat_and_generate_through_the_proxy(
         generated = await http.post(proxy.url + "/generate", json=body, headers=headers)
         assert generated.status_code == 200, generated.text
         assert generated.json()["meta_info"]["completion_tokens"] == 4
-    assert proxy.app[state.ADMISSION].inflight == 0
+    assert proxy.app[GATEWAY].admission.inflight == 0

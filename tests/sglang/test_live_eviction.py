@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 from live_support import LiveServer, eventually
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_wire import make_kv_hints
 
 pytestmark = pytest.mark.sglang
@@ -189,7 +189,7 @@ async def test_backend_killed_mid_stream_ends_the_stream_and_leaks_nothing(
     assert events[-1] == "[DONE]"
     error = events[-2]
     assert isinstance(error, dict) and error["error"]["code"] == 502, error
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     await eventually(lambda: admission.inflight == 0)
     assert admission.queue_depth == 0
     assert admission.inflight == 0 and admission.pending_prefill == 0

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from live_support import LiveServer
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 pytestmark = pytest.mark.sglang
 
@@ -55,7 +55,7 @@ async def test_the_ambiguous_grammar_never_reaches_the_engine(
         answer = await client.post(proxy.url + "/v1/chat/completions", json=chat)
         assert answer.status_code == 200, answer.text
     assert engine_requests(server) == before + 1
-    assert proxy.app[state.ADMISSION].inflight == 0
+    assert proxy.app[GATEWAY].admission.inflight == 0
 
 
 async def test_checked_serves_a_deterministic_grammar_that_the_engine_follows(

@@ -11,7 +11,7 @@ import openai
 import pytest
 from live_support import LiveServer, eventually
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 pytestmark = pytest.mark.sglang
 
@@ -46,7 +46,7 @@ async def test_long_prompts_go_in_pieces_to_the_real_engine(live, live_proxy_fac
     server: LiveServer = live["ample"]
     server.fresh()
     proxy = await live_proxy_factory(server, prefill_piece_tokens=PIECE)
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="none", max_retries=0)
     texts = [long_text(i) for i in range(3)]
     answers = await asyncio.gather(*(chat(client, text) for text in texts), chat(client, "Hi?"))
@@ -61,6 +61,6 @@ async def test_long_prompts_go_in_pieces_to_the_real_engine(live, live_proxy_fac
     for text, (prompt, _) in zip(texts, answers, strict=False):
         again, cached = await chat(client, text)
         assert again == prompt and cached >= prompt - 2 * PIECE
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     await eventually(lambda: admission.inflight == 0)
     assert admission.turns.held == 0

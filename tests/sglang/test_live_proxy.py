@@ -14,7 +14,7 @@ import pytest
 from live_support import AMPLE_TOKENS, LiveServer, eventually
 
 from prism_proxy.api.segments import SegmentedPrompt
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.serializer import Serializer
 from prism_tokens.tokenizer import load_tokenizer
 from sglang_cpu.model import ensure_tiny_model
@@ -137,7 +137,7 @@ async def test_the_same_documents_twice_reuse_exactly_the_serialized_prefix(
     # A push goes out in the background after its wave, and the scheduler applies a
     # table it took at its next tree operation: wait for both pushes to be taken, then
     # give the scheduler that operation.
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     await eventually(lambda: registry.get_sample_value("prism:control_rpc_pushes_total") >= 2)
     live["ample"].generate([5, 6, 7])
     stats = live["ample"].stats()
@@ -163,19 +163,19 @@ async def test_a_client_disconnect_aborts_the_request_inside_sglang(
     ):
         assert response.status == 200
         await response.content.readline()  # streaming: now leave
-    backend = proxy.app[state.BACKEND]
+    backend = proxy.app[GATEWAY].backend
     await eventually(lambda: backend.aborts_sent == 1)
     await eventually(
         lambda: server.metric("sglang:num_aborted_requests_total") == aborted_before + 1
     )
     info = httpx.get(server.url + "/server_info", timeout=10.0).json()
     assert info["internal_states"][0].get("num_running_reqs", 0) == 0
-    admission = proxy.app[state.ADMISSION]
+    admission = proxy.app[GATEWAY].admission
     await eventually(lambda: admission.inflight == 0)
 
 
 async def test_prefill_pacing_reads_the_real_server_info(proxy) -> None:
-    pacing = proxy.app[state.ADMISSION].pacing
+    pacing = proxy.app[GATEWAY].admission.pacing
     # SGLang on this CPU: chunked_prefill_size 4096, max_running_requests resolved to 2048
     # (`internal_states[0].effective_max_running_requests_per_dp`; the argument is null).
     # and its pool (`max_total_num_tokens`, what --max-total-tokens asked) and the longest
@@ -193,5 +193,5 @@ async def test_tokenizer_auto_reads_the_model_directory(
     """`--tokenizer auto` asks SGLang's /model_info for its model path: the same
     directory the proxy otherwise names, loaded the same way."""
     proxy = await live_proxy_factory(live["ample"], tokenizer="auto")
-    tokenizer = proxy.app[state.TOKENIZER]
+    tokenizer = proxy.app[GATEWAY].tokenizer
     assert os.path.samefile(tokenizer.name, ensure_tiny_model())

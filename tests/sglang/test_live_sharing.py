@@ -19,7 +19,7 @@ import httpx
 import pytest
 from live_support import LiveServer
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.conversation import chat_job
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_tokens.tokenizer import load_tokenizer
@@ -78,8 +78,8 @@ async def test_the_code_comes_back_from_the_engine_but_not_through_the_proxy(
     proxy = await live_proxy_factory(server)
     tokenizer = load_tokenizer(str(ensure_tiny_model()))
     # the victim's prompt, as the proxy serializes it
-    serializer = proxy.app[state.SERIALIZER]
-    layouts = proxy.app[state.CONFIG].extraction_layouts
+    serializer = proxy.app[GATEWAY].serializer
+    layouts = proxy.app[GATEWAY].config.extraction_layouts
     job = chat_job(serializer, victim_messages(), layouts=layouts, reorder=True,
                    evidence=BlockEvidence(1 << 20)).job  # fmt: skip
     victim_ids = job.build(job.segments).prompt_fields["input_ids"]

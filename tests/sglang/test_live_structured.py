@@ -20,7 +20,7 @@ import pytest
 from live_support import LiveServer, eventually
 from openai.types.chat import ChatCompletion
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 
 pytestmark = pytest.mark.sglang
 
@@ -64,7 +64,7 @@ async def test_slow_schemas_of_one_client_do_not_hold_another_clients_request(
 ) -> None:
     server: LiveServer = live["hostile"]
     proxy = await live_proxy_factory(server)
-    ledger = proxy.app[state.STRUCTURED]
+    ledger = proxy.app[GATEWAY].structured
     tag = secrets.token_hex(6)  # new to the engine's grammar cache in every run
     squatter, victim = client_from(proxy.url, SQUATTER), client_from(proxy.url, VICTIM)
     before = engine_requests(server)

@@ -25,7 +25,7 @@ from tokenizer_dirs import write_bpe_dir
 from tokenizer_support import CHAT, http_requests, plain_proxy, prompt_tokens, template_variant
 
 from prism_proxy.backend.tokenizer_choice import TokenizerMismatch, TokenizerState
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
 from prism_tokens.builtin import CHATML_TEMPLATE
@@ -59,8 +59,8 @@ def wrong(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 async def test_without_a_tokenizer_the_proxy_sends_sglangs_own_prompt(stock: LiveServer) -> None:
     proxy = await plain_proxy(stock.url)
     try:
-        assert os.path.samefile(proxy.app[state.TOKENIZER].name, ensure_tiny_model())
-        assert proxy.app[state.TOKENIZER_GUARD].check.state is TokenizerState.MATCH
+        assert os.path.samefile(proxy.app[GATEWAY].tokenizer.name, ensure_tiny_model())
+        assert proxy.app[GATEWAY].tokenizer_guard.check.state is TokenizerState.MATCH
         generates = http_requests(stock.url, "/generate")
         through = await prompt_tokens(proxy.url)
         assert http_requests(stock.url, "/generate") == generates + 1  # the token path
@@ -91,7 +91,7 @@ async def test_forward_mode_gets_sglangs_own_answers_and_no_generate(
         stock.url, tokenizer=wrong["other-vocabulary"], tokenizer_mismatch="forward"
     )
     try:
-        assert proxy.app[state.TOKENIZER_GUARD].check.state is TokenizerState.MISMATCH
+        assert proxy.app[GATEWAY].tokenizer_guard.check.state is TokenizerState.MISMATCH
         generates = http_requests(stock.url, "/generate")
         chats = http_requests(stock.url, "/v1/chat/completions")
         clients = [

@@ -23,7 +23,7 @@ from tokenizer_support import http_requests, plain_proxy, prompt_tokens
 
 from loadgen.processes import ServerProcess, spawn_server, wait_healthy
 from prism_proxy.backend.tokenizer_choice import TokenizerMismatch, TokenizerState
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from sglang_cpu.smollm2 import smollm2_dir
 
 pytestmark = pytest.mark.sglang
@@ -53,8 +53,8 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 async def test_without_a_tokenizer_the_proxy_sends_smollm2s_own_prompt(smollm2) -> None:
     proxy = await plain_proxy(smollm2.url)
     try:
-        assert Path(proxy.app[state.TOKENIZER].name).samefile(smollm2_dir())
-        assert proxy.app[state.TOKENIZER_GUARD].check.state is TokenizerState.MATCH
+        assert Path(proxy.app[GATEWAY].tokenizer.name).samefile(smollm2_dir())
+        assert proxy.app[GATEWAY].tokenizer_guard.check.state is TokenizerState.MATCH
         generates = http_requests(smollm2.url, "/generate")
         through = await prompt_tokens(proxy.url)
         assert http_requests(smollm2.url, "/generate") == generates + 1  # the token path

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from live_support import LiveServer
 
-from prism_proxy.edge import state
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.conversation import find_turns
 from prism_tokens.chat import content_format, template_messages, template_tools
 from prism_tokens.tokenizer import load_tokenizer
@@ -193,7 +193,7 @@ async def test_tool_calling_chats_get_sglangs_own_answers(proxy, live) -> None:
     assert streamed_calls >= len(CHATS)
     # each went by its turns, the one chat with neither a system turn nor rendered tools
     # too: the agent session features (on by default) end a piece at its last message
-    registry = proxy.app[state.METRICS].registry
+    registry = proxy.app[GATEWAY].metrics.registry
     labels = {"endpoint": "chat", "outcome": "turns", "layout": "messages"}
     assert registry.get_sample_value("prism:extraction_total", labels) == answers
     labels = {"endpoint": "chat", "outcome": "forwarded", "layout": ""}

@@ -9,9 +9,15 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from prism_proxy.api.field_types import STRICT, BoundedJson, ModelName
+from prism_proxy.api.field_types import (
+    STRICT,
+    BoundedJson,
+    ModelName,
+    Temperature,
+    TokenCount,
+    TopP,
+)
 from prism_proxy.api.field_types import Tag as ShortText
-from prism_proxy.api.segments import Temperature, TokenCount, TopP
 
 # OpenAI's own bounds on `metadata`: 16 pairs, keys of 64 characters, values of 512.
 MAX_METADATA_PAIRS = 16

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 
 from bench.fit_cpu_profile import Probe
-from loadgen.processes import free_port, run_server
-from loadgen.sweep import SweepConfig, sglang_cpu_command
-from loadgen.variants import base_variant
+from loadgen.experiments.sweep import SweepConfig, sglang_cpu_command
+from loadgen.stack.processes import free_port, run_server
+from loadgen.stack.variants import base_variant
 from prism_sim.time_model import PrefillItem, load_profile, prefill_time_s
 
 

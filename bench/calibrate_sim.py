@@ -137,7 +137,7 @@ async def run_http(profile_spec: str | None, trace: Sequence[TraceRequest], spee
     `/generate`; TTFT is the first chunk's wall delay × speed (lag included)."""
     import aiohttp
 
-    from loadgen.processes import run_server
+    from loadgen.stack.processes import run_server
 
     args = ["--speed", f"{speed:g}", "--log-level", "warning"]
     if profile_spec:

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench.engines import proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

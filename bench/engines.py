@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 
 
 @contextlib.contextmanager

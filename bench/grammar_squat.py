@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench.engines import engine, proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
 # Nested bounded repetitions; the innermost bound differs per schema and line, so that no

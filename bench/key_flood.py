@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from bench.engines import proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 STEADY_KEY = "sk-steady-" + "0" * 16
 FLOOD_KEY = "sk-flood-" + "1" * 16

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.proxy_overhead import percentile
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 
 WORDS = [
     "the",

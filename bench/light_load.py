@@ -43,11 +43,11 @@ from typing import Any
 
 import httpx
 
-from loadgen.cpu_models import CPU_MODELS
-from loadgen.processes import ServerProcess, free_port, run_server
-from loadgen.replay import ReplayConfig, replay
-from loadgen.sweep import SweepConfig, ensure_trace, metric_totals
-from loadgen.trace_format import read_trace
+from loadgen.clients.replay import ReplayConfig, replay
+from loadgen.experiments.sweep import SweepConfig, ensure_trace, metric_totals
+from loadgen.stack.cpu_models import CPU_MODELS
+from loadgen.stack.processes import ServerProcess, free_port, run_server
+from loadgen.workloads.trace_format import read_trace
 
 LINES = ("sglang", "sglang-dart", "fifo", "prism-view", "prism", "prism-nopush")
 WITHOUT_PUSHES = "proxy-without-pushes"  # argv[1]: run the proxy with pushes off

@@ -45,7 +45,7 @@ import aiohttp
 
 from bench.large_prompt import health_latencies, prompt_text
 from bench.proxy_overhead import percentile
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 
 
 def bodies() -> dict[str, tuple[str, bytes]]:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.config import ProxyConfig
 
 SEGMENT_CHARS = 240_000

@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from bench.engines import engine, proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 SYSTEM = "You answer questions about rivers in one short sentence."
 WORDS = ("river", "delta", "basin", "bank", "ford", "weir", "lock", "estuary", "meander")

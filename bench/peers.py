@@ -8,7 +8,7 @@ target, measured side by side:
 * `direct`: the stub itself;
 * `prism fifo`: `prism-proxy serve --policy fifo --window-ms 0` (admission without QAS);
 * `prism`: the proxy's defaults (QAS `full`, 10 ms rounds, prefill pacing);
-* each peer `make peers` installed (`loadgen/peers_launch.py`): smg, sglang-router,
+* each peer `make peers` installed (`loadgen/stack/peers_launch.py`): smg, sglang-router,
   ContextPilot, as plain pass-throughs (round robin, no retries, no circuit breaker).
 
 What it measures, per target (non-streamed chat completions of 8 tokens unless said;
@@ -50,8 +50,8 @@ from typing import Any
 import aiohttp
 
 from bench.stub_backend import run_stub
-from loadgen.peers_launch import installed_peers, start_peer
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.peers_launch import installed_peers, start_peer
+from loadgen.stack.processes import ServerProcess, run_server
 
 MODEL = "stub-model"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

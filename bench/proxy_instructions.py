@@ -44,7 +44,7 @@ import aiohttp
 
 from bench.agent_chats import agent_turns
 from bench.stub_backend import run_stub
-from loadgen.processes import free_port, wait_healthy
+from loadgen.stack.processes import free_port, wait_healthy
 from prism_tokens.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.peers import burst, streams
 from bench.stub_backend import run_stub
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 # First match wins: a frame's file path fragment → its category.
 CATEGORIES = (

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from loadgen.processes import ServerProcess, free_port, run_server, spawn_server, wait_healthy
+from loadgen.stack.processes import ServerProcess, free_port, run_server, spawn_server, wait_healthy
 
 POLL_S = 0.02
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_WALKED = ("bench", "loadgen", "tests", "prism_sim", ".venv")

@@ -24,10 +24,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from loadgen.apis import API_NAMES, CHAT_LAYOUTS
-from loadgen.routing import ROUTING_KEYS
-from loadgen.trace_format import read_trace, write_trace
-from loadgen.trace_params import AgentTraceParams, RagTraceParams, ReorderTraceParams
+from loadgen.clients.apis import API_NAMES, CHAT_LAYOUTS
+from loadgen.clients.routing import ROUTING_KEYS
+from loadgen.workloads.trace_format import read_trace, write_trace
+from loadgen.workloads.trace_params import AgentTraceParams, RagTraceParams, ReorderTraceParams
 
 # What the `loadgen` extra installs, by import name: the subcommands import them (below
 # the argument parser, so `prism-loadgen --help` runs without them).
@@ -60,9 +60,9 @@ def _tokenizer(spec: str | None) -> tuple[Any, str]:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from loadgen.agent_trace import build_agent_trace
-    from loadgen.rag_trace import build_rag_trace
-    from loadgen.reorder_trace import build_reorder_trace
+    from loadgen.workloads.agent_trace import build_agent_trace
+    from loadgen.workloads.rag_trace import build_rag_trace
+    from loadgen.workloads.reorder_trace import build_reorder_trace
 
     tokenizer, name = _tokenizer(args.tokenizer)
     if args.workload == "rag":
@@ -84,7 +84,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from loadgen.replay import ReplayConfig, replay, write_results
+    from loadgen.clients.replay import ReplayConfig, replay, write_results
 
     trace = read_trace(Path(args.trace))
     config = ReplayConfig(
@@ -109,7 +109,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_bound(args: argparse.Namespace) -> int:
-    from loadgen.bounds import hit_rate_ceilings
+    from loadgen.workloads.bounds import hit_rate_ceilings
     from prism_proxy.prompts.serializer import Serializer
 
     tokenizer, _ = _tokenizer(args.tokenizer)
@@ -119,13 +119,13 @@ def cmd_bound(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from loadgen.sweep import run_sweep_from_args
+    from loadgen.experiments.sweep import run_sweep_from_args
 
     return run_sweep_from_args(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from loadgen.sweep import run_sweep_from_args
+    from loadgen.experiments.sweep import run_sweep_from_args
 
     return run_sweep_from_args(args, engine="twin")
 
@@ -137,9 +137,9 @@ def _floats(text: str) -> list[float]:
 def cmd_sessions(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from loadgen.session_real import REAL_LINES
-    from loadgen.session_sweep import LINE_NAMES, Point, sweep
-    from loadgen.session_trace import SessionParams
+    from loadgen.experiments.session_real import REAL_LINES
+    from loadgen.experiments.session_sweep import LINE_NAMES, Point, sweep
+    from loadgen.workloads.session_trace import SessionParams
 
     known = REAL_LINES if args.real else LINE_NAMES
     lines = tuple(args.lines.split(",")) if args.lines else known
@@ -160,7 +160,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from loadgen.report import write_report
+    from loadgen.reports.report import write_report
 
     paths = write_report(Path(args.results), title=args.title)
     print(paths.table_text)
@@ -170,13 +170,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from loadgen.demo import run_demo
+    from loadgen.experiments.demo import run_demo
 
     return run_demo(Path(args.out), speed=args.speed, num_requests=args.num_requests)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadgen.sweep import add_sweep_flags
+    from loadgen.experiments.sweep import add_sweep_flags
 
     parser = argparse.ArgumentParser(
         prog="prism-loadgen", description=__doc__.split("\n")[0].replace("``", "")
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send X-SMG-Routing-Key (a gateway in front): canonical = the request's first"
         " segment in PRISM's canonical order (what a client computes); anchor = its"
         " hottest segment by the trace's hot ranks (the generator's knowledge);"
-        " anchor-bounded spreads hot anchors (loadgen.hot_keys)",
+        " anchor-bounded spreads hot anchors (loadgen.clients.hot_keys)",
     )
     rep.add_argument(
         "--max-replica-share",
@@ -296,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(argv: list[str]) -> int:
-    if argv[:1] == ["scale-out"]:  # its own flags (loadgen/scale_out.py)
-        from loadgen.scale_out import main as scale_out
+    if argv[:1] == ["scale-out"]:  # its own flags (loadgen/experiments/scale_out.py)
+        from loadgen.experiments.scale_out import main as scale_out
 
         return scale_out(argv[1:])
     if argv[:1] == ["quality"]:  # its own flags (loadgen/quality/run.py)

@@ -107,7 +107,7 @@ def run_prometheus(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        from loadgen.processes import wait_healthy
+        from loadgen.stack.processes import wait_healthy
 
         try:
             wait_healthy(url, process, timeout_s, "/-/ready")
@@ -203,7 +203,7 @@ def cpu_stack(
 
     A small `kv_capacity_tokens` makes the engine evict, so DART's eviction metrics move.
     """
-    from loadgen.processes import free_port, run_server
+    from loadgen.stack.processes import free_port, run_server
 
     token = secrets.token_hex(16)
     control_port = free_port()
@@ -241,9 +241,9 @@ def replay_trace(
     proxy_url: str, *, requests: int, qps: float, speed: float, seed: int = 0
 ) -> dict[str, Any]:
     """Replay a short zipf_hotspot trace (SPEC §6) through the proxy; loadgen's results."""
-    from loadgen.rag_trace import RagTraceParams, build_rag_trace
-    from loadgen.replay import ReplayConfig, replay
-    from loadgen.trace_format import Trace
+    from loadgen.clients.replay import ReplayConfig, replay
+    from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
+    from loadgen.workloads.trace_format import Trace
     from prism_tokens.tokenizer import load_tokenizer
 
     params = RagTraceParams(passages=200, num_requests=requests, qps=qps, max_tokens=8)
@@ -255,7 +255,7 @@ def replay_trace(
 
 def _source_total(url: str, sample: str, headers: Mapping[str, str] | None = None) -> float:
     """Sum of one sample name's values in a Prometheus text page, read at the source."""
-    from loadgen.sweep import metric_totals
+    from loadgen.experiments.sweep import metric_totals
 
     response = httpx.get(url, headers=dict(headers or {}), timeout=10.0)
     response.raise_for_status()

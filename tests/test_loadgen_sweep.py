@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from loadgen.report import (
+from loadgen.reports.report import (
     comparison_table,
     load_results,
     load_runs,
@@ -20,7 +20,7 @@ from loadgen.report import (
     t_quantile_975,
     write_report,
 )
-from loadgen.variants import make_variants
+from loadgen.stack.variants import make_variants
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

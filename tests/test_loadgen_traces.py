@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.agent_trace import AgentTraceParams, build_agent_trace
 from loadgen.cli import main
-from loadgen.corpus import chunk_text, load_corpus
-from loadgen.rag_trace import RagTraceParams, build_rag_trace
-from loadgen.sampling import zipf_weights
-from loadgen.tau2_source import tau2_root
-from loadgen.trace_format import read_trace
+from loadgen.workloads.agent_trace import AgentTraceParams, build_agent_trace
+from loadgen.workloads.corpus import chunk_text, load_corpus
+from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.workloads.sampling import zipf_weights
+from loadgen.workloads.tau2_source import tau2_root
+from loadgen.workloads.trace_format import read_trace
 from prism_tokens.tokenizer import load_tokenizer
 
 # Small pool, many requests: the statistics are tight and generation stays ~1 s.
@@ -302,8 +302,14 @@ def test_agent_trace_from_installed_tau2(tokenizer) -> None:
 
 
 def test_hit_rate_ceilings_by_hand(tokenizer, tmp_path: Path) -> None:
-    from loadgen.bounds import hit_rate_ceilings
-    from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest, write_trace
+    from loadgen.workloads.bounds import hit_rate_ceilings
+    from loadgen.workloads.trace_format import (
+        Segment,
+        Trace,
+        TraceHeader,
+        TraceRequest,
+        write_trace,
+    )
     from prism_proxy.api.segments import SegmentedPrompt
     from prism_proxy.prompts.serializer import Serializer
 

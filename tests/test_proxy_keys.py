@@ -13,7 +13,7 @@ import openai
 import pytest
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.edge import state
 
 

@@ -51,7 +51,7 @@ real_engine() {
   prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu-tool --seeds 0,1,2 \
     --client-api openai --layout tool --policies fifo,contextpilot-real,prism \
     --qps 8,24 --num-requests 320
-  python -m loadgen.demo_real --out runs/demo-real --seeds 0,1,2 --sglang-python .venv-sglang/bin/python
+  python -m loadgen.experiments.demo_real --out runs/demo-real --seeds 0,1,2 --sglang-python .venv-sglang/bin/python
   publish sglang-cpu sglang-cpu-tool
   mkdir -p docs/results/demo-real
   cp runs/demo-real/{report.md,summaries.json,sweep.json,*.png} docs/results/demo-real/
@@ -189,7 +189,7 @@ agent_sessions() {
     --lines $some
   prism-loadgen sessions --real --speed 4 --out $out/real --rate 0.5 --tool-scale 3 \
     --kv-fraction 0.5
-  python -m loadgen.session_sweep --kv-fraction 0.5 $out/kv $out/key-seed1 $out/key-seed2 \
+  python -m loadgen.experiments.session_sweep --kv-fraction 0.5 $out/kv $out/key-seed1 $out/key-seed2 \
     > $out/seeds.md
 }
 

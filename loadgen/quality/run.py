@@ -9,7 +9,7 @@ for every order, so only the order differs): every question of the answer_qualit
 trace (`trace.py`) is asked through the proxy with the real `openai` client (chat,
 the segments in `extra_body={"prism": ...}`, temperature 0), `--concurrency` at a time
 in trace order. With `--layout`, the client is unmodified instead: no hints, the
-passages in that chat layout (`loadgen.apis.chat_messages`: in the user message, or
+passages in that chat layout (`loadgen.clients.apis.chat_messages`: in the user message, or
 in a retrieval tool's result for `tool`), so under
 `prism` the proxy finds them itself and reorders them (its defaults), and `fifo` is the
 client's own text. Each answer is scored against its references (SQuAD F1 and EM,
@@ -37,13 +37,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.apis import CHAT_LAYOUTS, chat_messages, prism_hint
-from loadgen.cpu_models import CPU_MODELS
-from loadgen.processes import ServerProcess, free_port, run_server
+from loadgen.clients.apis import CHAT_LAYOUTS, chat_messages, prism_hint
 from loadgen.quality.metrics import best_scores, bootstrap_mean, paired_difference
 from loadgen.quality.orders import ORDERS, PROXY_POLICY, answer_positions, arranged_request
 from loadgen.quality.trace import QualityTraceParams, build_quality_trace
-from loadgen.trace_format import TraceRequest, read_trace, write_trace
+from loadgen.stack.cpu_models import CPU_MODELS
+from loadgen.stack.processes import ServerProcess, free_port, run_server
+from loadgen.workloads.trace_format import TraceRequest, read_trace, write_trace
 
 DEFAULT_ORDERS = ("fifo", "prism", "adversarial", "no-answer")
 SGLANG_PYTHON = ".venv-sglang/bin/python"

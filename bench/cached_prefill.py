@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             env={"PRISM_CONTROL_TOKEN": token},
         ) as server:  # fmt: skip
             t = asyncio.run(_times(server.url, args.prompt, args.cached, args.repeats))
-        eviction = serve[serve.index("--eviction") + 1]
+        eviction = "stock" if base_variant(label).eviction == "lru" else "dart"
         print(
             f"{label} server (--eviction {eviction}): uncached {t['uncached']:.3f} s, "
             f"{args.cached} cached {t['cached']:.3f} s (median of {args.repeats})",

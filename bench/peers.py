@@ -51,7 +51,7 @@ import aiohttp
 
 from bench.stub_backend import run_stub
 from loadgen.stack.peers_launch import installed_peers, start_peer
-from loadgen.stack.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, proxy_args, run_server
 
 MODEL = "stub-model"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -83,12 +83,12 @@ def _direct(backend: str, log_dir: Path) -> Iterator[None]:
     yield None
 
 
-def _prism(*flags: str) -> Callable[[str, Path], contextlib.AbstractContextManager]:
+def _prism(**settings: Any) -> Callable[[str, Path], contextlib.AbstractContextManager]:
     @contextlib.contextmanager
     def start(backend: str, log_dir: Path) -> Iterator[ServerProcess]:
         # the stub engine cannot tokenize: the tokenizer is named (used unverified)
-        args = ["serve", "--backend", backend, "--tokenizer", "builtin", "--log-level", "warning"]
-        args += flags
+        defaults = {"backend": backend, "tokenizer": "builtin", "log_level": "warning"}
+        args = proxy_args({**defaults, **settings})
         with run_server("prism_proxy", args, log_dir=log_dir, name="prism") as server:
             yield server
 
@@ -107,7 +107,7 @@ def _peer(peer) -> Callable[[str, Path], contextlib.AbstractContextManager]:
 def targets() -> list[Target]:
     lines = [
         Target("direct", _direct),
-        Target("prism fifo", _prism("--policy", "fifo", "--window-ms", "0")),
+        Target("prism fifo", _prism(policy="fifo", window_ms=0)),
         Target("prism", _prism()),
     ]
     lines += [Target(peer.label, _peer(peer)) for peer in installed_peers()]

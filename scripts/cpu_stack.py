@@ -203,22 +203,19 @@ def cpu_stack(
 
     A small `kv_capacity_tokens` makes the engine evict, so DART's eviction metrics move.
     """
-    from loadgen.stack.processes import free_port, run_server
+    from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
 
     token = secrets.token_hex(16)
     control_port = free_port()
     logs = workdir / "logs"
-    sim_args = ["--eviction", "dart", "--speed", str(speed)]
-    sim_args += ["--control-port", str(control_port)]
-    if kv_capacity_tokens is not None:
-        sim_args += ["--kv-capacity-tokens", str(kv_capacity_tokens)]
+    sim_args = engine_args({"eviction": "dart", "speed": speed, "control_port": control_port,
+                            "kv_capacity_tokens": kv_capacity_tokens})  # fmt: skip
     secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
     with run_server("prism_sim", sim_args, log_dir=logs, name="prism-sim", env=secret) as engine:
         control_url = f"http://127.0.0.1:{control_port}"
-        proxy_args = ["serve", "--backend", engine.url, "--policy", "prism"]
-        proxy_args += ["--control-url", control_url]
+        serve = proxy_args({"backend": engine.url, "policy": "prism", "control_url": control_url})
         with run_server(
-            "prism_proxy", proxy_args, log_dir=logs, name="prism-proxy", env=secret
+            "prism_proxy", serve, log_dir=logs, name="prism-proxy", env=secret
         ) as proxy:
             if not with_prometheus:
                 yield Stack(engine.url, proxy.url, control_url, token, None, workdir)

@@ -42,7 +42,7 @@ import httpx
 
 from loadgen.experiments.sweep import git_commit
 from loadgen.stack.peers_launch import OFFLINE_ENV, Smg
-from loadgen.stack.processes import ServerProcess, free_port, run_server
+from loadgen.stack.processes import ServerProcess, engine_args, free_port, proxy_args, run_server
 
 CONFIGS = ("single", "A-round_robin", "A-cache_aware", "A-key", "B-round_robin", "B-cache_aware")
 EXTRA_CONFIGS = ("A-key-bounded", "A-key-canonical")  # run when named in --configs
@@ -69,18 +69,16 @@ class Replica:
 def replica(log_dir: Path, sidecar: bool, token: str) -> Iterator[Replica]:
     control_port = free_port()
     control_url = f"http://127.0.0.1:{control_port}"
-    engine_args = ["--log-level", "warning", "--eviction", "dart",
-                   "--control-port", str(control_port)]  # fmt: skip
+    sim = engine_args({"log_level": "warning", "eviction": "dart", "control_port": control_port})
     secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
-    with run_server("prism_sim", engine_args, log_dir=log_dir, name="engine", env=secret) as engine:
+    with run_server("prism_sim", sim, log_dir=log_dir, name="engine", env=secret) as engine:
         if not sidecar:
             yield Replica(engine, None, control_url)
             return
-        proxy_args = ["serve", "--backend", engine.url, "--log-level", "warning",
-                      "--control-url", control_url]  # fmt: skip
-        with run_server(
-            "prism_proxy", proxy_args, log_dir=log_dir, name="proxy", env=secret
-        ) as proxy:
+        serve = proxy_args(
+            {"backend": engine.url, "log_level": "warning", "control_url": control_url}
+        )
+        with run_server("prism_proxy", serve, log_dir=log_dir, name="proxy", env=secret) as proxy:
             yield Replica(engine, proxy, control_url)
 
 
@@ -136,13 +134,10 @@ def topology(
             return
         controls = ",".join(n.control_url for n in nodes)  # every replica's DART
         # the engines serve builtin; a gateway may not route the check (then unverified)
-        proxy_args = ["serve", "--backend", front.url, "--tokenizer", "builtin",
-                      "--log-level", "warning", "--control-url", controls,
-                      *front_args]  # fmt: skip
+        settings = {"backend": front.url, "tokenizer": "builtin", "log_level": "warning"}
+        serve = [*proxy_args({**settings, "control_url": controls}), *front_args]
         proxy = stack.enter_context(
-            run_server(
-                "prism_proxy", proxy_args, log_dir=log_dir, env={"PRISM_CONTROL_TOKEN": token}
-            )
+            run_server("prism_proxy", serve, log_dir=log_dir, env={"PRISM_CONTROL_TOKEN": token})
         )
         yield proxy.url, nodes, "none"
 

@@ -23,7 +23,7 @@ its reusable prefix (its system turn) that was cached. Lines:
 
 Engines: `sim` is prism-sim (real time, `--pool` KV tokens); `sglang` is the real,
 unmodified SGLang 0.5.23 on this CPU (`sglang_cpu.serve`, the tiny model, `--pool` as
-`--max-total-tokens`, its tool calls as `SGLANG_TOOL_ARGS` says), started with
+`--max-total-tokens`, its tool calls as `SGLANG_TOOL_SETTINGS` says), started with
 `--sglang-python`.
 DART's `/prism/stats` is sampled every second: the most tokens it retained is reported.
 """
@@ -48,7 +48,7 @@ import httpx
 import numpy as np
 import openai
 
-from loadgen.stack.processes import run_server
+from loadgen.stack.processes import engine_args, proxy_args, run_server
 from loadgen.workloads.textgen import random_text
 from prism_tokens.tokenizer import Tokenizer, load_tokenizer
 
@@ -59,7 +59,10 @@ LINES = ("lru", "dart-before", "dart")
 # call with a structural tag instead, which lets the random model run on to the token
 # limit; a parser without structural tags (gemma4's) takes the JSON path, and the chat is
 # still rendered by the model's own template.
-SGLANG_TOOL_ARGS = "--tool-call-parser gemma4 --constrained-json-disable-any-whitespace"
+SGLANG_TOOL_SETTINGS = {
+    "tool_call_parser": "gemma4",
+    "constrained_json_disable_any_whitespace": True,
+}
 FLOOD_ADDRESS = "127.0.0.2"
 VICTIM_ADDRESS = "127.0.0.3"
 AGENT_SYSTEM = (
@@ -367,30 +370,15 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
     log_dir = setup.log_dir / line
     if setup.engine == "sim":
         module, python, startup = "prism_sim", sys.executable, 60.0
-        args = [
-            "--kv-capacity-tokens",
-            str(setup.pool),
-            "--eviction",
-            eviction,
-            "--log-level",
-            "warning",
-        ]
-        if control_port is not None:
-            args += ["--control-port", str(control_port)]
+        settings = {"kv_capacity_tokens": setup.pool, "eviction": eviction}
+        settings |= {"log_level": "warning", "control_port": control_port}
     else:
         module, python, startup = "sglang_cpu.serve", setup.sglang_python, 900.0
-        args = [
-            "--max-total-tokens",
-            str(setup.pool),
-            "--eviction",
-            eviction,
-            f"--sglang-arg={SGLANG_TOOL_ARGS}",
-        ]
-        if control_port is not None:
-            args += ["--control-port", str(control_port)]
+        settings = {"max_total_tokens": setup.pool, "eviction": eviction}
+        settings |= {"sglang": SGLANG_TOOL_SETTINGS, "control_port": control_port}
     with run_server(
         module,
-        args,
+        engine_args(settings),
         log_dir=log_dir,
         name="engine",
         env=env,
@@ -398,19 +386,11 @@ def stack(line: str, setup: Stack, code: Path | None) -> Iterator[tuple[str, _St
         cwd=code,
         startup_timeout_s=startup,
     ) as engine:
-        proxy_args = [
-            "serve",
-            "--backend",
-            engine.url,
-            "--tokenizer",
-            setup.tokenizer,
-            "--log-level",
-            "warning",
-        ]
-        if control_port is not None:
-            proxy_args += ["--control-url", f"http://127.0.0.1:{control_port}"]
+        control_url = None if control_port is None else f"http://127.0.0.1:{control_port}"
+        settings = {"backend": engine.url, "tokenizer": setup.tokenizer, "log_level": "warning"}
+        serve = proxy_args({**settings, "control_url": control_url})
         with run_server(
-            "prism_proxy", proxy_args, log_dir=log_dir, name="proxy", env=env, cwd=code
+            "prism_proxy", serve, log_dir=log_dir, name="proxy", env=env, cwd=code
         ) as proxy:
             if control_port is None:
                 yield proxy.url, None

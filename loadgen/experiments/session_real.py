@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.clients.session_replay import SessionReplayConfig, replay_sessions
-from loadgen.stack.processes import free_port, run_server
+from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
 from loadgen.twin.session_twin import shared_tokens
 from loadgen.workloads.session_trace import SessionTrace, belady_bound
 from prism_tokens.tokenizer import Tokenizer
@@ -41,27 +41,27 @@ def _stack(line: str, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
     """The servers of `line`; yields the URL the client talks to."""
     token = secrets.token_hex(8)
     control_port = free_port()
-    sim_args = ["--kv-capacity-tokens", str(pool), "--speed", f"{speed:g}",
-                "--log-level", "warning"]  # fmt: skip
+    sim: dict[str, Any] = {"kv_capacity_tokens": pool, "speed": speed, "log_level": "warning"}
     if line == "sglang-lru":
-        with run_server("prism_sim", sim_args, log_dir=log_dir, name="sim") as sim:
-            yield sim.url
+        with run_server("prism_sim", engine_args(sim), log_dir=log_dir, name="sim") as engine:
+            yield engine.url
         return
-    sim_args += ["--eviction", "dart", "--control-port", str(control_port)]
-    proxy_args = ["serve", "--control-url", f"http://127.0.0.1:{control_port}",
-                  "--window-ms", f"{WINDOW_MS / speed:g}", "--log-level", "warning"]  # fmt: skip
+    sim |= {"eviction": "dart", "control_port": control_port}
+    settings: dict[str, Any] = {"control_url": f"http://127.0.0.1:{control_port}"}
+    settings |= {"window_ms": WINDOW_MS / speed, "log_level": "warning"}
     secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
     if line == "prism":
-        proxy_args += ["--policy", "prism", "--qas", "full", "--set", "sessions=false"]
+        settings |= {"policy": "prism", "qas": "full", "sessions": False}
     elif line == "prism+sessions":
-        proxy_args += ["--policy", "prism", "--qas", "full", "--set", "sessions=true"]
+        settings |= {"policy": "prism", "qas": "full", "sessions": True}
     elif line == "continuum-style":
-        proxy_args += ["--policy", "continuum-style", "--set", "sessions=true",
-                       "--set", "session_rank=program"]  # fmt: skip
+        settings |= {"policy": "continuum-style", "sessions": True, "session_rank": "program"}
     else:
         raise ValueError(f"unknown real-stack line {line!r}; choose from {REAL_LINES}")
-    with run_server("prism_sim", sim_args, log_dir=log_dir, name="sim", env=secret) as sim:
-        args = [*proxy_args, "--backend", sim.url]
+    with run_server(
+        "prism_sim", engine_args(sim), log_dir=log_dir, name="sim", env=secret
+    ) as engine:
+        args = proxy_args({**settings, "backend": engine.url})
         with run_server("prism_proxy", args, log_dir=log_dir, name="proxy", env=secret) as proxy:
             yield proxy.url
 

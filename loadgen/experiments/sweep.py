@@ -42,7 +42,7 @@ from typing import Any
 
 from loadgen.clients.apis import CHAT_LAYOUTS
 from loadgen.stack.cpu_models import CPU_MODELS
-from loadgen.stack.processes import free_port, run_server
+from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
 from loadgen.stack.variants import ALL_POLICIES, Variant, make_variants
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 
@@ -140,25 +140,17 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
 
 def sim_command(config: SweepConfig, variant: Variant, control_port: int) -> list[str]:
     """Arguments of `prism_sim` (the control token goes in its environment, `run`)."""
-    args = [
-        "--profile",
-        config.profile,
-        "--speed",
-        f"{config.speed:g}",
-        "--eviction",
-        variant.eviction,
-        "--schedule-policy",
-        variant.schedule_policy,
-        "--seed",
-        str(config.seed),
-        "--tokenizer",
-        config.tokenizer,
-    ]
-    if config.kv_capacity_tokens is not None:
-        args += ["--kv-capacity-tokens", str(config.kv_capacity_tokens)]
-    if has_control_rpc(config, variant):
-        args += ["--control-port", str(control_port)]
-    return [*args, *config.sim_args]
+    settings = {
+        "profile": config.profile,
+        "speed": config.speed,
+        "eviction": variant.eviction,
+        "schedule_policy": variant.schedule_policy,
+        "seed": config.seed,
+        "tokenizer": config.tokenizer,
+        "kv_capacity_tokens": config.kv_capacity_tokens,
+        "control_port": control_port if has_control_rpc(config, variant) else None,
+    }
+    return [*engine_args(settings), *config.sim_args]
 
 
 def has_control_rpc(config: SweepConfig, variant: Variant) -> bool:
@@ -216,51 +208,38 @@ def sglang_cpu_command(config: SweepConfig, variant: Variant, control_port: int)
     radix cache (SPEC §5); the other orders run the DART plugin with that order."""
     stock = variant.eviction == "lru"
     model = CPU_MODELS[config.model]
-    args = [
-        "--model",
-        model.name,
-        *model.sglang_args,
-        "--eviction",
-        "stock" if stock else variant.eviction,
-        "--max-total-tokens",
-        str(config.kv_capacity_tokens or model.kv_tokens),
-        "--seed",
-        str(config.seed),
-        f"--sglang-arg=--schedule-policy {variant.schedule_policy}",
-    ]
-    if has_control_rpc(config, variant):
-        args += ["--control-port", str(control_port)]
-    return [*args, *config.sim_args]
+    settings = {
+        "model": model.name,
+        "eviction": "stock" if stock else variant.eviction,
+        "max_total_tokens": config.kv_capacity_tokens or model.kv_tokens,
+        "seed": config.seed,
+        "control_port": control_port if has_control_rpc(config, variant) else None,
+        "sglang": {**model.sglang, "schedule_policy": variant.schedule_policy},
+    }
+    return [*engine_args(settings), *config.sim_args]
 
 
 def proxy_command(
     config: SweepConfig, variant: Variant, backend: str, control_port: int
 ) -> list[str]:
     assert variant.policy is not None
-    args = [
-        "serve",
-        "--backend",
-        backend,
-        "--policy",
-        variant.policy,
-        "--tokenizer",
-        config.tokenizer,
-        "--window-ms",
-        f"{config.window_ms / config.speed:g}",
-        "--log-level",
-        "warning",
-    ]
-    if has_control_rpc(config, variant):
-        args += ["--control-url", f"http://127.0.0.1:{control_port}"]
-    if variant.policy == "prism":
-        args += ["--qas", variant.qas or config.qas]
-        for name, value in config.qas_overrides:
-            args += ["--set", f"{name}={value:g}"]
+    prism = variant.policy == "prism"
+    settings: dict[str, Any] = {
+        "backend": backend,
+        "policy": variant.policy,
+        "tokenizer": config.tokenizer,
+        "window_ms": config.window_ms / config.speed,
+        "log_level": "warning",
+        "control_url": (
+            f"http://127.0.0.1:{control_port}" if has_control_rpc(config, variant) else None
+        ),
+    }
+    if prism:  # the QAS variant, then `--qas-param`s
+        settings |= {"qas": variant.qas or config.qas, **dict(config.qas_overrides)}
     if variant.q_cold is not None:
-        args += ["--set", f"q_cold={variant.q_cold}"]
-    if variant.prefill_batch is not None:
-        args += ["--prefill-batch", str(variant.prefill_batch)]
-    return [*args, *config.proxy_args]
+        settings["q_cold"] = variant.q_cold
+    settings["prefill_batch"] = variant.prefill_batch
+    return [*proxy_args(settings), *config.proxy_args]
 
 
 def engine_state(url: str) -> dict[str, Any]:

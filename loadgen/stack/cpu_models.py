@@ -19,15 +19,17 @@ comparison checks the time model, not the eviction order.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
 class CpuModel:
     name: str
     kv_tokens: int  # default --max-total-tokens of the sweep's servers
-    sglang_args: tuple[str, ...] = ()  # extra serve.py arguments
+    # SGLang's own settings for this model (`engine_args`' `sglang` key)
+    sglang: dict[str, Any] = field(default_factory=dict)
 
     def directory(self, sglang_python: str) -> Path | None:
         """The model directory (prepared first if absent), or None for `tiny`, whose
@@ -50,5 +52,5 @@ class CpuModel:
 
 CPU_MODELS = {
     "tiny": CpuModel("tiny", 65536),  # ~256 B/token: room for any trace here
-    "smollm2": CpuModel("smollm2", 131072, ("--sglang-arg=--mem-fraction-static 0.3",)),
+    "smollm2": CpuModel("smollm2", 131072, {"mem_fraction_static": 0.3}),
 }

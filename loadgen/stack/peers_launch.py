@@ -34,7 +34,7 @@ from loadgen.stack.peer_lines import (
     PEERS_DIR,
     contextpilot_args,
 )
-from loadgen.stack.processes import ServerProcess, free_port, run_server
+from loadgen.stack.processes import ServerProcess, engine_args, free_port, run_server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     with (
         tempfile.TemporaryDirectory(prefix="peers-") as tmp,
-        run_server("prism_sim", ["--speed", args.speed], log_dir=Path(tmp)) as sim,
+        run_server("prism_sim", engine_args({"speed": args.speed}), log_dir=Path(tmp)) as sim,
     ):
         for peer in peers:
             with start_peer(peer, sim.url, client_model=args.model, log_dir=Path(tmp)) as srv:

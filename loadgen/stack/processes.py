@@ -1,7 +1,14 @@
-"""Start and stop the project's servers as real subprocesses on loopback.
+"""Start and stop the project's servers as real subprocesses on loopback: the launcher.
 
 Used by the sweep, the demo, the benchmarks and the integration tests, so that all of
 them exercise the same console entry points over real HTTP.
+
+This is the one module that spells the servers' flags. Everyone else names settings:
+`proxy_args({"policy": "prism", "window_ms": 10})` is the proxy's command line (its
+flags where it has one, `--set KEY=VALUE` otherwise), `engine_args({"speed": 4,
+"sglang": {"schedule_policy": "lpm"}})` that of prism-sim or `sglang_cpu.serve` (each
+key as its `--key`, `sglang` as SGLang's own flags through `--sglang-arg`). A line of an
+experiment is written `name[key=value;...]` and read by `parse_line`.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Ports our servers listen on: below Linux's ephemeral range (32768-60999), which the OS
 # hands to outgoing connections, and outside 22000-29999, where SGLang 0.5.23 draws the
@@ -28,6 +36,83 @@ SERVER_PORTS = (*range(20000, 22000), *range(30000, 32768))
 # may take seconds to bind the port it was given.
 REUSE_AFTER_S = 300.0
 _handed_out: dict[int, float] = {}
+
+
+def setting_text(value: Any) -> str:
+    """A setting's value on a command line: floats without trailing zeros, booleans as
+    `true`/`false` (both servers parse these)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def proxy_args(settings: Mapping[str, Any], command: str = "serve") -> list[str]:
+    """`prism-proxy serve` with `settings` (keys as in the proxy's config file or its
+    `ProxyConfig` field names: `policy`, `qas`, `window_ms`, `q_cold`, ...; None left
+    out). A setting with a flag of its own (`prism_proxy.options.FLAGS`) is given by it,
+    any other as `--set KEY=VALUE`, as an older checkout's proxy reads them too."""
+    from prism_proxy.options import FLAGS, options
+
+    flag_of = {}
+    for option in options():
+        if option.name in FLAGS:
+            flag_of[option.key] = flag_of[option.name] = option.flag
+    args = [command]
+    for key, value in settings.items():
+        if value is None:
+            continue
+        flag = flag_of.get(key)
+        text = setting_text(value)
+        args += [flag, text] if flag else ["--set", f"{key}={text}"]
+    return args
+
+
+def engine_args(settings: Mapping[str, Any]) -> list[str]:
+    """The command line of prism-sim or `sglang_cpu.serve`: each setting as `--key value`
+    (underscores as dashes; True a bare flag; None and False left out). The key `sglang`
+    holds SGLang's own settings, each passed as one `--sglang-arg=--key value`."""
+    args: list[str] = []
+    for key, value in settings.items():
+        if key == "sglang":
+            args += [f"--sglang-arg={' '.join(flag)}" for flag in _flags(value)]
+        else:
+            args += [token for flag in _flags({key: value}) for token in flag]
+    return args
+
+
+def _flags(settings: Mapping[str, Any]) -> list[list[str]]:
+    """Each setting as its flag and value (a bare flag for True; None/False: none)."""
+    flags: list[list[str]] = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append([flag])
+        elif value is not None and value is not False:
+            flags.append([flag, setting_text(value)])
+    return flags
+
+
+def parse_line(spec: str) -> tuple[str, dict[str, str]]:
+    """A line of an experiment, `name` or `name[key=value;...]`: its name and settings
+    (`prism[prefill_batch=16;q_cold=4]` -> ("prism", {"prefill_batch": "16", "q_cold": "4"})).
+    ValueError on a malformed spec."""
+    name, bracket, inner = spec.partition("[")
+    if bracket and not inner.endswith("]"):
+        raise ValueError(f"line {spec!r}: expected name[key=value;...]")
+    return name.strip(), parse_settings(inner.removesuffix("]").split(";"))
+
+
+def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
+    """`key=value` pairs (empty ones skipped) as settings; ValueError on one without `=`."""
+    settings: dict[str, str] = {}
+    for pair in filter(None, pairs):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{pair!r} is not key=value")
+        settings[key.strip()] = value.strip()
+    return settings
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,6 +1,7 @@
 """``prism-loadgen``: workloads, replay, sweeps, the twin, reports, quality, scale-out.
 
-prism-loadgen trace rag   --out FILE [--qps 50 --seed 0 ...]   zipf_hotspot (SPEC §6)
+prism-loadgen trace rag   --out FILE [--qps 50 --seed 0 --trace-param hot_count=2 ...]
+                                                               zipf_hotspot (SPEC §6)
 prism-loadgen trace agent --out FILE [--qps 40 ...]            agent_prefix (SPEC §6)
 prism-loadgen trace reorder --out FILE [--qps 2 ...]           reorder_replay
 prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out FILE
@@ -26,6 +27,7 @@ from typing import Any
 
 from loadgen.clients.apis import API_NAMES, CHAT_LAYOUTS
 from loadgen.clients.routing import ROUTING_KEYS
+from loadgen.stack.processes import parse_settings
 from loadgen.workloads.trace_format import read_trace, write_trace
 from loadgen.workloads.trace_params import AgentTraceParams, RagTraceParams, ReorderTraceParams
 
@@ -35,21 +37,38 @@ LOADGEN_EXTRA_MODULES = frozenset({"numpy", "matplotlib", "tqdm", "httpx", "blak
 EXTRA_HINT = "pip install 'prism-serving[loadgen]'"
 
 
-def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: Any, skip: tuple[str, ...]) -> None:
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        kind = {"int": int, "float": float}.get(str(f.type), str)
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            type=kind,
-            default=f.default,
-            help=f"(default: {f.default})",
-        )
+# Every workload's two knobs with a flag of their own; the others are `--trace-param`s.
+TRACE_FLAGS = ("num_requests", "qps")
+
+
+def _add_trace_flags(parser: argparse.ArgumentParser, cls: Any) -> None:
+    """`--num-requests` and `--qps`, and the workload's other knobs (the fields of `cls`)
+    as `--trace-param NAME=VALUE`, as the sweep takes them."""
+    defaults = {f.name: f.default for f in fields(cls)}
+    parser.add_argument("--num-requests", type=int, default=defaults["num_requests"])
+    parser.add_argument("--qps", type=float, default=defaults["qps"])
+    knobs = [f"{f.name} [{f.default}]" for f in fields(cls) if f.name not in TRACE_FLAGS]
+    parser.add_argument(
+        "--trace-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the trace's shape (repeatable): " + ", ".join(knobs),
+    )
 
 
 def _params_from_args(cls: Any, args: argparse.Namespace) -> Any:
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+    """The workload's parameters: its flags, then its `--trace-param`s, each read as its
+    field's type. ValueError for a name that is not one of its knobs."""
+    kinds = {f.name: {"int": int, "float": float}.get(str(f.type), str) for f in fields(cls)}
+    values: dict[str, Any] = {name: getattr(args, name) for name in TRACE_FLAGS}
+    for name, text in parse_settings(args.trace_param).items():
+        name = name.replace("-", "_")
+        if name not in kinds or name in TRACE_FLAGS:
+            knobs = ", ".join(k for k in kinds if k not in TRACE_FLAGS)
+            raise ValueError(f"--trace-param {name}: not a knob of this workload ({knobs})")
+        values[name] = kinds[name](text)
+    return cls(**values)
 
 
 def _tokenizer(spec: str | None) -> tuple[Any, str]:
@@ -186,15 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="generate a trace (JSONL)")
     trace_sub = trace.add_subparsers(dest="workload", required=True)
     rag = trace_sub.add_parser("rag", help="zipf_hotspot RAG trace (SPEC §6)")
-    _add_dataclass_flags(rag, RagTraceParams, skip=("corpus",))
-    rag.add_argument("--corpus", default=None, help="MultiHop-RAG corpus.json as passage pool")
+    _add_trace_flags(rag, RagTraceParams)
     agent = trace_sub.add_parser("agent", help="agent_prefix trace (SPEC §6)")
-    _add_dataclass_flags(agent, AgentTraceParams, skip=("tau2_dir",))
-    agent.add_argument("--tau2-dir", default=None, help="tau2 package dir (default: installed)")
+    _add_trace_flags(agent, AgentTraceParams)
     reorder = trace_sub.add_parser(
         "reorder", help="reorder_replay: earlier document sets again in a new order"
     )
-    _add_dataclass_flags(reorder, ReorderTraceParams, skip=())
+    _add_trace_flags(reorder, ReorderTraceParams)
     for p in (rag, agent, reorder):
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tokenizer", default="builtin", help="'builtin' or a model dir")

@@ -43,7 +43,7 @@ from typing import Any
 from loadgen.clients.apis import CHAT_LAYOUTS
 from loadgen.stack.cpu_models import CPU_MODELS
 from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
-from loadgen.stack.variants import ALL_POLICIES, Variant, make_variants
+from loadgen.stack.variants import ALL_POLICIES, LINE_KEYS, Variant, make_variants
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 
 DEFAULT_QPS = (40.0, 50.0, 60.0, 70.0, 80.0)
@@ -204,7 +204,7 @@ def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
 def sglang_cpu_command(config: SweepConfig, variant: Variant, control_port: int) -> list[str]:
     """Arguments of `sglang_cpu.serve`: a real SGLang on this CPU.
 
-    Lines on plain LRU (the baselines, native SGLang, `prism[lru]`) run SGLang's own
+    Lines on plain LRU (the baselines, native SGLang, `prism[eviction=lru]`) run SGLang's own
     radix cache (SPEC §5); the other orders run the DART plugin with that order."""
     stock = variant.eviction == "lru"
     model = CPU_MODELS[config.model]
@@ -519,26 +519,17 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, real_stack: bool = True)
     parser.add_argument(
         "--policies",
         default=",".join(ALL_POLICIES),
-        help="comma-separated lines (docs/experiments.md; default: all but contextpilot-real)",
+        help="comma-separated lines, each a name or name[key=value;...] with keys "
+        + ", ".join(LINE_KEYS)
+        + " (e.g. prism[eviction=lru], fifo[prefill_batch=8]; docs/experiments.md; default: "
+        "all but the peer lines)",
     )
     parser.add_argument("--qps", default=",".join(f"{q:g}" for q in DEFAULT_QPS))
-    parser.add_argument(
-        "--evictions", default="", help="DART ablations run with prism: lru,lru+active,lfu,dart"
-    )
-    parser.add_argument("--q-cold", default="", help="q_cold values run with prism (+dart)")
-    parser.add_argument(
-        "--prefill-batch", default="", help="fixed B values run with each proxy policy listed"
-    )
-    # The name in commands recorded before B had one name everywhere.
-    parser.add_argument("--prefill-batches", dest="prefill_batch", help=argparse.SUPPRESS)
     parser.add_argument(
         "--qas",
         choices=tuple(QAS_VARIANTS),
         default=DEFAULT_QAS_VARIANT,
         help="QAS variant of the plain prism line ('paper': the paper's QAS)",
-    )
-    parser.add_argument(
-        "--qas-variants", default="", help="QAS variants run as extra prism[qas=...] lines"
     )
     parser.add_argument(
         "--qas-param",
@@ -571,9 +562,6 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, real_stack: bool = True)
         metavar="NAME=VALUE",
         help="the trace's shape: " + ", ".join(TRACE_PARAMS) + " (repeatable)",
     )
-    for name, parse in TRACE_PARAMS.items():  # each also as --name-with-dashes VALUE
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, dest=name, type=parse, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--model",
         choices=tuple(CPU_MODELS),
@@ -655,29 +643,25 @@ TRACE_PARAMS: dict[str, Callable[[str], Any]] = {
 }
 
 
-def _trace_params(args: argparse.Namespace) -> None:
-    """`--trace-param NAME=VALUE` pairs into `args` (over the dashed flags)."""
-    for text in args.trace_param:
+def _trace_params(pairs: list[str]) -> dict[str, Any]:
+    """`--trace-param NAME=VALUE` pairs, each read as `TRACE_PARAMS` says (None: unset)."""
+    params: dict[str, Any] = dict.fromkeys(TRACE_PARAMS)
+    for text in pairs:
         name, sep, value = text.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or name not in TRACE_PARAMS:
             raise ValueError(f"--trace-param {text!r}: expected NAME=VALUE, NAME one of "
                              f"{', '.join(TRACE_PARAMS)}")  # fmt: skip
-        setattr(args, name, TRACE_PARAMS[name](value))
+        params[name] = TRACE_PARAMS[name](value)
+    return params
 
 
 def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig:
-    _trace_params(args)
+    trace = _trace_params(args.trace_param)
     seeds = parse_seeds(args.seeds, args.seed)
     return SweepConfig(
         out=Path(args.out),
-        variants=make_variants(
-            _csv(args.policies),
-            _csv(args.evictions),
-            [int(q) for q in _csv(args.q_cold)],
-            [int(b) for b in _csv(args.prefill_batch)],
-            _csv(args.qas_variants),
-        ),
+        variants=make_variants(_csv(args.policies)),
         qas=args.qas,
         qas_overrides=tuple(_qas_param(text) for text in args.qas_param),
         qps=tuple(float(q) for q in _csv(args.qps)),
@@ -688,19 +672,19 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
         speed=args.speed,
         profile=args.profile,
         tokenizer=model_tokenizer(args.model, args.tokenizer, args.sglang_python),
-        corpus=args.corpus,
+        corpus=trace["corpus"],
         window_ms=args.window_ms,
-        tau2_dir=args.tau2_dir,
+        tau2_dir=trace["tau2_dir"],
         sim_args=tuple(a for arg in args.sim_arg for a in shlex.split(arg)),
         proxy_args=tuple(a for arg in args.proxy_arg for a in shlex.split(arg)),
         engine=engine,
         backend=args.backend,
         sglang_python=args.sglang_python,
         kv_capacity_tokens=args.kv_capacity_tokens,
-        hot_count=args.hot_count,
-        alpha=args.alpha,
-        r_hot=args.r_hot,
-        max_tokens=args.max_tokens,
+        hot_count=trace["hot_count"],
+        alpha=trace["alpha"],
+        r_hot=trace["r_hot"],
+        max_tokens=trace["max_tokens"],
         client_api=args.client_api,
         layout=args.layout,
         model=args.model,

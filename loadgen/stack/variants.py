@@ -13,16 +13,19 @@
 * Native SGLang (`sglang-fcfs`, `sglang-lpm`, `sglang-hrrn`): no proxy in the path; the
   client sends each prompt serialized in its own order (`--api native`), and the
   engine's `--schedule-policy` orders them, on LRU: what a user would run instead.
-* Ablations of `prism`: another eviction order (`prism[lru]`), cold-lane quota
-  (`prism[q_cold=4]`), a QAS variant (`prism[qas=paper]`), and any proxy
-  policy at a fixed prefill batch `B` (`fifo[B=16]`). Plain `prism` runs the sweep's
-  QAS variant (`--qas`, by default the proxy's default).
+* Ablations, written as a line spec `name[key=value;...]` (`LINE_KEYS`, read by
+  `loadgen.stack.processes.parse_line`): another eviction order
+  (`prism[eviction=lru]`), cold-lane quota (`prism[q_cold=4]`), a QAS variant
+  (`prism[qas=paper]`), and any proxy policy at a fixed prefill batch `B`
+  (`fifo[prefill_batch=16]`). Plain `prism` runs the sweep's QAS variant (`--qas`, by
+  default the proxy's default). The spec is the line's label.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from loadgen.stack.processes import parse_line
 from prism_proxy.qas.params import QAS_VARIANTS
 
 PROXY_BASELINES = ("fifo", "klpm", "contextpilot-style")
@@ -32,6 +35,9 @@ BASELINES = (*PROXY_BASELINES, *NATIVE, *PEER_LINES)
 POLICIES = (*PROXY_BASELINES, "prism")
 ALL_POLICIES = (*POLICIES, *NATIVE)  # the default lines
 KNOWN_LINES = (*ALL_POLICIES, *PEER_LINES)
+# What a line spec may set: the engine's eviction order, and the proxy's q_cold, QAS
+# variant and fixed prefill batch B.
+LINE_KEYS = ("eviction", "q_cold", "qas", "prefill_batch")
 
 
 @dataclass(frozen=True)
@@ -66,27 +72,39 @@ def base_variant(name: str) -> Variant:
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(KNOWN_LINES)}")
 
 
-def make_variants(
-    policies: list[str],
-    evictions: list[str],
-    q_colds: list[int],
-    prefill_batch: list[int] | None = None,
-    qas_variants: list[str] | None = None,
-) -> tuple[Variant, ...]:
-    """The named policies, then PRISM's eviction, q_cold and QAS-variant ablations, then
-    every proxy policy of the list at each fixed `B`."""
-    variants = [base_variant(name) for name in policies]
-    for eviction in evictions:
-        if eviction != "dart" or "prism" not in policies:
-            variants.append(Variant(f"prism[{eviction}]", "prism", eviction))
-    for q_cold in q_colds:
-        variants.append(Variant(f"prism[q_cold={q_cold}]", "prism", "dart", q_cold))
-    for qas in qas_variants or []:
-        if qas not in QAS_VARIANTS:
-            raise ValueError(f"unknown QAS variant {qas!r}; choose from {', '.join(QAS_VARIANTS)}")
-        variants.append(Variant(f"prism[qas={qas}]", "prism", "dart", qas=qas))
-    for batch in prefill_batch or []:
-        for base in [v for v in variants[: len(policies)] if v.policy is not None]:
-            label = f"{base.label}[B={batch}]"
-            variants.append(Variant(label, base.policy, base.eviction, prefill_batch=batch))
-    return tuple(variants)
+def line_variant(spec: str) -> Variant:
+    """The line of a spec: a name (`base_variant`), or a name with settings among
+    `LINE_KEYS` (`prism[eviction=lru;q_cold=4]`), labelled by the spec itself.
+    ValueError for an unknown name or key, or a setting the line cannot take."""
+    name, settings = parse_line(spec)
+    base = base_variant(name)
+    if not settings:
+        return base
+    unknown = sorted(set(settings) - set(LINE_KEYS))
+    if unknown:
+        raise ValueError(
+            f"line {spec!r}: unknown {', '.join(unknown)}; keys: {', '.join(LINE_KEYS)}"
+        )
+    proxy_keys = set(settings) - {"eviction"}
+    if proxy_keys and base.policy is None:
+        raise ValueError(f"line {spec!r}: {', '.join(sorted(proxy_keys))} needs a proxy line")
+    if ({"q_cold", "qas"} & proxy_keys) and base.policy != "prism":
+        raise ValueError(f"line {spec!r}: q_cold and qas are prism's")
+    qas = settings.get("qas")
+    if qas is not None and qas not in QAS_VARIANTS:
+        raise ValueError(f"unknown QAS variant {qas!r}; choose from {', '.join(QAS_VARIANTS)}")
+    label = f"{name}[{';'.join(f'{key}={value}' for key, value in settings.items())}]"
+    number = {key: int(settings[key]) for key in ("q_cold", "prefill_batch") if key in settings}
+    return replace(
+        base,
+        label=label,
+        eviction=settings.get("eviction", base.eviction),
+        q_cold=number.get("q_cold"),
+        qas=qas,
+        prefill_batch=number.get("prefill_batch"),
+    )
+
+
+def make_variants(specs: list[str]) -> tuple[Variant, ...]:
+    """The lines of a comparison, one per spec, in order (`line_variant`)."""
+    return tuple(line_variant(spec) for spec in specs)

@@ -163,7 +163,7 @@ demo: demo-venv
 # SEEDS=0,1,2 repeats it per seed and reports means with 95 % intervals.
 SEEDS ?= 0
 demo-real: venv sglang-venv
-	$(PY) -m loadgen.demo_real --out runs/demo-real --sglang-python $(SGL_PY) --seeds $(SEEDS)
+	$(PY) -m loadgen.experiments.demo_real --out runs/demo-real --sglang-python $(SGL_PY) --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) $(SGL_VENV) $(DEMO_VENV) $(PEERS_DIR) .pytest_cache .ruff_cache .hypothesis

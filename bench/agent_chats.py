@@ -1,6 +1,6 @@
 """Multi-turn agent chats as a text agent sends them: the whole history every turn.
 
-The material is the agent_prefix workload's synthetic domain (`loadgen.agent_material`,
+The material is the agent_prefix workload's synthetic domain (`loadgen.workloads.agent_material`,
 seeded): a system message with the domain's policy and tool schemas (~3.9k tokens, the
 same for every conversation), then per step a user message and the assistant's tool
 call. The tool's output comes back in the next user message, before the user's next
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadgen.agent_material import SyntheticShape, TaskMaterial, synthetic_domain
-from loadgen.sampling import stream
-from loadgen.textgen import TokenCounter
+from loadgen.workloads.agent_material import SyntheticShape, TaskMaterial, synthetic_domain
+from loadgen.workloads.sampling import stream
+from loadgen.workloads.textgen import TokenCounter
 
 Messages = list[dict[str, Any]]
 

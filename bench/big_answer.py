@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench.engines import engine, proxy_args
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 
 PROBE = r"""
 import sys, time, httpx

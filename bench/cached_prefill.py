@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 
 from bench.fit_cpu_profile import Probe
-from loadgen.processes import free_port, run_server
-from loadgen.sweep import SweepConfig, sglang_cpu_command
-from loadgen.variants import base_variant
+from loadgen.experiments.sweep import SweepConfig, sglang_cpu_command
+from loadgen.stack.processes import free_port, run_server
+from loadgen.stack.variants import base_variant
 from prism_sim.time_model import PrefillItem, load_profile, prefill_time_s
 
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             env={"PRISM_CONTROL_TOKEN": token},
         ) as server:  # fmt: skip
             t = asyncio.run(_times(server.url, args.prompt, args.cached, args.repeats))
-        eviction = serve[serve.index("--eviction") + 1]
+        eviction = "stock" if base_variant(label).eviction == "lru" else "dart"
         print(
             f"{label} server (--eviction {eviction}): uncached {t['uncached']:.3f} s, "
             f"{args.cached} cached {t['cached']:.3f} s (median of {args.repeats})",

@@ -137,12 +137,10 @@ async def run_http(profile_spec: str | None, trace: Sequence[TraceRequest], spee
     `/generate`; TTFT is the first chunk's wall delay × speed (lag included)."""
     import aiohttp
 
-    from loadgen.processes import run_server
+    from loadgen.stack.processes import engine_args, run_server
 
-    args = ["--speed", f"{speed:g}", "--log-level", "warning"]
-    if profile_spec:
-        args += ["--profile", profile_spec]
-    with run_server("prism_sim", args) as server:
+    settings = {"speed": speed, "log_level": "warning", "profile": profile_spec or None}
+    with run_server("prism_sim", engine_args(settings)) as server:
         url = server.url + "/generate"
         start = time.monotonic()
 

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench.engines import proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import engine_args, parse_settings, run_server
 
 SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -105,12 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="connection-squat-"))
     lines = ["prism"] + (["prism-before"] if args.before else [])
     results: dict[str, dict[str, Any]] = {}
-    with run_server("prism_sim", ["--log-level", "warning"], log_dir=work) as sim:
+    with run_server("prism_sim", engine_args({"log_level": "warning"}), log_dir=work) as sim:
         for line in lines:
             cwd = args.before if line == "prism-before" else None
-            serve = proxy_args("sim", sim.url)
-            for setting in args.settings:
-                serve += ["--set", setting]
+            serve = proxy_args("sim", sim.url, parse_settings(args.settings))
             with contextlib.ExitStack() as stack:
                 proxy = stack.enter_context(
                     run_server("prism_proxy", serve, log_dir=work, name=line, cwd=cwd)

@@ -8,28 +8,33 @@ model, a 16k-token pool, incremental streams as deployed), started with
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, engine_args, run_server
+from loadgen.stack.processes import proxy_args as launch_proxy
 
 
 @contextlib.contextmanager
 def engine(kind: str, log_dir: Path, sglang_python: str) -> Iterator[ServerProcess]:
     if kind == "sglang":
-        args = ["--model", "tiny", "--max-total-tokens", "16384", "--eviction", "stock",
-                "--sglang-arg=--incremental-streaming-output"]  # fmt: skip
+        args = engine_args({"model": "tiny", "max_total_tokens": 16384, "eviction": "stock",
+                            "sglang": {"incremental_streaming_output": True}})  # fmt: skip
         with run_server("sglang_cpu.serve", args, log_dir=log_dir, name="sglang",
                         python=sglang_python, startup_timeout_s=900.0) as server:  # fmt: skip
             yield server
     else:
-        with run_server("prism_sim", ["--log-level", "warning"], log_dir=log_dir) as server:
+        with run_server(
+            "prism_sim", engine_args({"log_level": "warning"}), log_dir=log_dir
+        ) as server:
             yield server
 
 
-def proxy_args(kind: str, backend_url: str) -> list[str]:
-    """`prism-proxy serve` in front of `backend_url` at its defaults; prism-sim tokenizes
-    with `builtin`, SGLang's model directory is local here (`auto` finds it; an older
-    checkout's `auto` reads it from the engine too)."""
+def proxy_args(kind: str, backend_url: str, settings: Mapping[str, Any] | None = None) -> list[str]:
+    """`prism-proxy serve` in front of `backend_url` at its defaults but `settings`;
+    prism-sim tokenizes with `builtin`, SGLang's model directory is local here (`auto`
+    finds it; an older checkout's `auto` reads it from the engine too)."""
     tokenizer = "builtin" if kind == "sim" else "auto"
-    return ["serve", "--backend", backend_url, "--tokenizer", tokenizer, "--log-level", "warning"]
+    defaults = {"backend": backend_url, "tokenizer": tokenizer, "log_level": "warning"}
+    return launch_proxy({**defaults, **(settings or {})})

@@ -43,9 +43,9 @@ from typing import Any
 import httpx
 
 from bench.profile_fit import LinearFit, fit_decode, fit_prefill, profile_fields
-from loadgen.processes import run_server
-from loadgen.sweep import SweepConfig, sglang_cpu_command
-from loadgen.variants import base_variant
+from loadgen.experiments.sweep import SweepConfig, sglang_cpu_command
+from loadgen.stack.processes import run_server
+from loadgen.stack.variants import base_variant
 from prism_sim.time_model import PrefillItem, Profile, decode_time_s, prefill_time_s
 
 LENGTHS = (32, 128, 256, 512, 768, 1024, 1536, 2048, 3072)

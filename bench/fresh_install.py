@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadgen.cli import EXTRA_HINT, LOADGEN_EXTRA_MODULES
+from loadgen.stack.processes import engine_args, proxy_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +93,7 @@ def smoke(report: Report, bin_dir: Path, workdir: Path) -> None:
     sim_port, proxy_port = free_port(), free_port()
     logs = [open(workdir / name, "wb") for name in ("sim.log", "proxy.log")]  # noqa: SIM115
     sim = subprocess.Popen(
-        [str(bin_dir / "prism-sim"), "--port", str(sim_port), "--speed", "20"],
+        [str(bin_dir / "prism-sim"), *engine_args({"port": sim_port, "speed": 20})],
         stdout=logs[0], stderr=subprocess.STDOUT, cwd=workdir,
     )  # fmt: skip
     proxy = None
@@ -101,8 +102,7 @@ def smoke(report: Report, bin_dir: Path, workdir: Path) -> None:
         if not report.check("prism-sim serves", wait_up(sim_url, sim)):
             return
         proxy = subprocess.Popen(
-            [str(bin_dir / "prism-proxy"), "serve", "--port", str(proxy_port),
-             "--backend", sim_url],
+            [str(bin_dir / "prism-proxy"), *proxy_args({"port": proxy_port, "backend": sim_url})],
             stdout=logs[1], stderr=subprocess.STDOUT, cwd=workdir,
         )  # fmt: skip
         url = f"http://127.0.0.1:{proxy_port}"

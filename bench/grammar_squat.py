@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench.engines import engine, proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
 # Nested bounded repetitions; the innermost bound differs per schema and line, so that no
@@ -36,10 +36,10 @@ SQUATTER, VICTIM = "127.0.0.2", "127.0.0.1"
 SLOW_PATTERN = "(([a-z]{1,%d} ){1,30}){1,%d}"
 # Settings of each proxy line beyond its defaults.
 LINES = {
-    "prism": [],
-    "prism-1-compile": ["--set", "max_client_grammar_compiles=1"],
-    "prism-unguarded": ["--set", "max_client_grammar_compiles=1000",
-                        "--set", "max_client_grammars_per_minute=1000"],
+    "prism": {},
+    "prism-1-compile": {"max_client_grammar_compiles": 1},
+    "prism-unguarded": {"max_client_grammar_compiles": 1000,
+                        "max_client_grammars_per_minute": 1000},
 }  # fmt: skip
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.ExitStack() as stack:
                 url = server.url
                 if line != "direct":
-                    serve = proxy_args("sglang", server.url) + LINES[line]
+                    serve = proxy_args("sglang", server.url, LINES[line])
                     proxy = run_server("prism_proxy", serve, log_dir=work, name=line)
                     url = stack.enter_context(proxy).url
                 results[line] = asyncio.run(squat(url, args, number))

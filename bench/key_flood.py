@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 
 from bench.engines import proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import engine_args, run_server
 
 WARM_UP = 5
 STEADY_KEY = "sk-steady-" + "0" * 16
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
             for key, name in ((STEADY_KEY, "steady"), (FLOOD_KEY, "flood"))
         ]
         keys.write_text("\n".join(key_lines) + "\n")
-        with run_server("prism_sim", ["--log-level", "warning"], log_dir=work) as sim:
+        with run_server("prism_sim", engine_args({"log_level": "warning"}), log_dir=work) as sim:
             serve = proxy_args("sim", sim.url)
 
             def env_of(fair_share: bool, inflight: int, queued: int) -> dict[str, str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.proxy_overhead import percentile
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, engine_args, proxy_args, run_server
 
 WORDS = [
     "the",
@@ -131,11 +131,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3)
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
-    sim_args = ["--speed", "20", "--log-level", "warning"]
+    sim_args = engine_args({"speed": 20, "log_level": "warning"})
     with run_server("prism_sim", sim_args, log_dir=logs, name="sim") as sim:
-        proxy_args = ["serve", "--backend", sim.url, "--log-level", "warning"]
-        proxy_args += ["--set", f"max_prompt_chars={args.chars}"]
-        with run_server("prism_proxy", proxy_args, log_dir=logs, name="proxy") as proxy:
+        settings = {"backend": sim.url, "log_level": "warning", "max_prompt_chars": args.chars}
+        with run_server("prism_proxy", proxy_args(settings), log_dir=logs, name="proxy") as proxy:
             asyncio.run(measure(proxy, args.chars, args.requests))
 
 

@@ -43,11 +43,12 @@ from typing import Any
 
 import httpx
 
-from loadgen.cpu_models import CPU_MODELS
-from loadgen.processes import ServerProcess, free_port, run_server
-from loadgen.replay import ReplayConfig, replay
-from loadgen.sweep import SweepConfig, ensure_trace, metric_totals
-from loadgen.trace_format import read_trace
+from loadgen.clients.replay import ReplayConfig, replay
+from loadgen.experiments.sweep import SweepConfig, ensure_trace, metric_totals
+from loadgen.stack.cpu_models import CPU_MODELS
+from loadgen.stack.processes import ServerProcess, engine_args, free_port, run_server
+from loadgen.stack.processes import proxy_args as launch_proxy
+from loadgen.workloads.trace_format import read_trace
 
 LINES = ("sglang", "sglang-dart", "fifo", "prism-view", "prism", "prism-nopush")
 WITHOUT_PUSHES = "proxy-without-pushes"  # argv[1]: run the proxy with pushes off
@@ -70,14 +71,15 @@ class Engine:
 @contextlib.contextmanager
 def engine(kind: str, log_dir: Path, sglang_python: str) -> Iterator[Engine]:
     model = CPU_MODELS["tiny"]
-    args = ["--model", "tiny", *model.sglang_args, "--max-total-tokens", str(model.kv_tokens)]
+    settings = {"model": "tiny", "sglang": model.sglang, "max_total_tokens": model.kv_tokens}
     control_url = token = None
     if kind == "dart":
         port, token = free_port(), secrets.token_hex(16)
-        args += ["--eviction", "dart", "--control-port", str(port)]
+        settings |= {"eviction": "dart", "control_port": port}
         control_url = f"http://127.0.0.1:{port}"
     else:
-        args += ["--eviction", "stock"]
+        settings["eviction"] = "stock"
+    args = engine_args(settings)
     with run_server(
         "sglang_cpu.serve",
         args,
@@ -95,10 +97,11 @@ DART_LINES = ("sglang-dart", "prism", "prism-nopush")
 
 def proxy_args(line: str, target: Engine) -> list[str]:
     policy = "fifo" if line == "fifo" else "prism"
-    args = ["serve", "--backend", target.server.url, "--policy", policy]
-    args += ["--tokenizer", "builtin", "--log-level", "warning"]
+    settings = {"backend": target.server.url, "policy": policy, "tokenizer": "builtin"}
+    settings["log_level"] = "warning"
     if line in ("prism", "prism-nopush"):
-        args += ["--control-url", str(target.control_url)]
+        settings["control_url"] = str(target.control_url)
+    args = launch_proxy(settings)
     return [WITHOUT_PUSHES, *args] if line == "prism-nopush" else args
 
 

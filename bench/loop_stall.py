@@ -45,7 +45,7 @@ import aiohttp
 
 from bench.large_prompt import health_latencies, prompt_text
 from bench.proxy_overhead import percentile
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, engine_args, proxy_args, run_server
 
 
 def bodies() -> dict[str, tuple[str, bytes]]:
@@ -185,10 +185,10 @@ def main() -> None:
         probe(args.probe, args.seconds)
         return
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
-    sim_args = ["--speed", "20", "--log-level", "warning"]
+    sim_args = engine_args({"speed": 20, "log_level": "warning"})
     with run_server("prism_sim", sim_args, log_dir=logs, name="sim") as sim:
-        proxy_args = ["serve", "--backend", sim.url, "--log-level", "warning"]
-        with run_server("prism_proxy", proxy_args, log_dir=logs, name="proxy",
+        serve = proxy_args({"backend": sim.url, "log_level": "warning"})
+        with run_server("prism_proxy", serve, log_dir=logs, name="proxy",
                         python=args.proxy_python, cwd=args.proxy_cwd) as proxy:  # fmt: skip
             if args.hinted_seconds is not None:
                 asyncio.run(

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import httpx
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, engine_args, run_server
+from loadgen.stack.processes import proxy_args as launch_proxy
 from prism_proxy.config import ProxyConfig
 
 SEGMENT_CHARS = 240_000
@@ -120,14 +121,14 @@ CACHE_KEYS = (
 
 
 def proxy_args(sim: ServerProcess, cache_mib: int | None) -> list[str]:
-    args = ["serve", "--backend", sim.url, "--set", "health_interval_s=0", "--log-level", "warning"]
+    settings = {"backend": sim.url, "health_interval_s": 0, "log_level": "warning"}
     for key in CACHE_KEYS if cache_mib is not None else ():
-        args += ["--set", f"{key}={cache_mib * MIB}"]
-    return args
+        settings[key] = cache_mib * MIB
+    return launch_proxy(settings)
 
 
 def measure(megabytes: float, cache_mib: int | None, log_dir: Path, seed: int = 0) -> MemoryRun:
-    sim_args = ["--kv-capacity-tokens", "20000", "--speed", "50", "--log-level", "warning"]
+    sim_args = engine_args({"kv_capacity_tokens": 20000, "speed": 50, "log_level": "warning"})
     with (
         run_server("prism_sim", sim_args, log_dir=log_dir) as sim,
         run_server("prism_proxy", proxy_args(sim, cache_mib), log_dir=log_dir) as proxy,

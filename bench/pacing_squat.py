@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from bench.engines import engine, proxy_args
-from loadgen.processes import run_server
+from loadgen.stack.processes import parse_line, run_server
 
 SYSTEM = "You answer questions about rivers in one short sentence."
 WORDS = ("river", "delta", "basin", "bank", "ford", "weir", "lock", "estuary", "meander")
@@ -199,13 +199,6 @@ def split_at_burst(squat: dict[str, Any]) -> tuple[list[float], list[float]]:
     return burst, after
 
 
-def line_settings(line: str) -> list[str]:
-    """`prism[a=1;b=2]` -> the proxy's `--set a=1 --set b=2`."""
-    _, _, inner = line.partition("[")
-    pairs = [p for p in inner.rstrip("]").split(";") if p]
-    return [arg for pair in pairs for arg in ("--set", pair)]
-
-
 def _file_name(line: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in line)
 
@@ -236,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     with engine(args.engine, work, args.sglang_python) as server:
         for line in lines:
             httpx.post(server.url + "/flush_cache", timeout=30.0)
-            serve = proxy_args(args.engine, server.url) + line_settings(line)
+            serve = proxy_args(args.engine, server.url, parse_line(line)[1])
             cwd = args.before if line == "prism-before" else None
             with contextlib.ExitStack() as stack:
                 url = server.url

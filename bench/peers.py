@@ -8,7 +8,7 @@ target, measured side by side:
 * `direct`: the stub itself;
 * `prism fifo`: `prism-proxy serve --policy fifo --window-ms 0` (admission without QAS);
 * `prism`: the proxy's defaults (QAS `full`, 10 ms rounds, prefill pacing);
-* each peer `make peers` installed (`loadgen/peers_launch.py`): smg, sglang-router,
+* each peer `make peers` installed (`loadgen/stack/peers_launch.py`): smg, sglang-router,
   ContextPilot, as plain pass-throughs (round robin, no retries, no circuit breaker).
 
 What it measures, per target (non-streamed chat completions of 8 tokens unless said;
@@ -50,8 +50,8 @@ from typing import Any
 import aiohttp
 
 from bench.stub_backend import run_stub
-from loadgen.peers_launch import installed_peers, start_peer
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.peers_launch import installed_peers, start_peer
+from loadgen.stack.processes import ServerProcess, proxy_args, run_server
 
 MODEL = "stub-model"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -83,12 +83,12 @@ def _direct(backend: str, log_dir: Path) -> Iterator[None]:
     yield None
 
 
-def _prism(*flags: str) -> Callable[[str, Path], contextlib.AbstractContextManager]:
+def _prism(**settings: Any) -> Callable[[str, Path], contextlib.AbstractContextManager]:
     @contextlib.contextmanager
     def start(backend: str, log_dir: Path) -> Iterator[ServerProcess]:
         # the stub engine cannot tokenize: the tokenizer is named (used unverified)
-        args = ["serve", "--backend", backend, "--tokenizer", "builtin", "--log-level", "warning"]
-        args += flags
+        defaults = {"backend": backend, "tokenizer": "builtin", "log_level": "warning"}
+        args = proxy_args({**defaults, **settings})
         with run_server("prism_proxy", args, log_dir=log_dir, name="prism") as server:
             yield server
 
@@ -107,7 +107,7 @@ def _peer(peer) -> Callable[[str, Path], contextlib.AbstractContextManager]:
 def targets() -> list[Target]:
     lines = [
         Target("direct", _direct),
-        Target("prism fifo", _prism("--policy", "fifo", "--window-ms", "0")),
+        Target("prism fifo", _prism(policy="fifo", window_ms=0)),
         Target("prism", _prism()),
     ]
     lines += [Target(peer.label, _peer(peer)) for peer in installed_peers()]

@@ -44,7 +44,7 @@ import aiohttp
 
 from bench.agent_chats import agent_turns
 from bench.stub_backend import run_stub
-from loadgen.processes import free_port, wait_healthy
+from loadgen.stack.processes import free_port, proxy_args, wait_healthy
 from prism_tokens.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,9 +91,9 @@ def counted_run(tree: Path, backend: str, load: str, requests: int, log_dir: Pat
     log_path = log_dir / f"proxy-{port}.log"
     command = [
         "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
-        sys.executable, "-m", "prism_proxy", "serve", "--backend", backend,
-        "--tokenizer", "builtin", "--port", str(port), "--policy", "fifo", "--window-ms", "0",
-        "--log-level", "warning",
+        sys.executable, "-m", "prism_proxy",
+        *proxy_args({"backend": backend, "tokenizer": "builtin", "port": port, "policy": "fifo",
+                     "window_ms": 0, "log_level": "warning"}),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}  # `-m` also looks in the cwd first
     with log_path.open("wb") as log:

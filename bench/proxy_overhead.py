@@ -28,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadgen.processes import run_server
+from loadgen.stack.processes import engine_args, proxy_args, run_server
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -129,13 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--speed", type=float, default=50.0, help="simulated engine speed")
     args = parser.parse_args(argv)
     log_dir = Path(tempfile.mkdtemp(prefix="prism-bench-"))
-    sim_args = ["--speed", str(args.speed), "--log-level", "warning"]
+    sim_args = engine_args({"speed": args.speed, "log_level": "warning"})
     with run_server("prism_sim", sim_args, log_dir=log_dir) as sim:
-        proxy_args = [
-            "serve", "--backend", sim.url, "--policy", "fifo", "--log-level", "warning",
-            "--set", f"max_inflight={max(64, args.concurrency)}",
-        ]  # fmt: skip
-        with run_server("prism_proxy", proxy_args, log_dir=log_dir) as proxy:
+        serve = proxy_args({"backend": sim.url, "policy": "fifo", "log_level": "warning",
+                            "max_inflight": max(64, args.concurrency)})  # fmt: skip
+        with run_server("prism_proxy", serve, log_dir=log_dir) as proxy:
             print(f"backend {sim.url} (prism-sim --speed {args.speed}), proxy {proxy.url} "
                   "(--policy fifo)")  # fmt: skip
             asyncio.run(measure(args, sim.url, proxy.url))

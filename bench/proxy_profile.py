@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.peers import burst, streams
 from bench.stub_backend import run_stub
-from loadgen.processes import run_server
+from loadgen.stack.processes import proxy_args, run_server
 
 # First match wins: a frame's file path fragment → its category.
 CATEGORIES = (
@@ -102,14 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     py_spy = str(beside) if beside.exists() else shutil.which("py-spy")
     if py_spy is None:
         raise SystemExit("py-spy is not installed (it comes with the dev extras)")
-    flags = ["--log-level", "warning", "--policy", args.policy]
-    flags += ["--window-ms", "0"] if args.policy == "fifo" else []
+    settings = {"backend": None, "tokenizer": "builtin", "log_level": "warning"}
+    settings |= {"policy": args.policy, "window_ms": 0 if args.policy == "fifo" else None}
     with (
         tempfile.TemporaryDirectory(prefix="prism-profile-") as tmp,
         run_stub(Path(tmp), incremental=args.incremental) as stub,
         run_server(
             "prism_proxy",
-            ["serve", "--backend", stub.url, "--tokenizer", "builtin", *flags],
+            proxy_args({**settings, "backend": stub.url}),
             log_dir=Path(tmp),
             name="prism",
         ) as proxy,

@@ -27,16 +27,24 @@ from pathlib import Path
 
 import httpx
 
-from loadgen.processes import ServerProcess, free_port, run_server, spawn_server, wait_healthy
+from loadgen.stack.processes import (
+    ServerProcess,
+    engine_args,
+    free_port,
+    proxy_args,
+    run_server,
+    spawn_server,
+    wait_healthy,
+)
 
 POLL_S = 0.02
 ROOT = Path(__file__).resolve().parent.parent
 # engine -> (module, arguments, Python, start-up bound in seconds)
 ENGINES = {
-    "sim": ("prism_sim", ["--speed", "50", "--log-level", "warning"], sys.executable, 60.0),
+    "sim": ("prism_sim", engine_args({"speed": 50, "log_level": "warning"}), sys.executable, 60.0),
     "sglang": (
         "sglang_cpu.serve",
-        ["--eviction", "stock", "--max-total-tokens", "4096"],
+        engine_args({"eviction": "stock", "max_total_tokens": 4096}),
         str(ROOT / ".venv-sglang" / "bin" / "python"),
         600.0,
     ),
@@ -103,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
 
     engine = start(0)
     try:
-        proxy_args = ["serve", "--backend", engine.url, "--log-level", "warning"]
-        with run_server("prism_proxy", proxy_args, log_dir=logs) as proxy, httpx.Client() as http:
+        serve = proxy_args({"backend": engine.url, "log_level": "warning"})
+        with run_server("prism_proxy", serve, log_dir=logs) as proxy, httpx.Client() as http:
             readyz = proxy.url + "/readyz"
             downs, ups = [], []
             for cycle in range(1, args.cycles + 1):

@@ -20,9 +20,9 @@ import argparse
 import statistics
 import sys
 
-from loadgen.apis import chat_messages
-from loadgen.sweep import SweepConfig, ensure_trace
-from loadgen.trace_format import read_trace
+from loadgen.clients.apis import chat_messages
+from loadgen.experiments.sweep import SweepConfig, ensure_trace
+from loadgen.workloads.trace_format import read_trace
 from prism_proxy.prompts.conversation import RenderingCheck, chat_job
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.extraction import ALL_LAYOUTS

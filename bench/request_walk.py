@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.processes import run_server
+from loadgen.stack.processes import engine_args, run_server
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_WALKED = ("bench", "loadgen", "tests", "prism_sim", ".venv")
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", action="store_true", help="print the last walk itself")
     args = parser.parse_args(argv)
     logs = Path(ROOT / "runs" / "request-walk")
-    sim_args = ["--tokenizer", "builtin", "--speed", "50"]
+    sim_args = engine_args({"tokenizer": "builtin", "speed": 50})
     with run_server("prism_sim", sim_args, log_dir=logs, name="prism-sim") as sim:
         walks = asyncio.run(walk(sim.url, args.stream, args.walks))
     counts = [summarize(w.changes()) for w in walks]

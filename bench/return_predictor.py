@@ -32,7 +32,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from loadgen.session_trace import SessionParams, SessionTrace, build_session_trace, tool_kind
+from loadgen.workloads.session_trace import (
+    SessionParams,
+    SessionTrace,
+    build_session_trace,
+    tool_kind,
+)
 from prism_proxy.admission.returns import ANY_TOOL, ReturnModel
 from prism_tokens.tokenizer import load_tokenizer
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.report import t_interval
+from loadgen.reports.report import t_interval
 
 NATIVE_PREFIX = "sglang-"
 CONTINUUM = "continuum-style"

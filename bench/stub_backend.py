@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 
 MODEL = "stub-model"
 TOKEN_TEXT = " tok"
@@ -210,7 +210,7 @@ TICKER = web.AppKey("ticker", Ticker | None)
 def run_stub(
     log_dir: Path, *, incremental: bool = False, step_ms: float = 0.0, name: str = "stub"
 ) -> contextlib.AbstractContextManager[ServerProcess]:
-    """The stub as a server process for a benchmark (`loadgen.processes.run_server`)."""
+    """The stub as a server process for a benchmark (`loadgen.stack.processes.run_server`)."""
     args = ["--incremental"] if incremental else []
     if step_ms:
         args += ["--step-ms", f"{step_ms:g}"]

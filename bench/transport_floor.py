@@ -34,7 +34,7 @@ from aiohttp import ClientSession, TCPConnector, web
 
 from bench.peers import burst, cpu_seconds, sequential
 from bench.stub_backend import run_stub
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 from prism_proxy.backend.http1 import Http1Pool
 
 PATH = "/v1/chat/completions"

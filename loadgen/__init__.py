@@ -1,8 +1,17 @@
-"""The load generator and the paper's experiments (SPEC §6, §8).
+"""The load generator and the paper's experiments (SPEC §6, §8), in rooms by job.
 
-Traces: ``trace_format`` (JSONL), ``rag_trace`` (zipf_hotspot), ``agent_trace`` with
-``agent_material``/``tau2_source`` (agent_prefix), ``corpus``, ``textgen``, ``sampling``.
-Replay: ``apis`` (request bodies, stream parsing), ``replay`` (open loop), ``summary``.
-Experiments: ``sweep``, ``report``, ``demo``; servers via ``processes``; ``bounds``
-(a trace's hit-rate ceilings with an infinite cache). CLI: ``cli``.
+Each room imports only rooms listed above it here, never one below:
+
+* ``workloads``: the traces (zipf_hotspot, agent_prefix, reorder_replay, agent_sessions),
+  their file format, knobs and seeded draws, and a trace's hit-rate ceilings.
+* ``clients``: how a trace is sent to a target and read back: request bodies, the
+  open-loop and closed-loop replays, routing keys, per-request records.
+* ``stack``: the servers a line runs as subprocesses (proxy, prism-sim, SGLang, peer
+  gateways) and the lines of a comparison (``variants``).
+* ``twin``: proxy admission and the simulated engine in modeled time.
+* ``reports``: the sweep report (markdown table, plots, intervals).
+* ``experiments``: sweeps, demos and studies built from the rooms above.
+* ``quality``: answer quality by document order.
+
+``cli`` is ``prism-loadgen``; it reaches every room.
 """

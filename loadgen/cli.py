@@ -1,6 +1,7 @@
 """``prism-loadgen``: workloads, replay, sweeps, the twin, reports, quality, scale-out.
 
-prism-loadgen trace rag   --out FILE [--qps 50 --seed 0 ...]   zipf_hotspot (SPEC §6)
+prism-loadgen trace rag   --out FILE [--qps 50 --seed 0 --trace-param hot_count=2 ...]
+                                                               zipf_hotspot (SPEC §6)
 prism-loadgen trace agent --out FILE [--qps 40 ...]            agent_prefix (SPEC §6)
 prism-loadgen trace reorder --out FILE [--qps 2 ...]           reorder_replay
 prism-loadgen replay --trace FILE --target URL --api prism|openai|sglang --out FILE
@@ -24,10 +25,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from loadgen.apis import API_NAMES, CHAT_LAYOUTS
-from loadgen.routing import ROUTING_KEYS
-from loadgen.trace_format import read_trace, write_trace
-from loadgen.trace_params import AgentTraceParams, RagTraceParams, ReorderTraceParams
+from loadgen.clients.apis import API_NAMES, CHAT_LAYOUTS
+from loadgen.clients.routing import ROUTING_KEYS
+from loadgen.stack.processes import parse_settings
+from loadgen.workloads.trace_format import read_trace, write_trace
+from loadgen.workloads.trace_params import AgentTraceParams, RagTraceParams, ReorderTraceParams
 
 # What the `loadgen` extra installs, by import name: the subcommands import them (below
 # the argument parser, so `prism-loadgen --help` runs without them).
@@ -35,21 +37,38 @@ LOADGEN_EXTRA_MODULES = frozenset({"numpy", "matplotlib", "tqdm", "httpx", "blak
 EXTRA_HINT = "pip install 'prism-serving[loadgen]'"
 
 
-def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: Any, skip: tuple[str, ...]) -> None:
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        kind = {"int": int, "float": float}.get(str(f.type), str)
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            type=kind,
-            default=f.default,
-            help=f"(default: {f.default})",
-        )
+# Every workload's two knobs with a flag of their own; the others are `--trace-param`s.
+TRACE_FLAGS = ("num_requests", "qps")
+
+
+def _add_trace_flags(parser: argparse.ArgumentParser, cls: Any) -> None:
+    """`--num-requests` and `--qps`, and the workload's other knobs (the fields of `cls`)
+    as `--trace-param NAME=VALUE`, as the sweep takes them."""
+    defaults = {f.name: f.default for f in fields(cls)}
+    parser.add_argument("--num-requests", type=int, default=defaults["num_requests"])
+    parser.add_argument("--qps", type=float, default=defaults["qps"])
+    knobs = [f"{f.name} [{f.default}]" for f in fields(cls) if f.name not in TRACE_FLAGS]
+    parser.add_argument(
+        "--trace-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the trace's shape (repeatable): " + ", ".join(knobs),
+    )
 
 
 def _params_from_args(cls: Any, args: argparse.Namespace) -> Any:
-    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+    """The workload's parameters: its flags, then its `--trace-param`s, each read as its
+    field's type. ValueError for a name that is not one of its knobs."""
+    kinds = {f.name: {"int": int, "float": float}.get(str(f.type), str) for f in fields(cls)}
+    values: dict[str, Any] = {name: getattr(args, name) for name in TRACE_FLAGS}
+    for name, text in parse_settings(args.trace_param).items():
+        name = name.replace("-", "_")
+        if name not in kinds or name in TRACE_FLAGS:
+            knobs = ", ".join(k for k in kinds if k not in TRACE_FLAGS)
+            raise ValueError(f"--trace-param {name}: not a knob of this workload ({knobs})")
+        values[name] = kinds[name](text)
+    return cls(**values)
 
 
 def _tokenizer(spec: str | None) -> tuple[Any, str]:
@@ -60,9 +79,9 @@ def _tokenizer(spec: str | None) -> tuple[Any, str]:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from loadgen.agent_trace import build_agent_trace
-    from loadgen.rag_trace import build_rag_trace
-    from loadgen.reorder_trace import build_reorder_trace
+    from loadgen.workloads.agent_trace import build_agent_trace
+    from loadgen.workloads.rag_trace import build_rag_trace
+    from loadgen.workloads.reorder_trace import build_reorder_trace
 
     tokenizer, name = _tokenizer(args.tokenizer)
     if args.workload == "rag":
@@ -84,7 +103,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from loadgen.replay import ReplayConfig, replay, write_results
+    from loadgen.clients.replay import ReplayConfig, replay, write_results
 
     trace = read_trace(Path(args.trace))
     config = ReplayConfig(
@@ -109,7 +128,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_bound(args: argparse.Namespace) -> int:
-    from loadgen.bounds import hit_rate_ceilings
+    from loadgen.workloads.bounds import hit_rate_ceilings
     from prism_proxy.prompts.serializer import Serializer
 
     tokenizer, _ = _tokenizer(args.tokenizer)
@@ -119,13 +138,13 @@ def cmd_bound(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from loadgen.sweep import run_sweep_from_args
+    from loadgen.experiments.sweep import run_sweep_from_args
 
     return run_sweep_from_args(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from loadgen.sweep import run_sweep_from_args
+    from loadgen.experiments.sweep import run_sweep_from_args
 
     return run_sweep_from_args(args, engine="twin")
 
@@ -137,9 +156,9 @@ def _floats(text: str) -> list[float]:
 def cmd_sessions(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from loadgen.session_real import REAL_LINES
-    from loadgen.session_sweep import LINE_NAMES, Point, sweep
-    from loadgen.session_trace import SessionParams
+    from loadgen.experiments.session_real import REAL_LINES
+    from loadgen.experiments.session_sweep import LINE_NAMES, Point, sweep
+    from loadgen.workloads.session_trace import SessionParams
 
     known = REAL_LINES if args.real else LINE_NAMES
     lines = tuple(args.lines.split(",")) if args.lines else known
@@ -162,7 +181,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from loadgen.report import write_report
+    from loadgen.reports.report import write_report
 
     paths = write_report(Path(args.results), title=args.title)
     print(paths.table_text)
@@ -172,13 +191,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from loadgen.demo import run_demo
+    from loadgen.experiments.demo import run_demo
 
     return run_demo(Path(args.out), speed=args.speed, num_requests=args.num_requests)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from loadgen.sweep import add_sweep_flags
+    from loadgen.experiments.sweep import add_sweep_flags
 
     parser = argparse.ArgumentParser(
         prog="prism-loadgen", description=__doc__.split("\n")[0].replace("``", "")
@@ -188,15 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="generate a trace (JSONL)")
     trace_sub = trace.add_subparsers(dest="workload", required=True)
     rag = trace_sub.add_parser("rag", help="zipf_hotspot RAG trace (SPEC §6)")
-    _add_dataclass_flags(rag, RagTraceParams, skip=("corpus",))
-    rag.add_argument("--corpus", default=None, help="MultiHop-RAG corpus.json as passage pool")
+    _add_trace_flags(rag, RagTraceParams)
     agent = trace_sub.add_parser("agent", help="agent_prefix trace (SPEC §6)")
-    _add_dataclass_flags(agent, AgentTraceParams, skip=("tau2_dir",))
-    agent.add_argument("--tau2-dir", default=None, help="tau2 package dir (default: installed)")
+    _add_trace_flags(agent, AgentTraceParams)
     reorder = trace_sub.add_parser(
         "reorder", help="reorder_replay: earlier document sets again in a new order"
     )
-    _add_dataclass_flags(reorder, ReorderTraceParams, skip=())
+    _add_trace_flags(reorder, ReorderTraceParams)
     for p in (rag, agent, reorder):
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tokenizer", default="builtin", help="'builtin' or a model dir")
@@ -228,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send X-SMG-Routing-Key (a gateway in front): canonical = the request's first"
         " segment in PRISM's canonical order (what a client computes); anchor = its"
         " hottest segment by the trace's hot ranks (the generator's knowledge);"
-        " anchor-bounded spreads hot anchors (loadgen.hot_keys)",
+        " anchor-bounded spreads hot anchors (loadgen.clients.hot_keys)",
     )
     rep.add_argument(
         "--max-replica-share",
@@ -304,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(argv: list[str]) -> int:
-    if argv[:1] == ["scale-out"]:  # its own flags (loadgen/scale_out.py)
-        from loadgen.scale_out import main as scale_out
+    if argv[:1] == ["scale-out"]:  # its own flags (loadgen/experiments/scale_out.py)
+        from loadgen.experiments.scale_out import main as scale_out
 
         return scale_out(argv[1:])
     if argv[:1] == ["quality"]:  # its own flags (loadgen/quality/run.py)

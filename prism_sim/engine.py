@@ -155,7 +155,7 @@ class EngineCore:
     """A simulated engine without HTTP or clock: radix cache, DART extension (if the
     eviction order needs one) and scheduler, wired together (SPEC §7).
 
-    The real-time engine (`SimEngine`) and the modeled-time twin (`loadgen.twin`) both
+    The real-time engine (`SimEngine`) and the modeled-time twin (`loadgen.twin.twin`) both
     build theirs here, so they run the same code. `finish_hooks` are called once per
     request when it finishes or is aborted.
     """

@@ -107,7 +107,7 @@ def run_prometheus(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        from loadgen.processes import wait_healthy
+        from loadgen.stack.processes import wait_healthy
 
         try:
             wait_healthy(url, process, timeout_s, "/-/ready")
@@ -203,22 +203,19 @@ def cpu_stack(
 
     A small `kv_capacity_tokens` makes the engine evict, so DART's eviction metrics move.
     """
-    from loadgen.processes import free_port, run_server
+    from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
 
     token = secrets.token_hex(16)
     control_port = free_port()
     logs = workdir / "logs"
-    sim_args = ["--eviction", "dart", "--speed", str(speed)]
-    sim_args += ["--control-port", str(control_port)]
-    if kv_capacity_tokens is not None:
-        sim_args += ["--kv-capacity-tokens", str(kv_capacity_tokens)]
+    sim_args = engine_args({"eviction": "dart", "speed": speed, "control_port": control_port,
+                            "kv_capacity_tokens": kv_capacity_tokens})  # fmt: skip
     secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
     with run_server("prism_sim", sim_args, log_dir=logs, name="prism-sim", env=secret) as engine:
         control_url = f"http://127.0.0.1:{control_port}"
-        proxy_args = ["serve", "--backend", engine.url, "--policy", "prism"]
-        proxy_args += ["--control-url", control_url]
+        serve = proxy_args({"backend": engine.url, "policy": "prism", "control_url": control_url})
         with run_server(
-            "prism_proxy", proxy_args, log_dir=logs, name="prism-proxy", env=secret
+            "prism_proxy", serve, log_dir=logs, name="prism-proxy", env=secret
         ) as proxy:
             if not with_prometheus:
                 yield Stack(engine.url, proxy.url, control_url, token, None, workdir)
@@ -241,9 +238,9 @@ def replay_trace(
     proxy_url: str, *, requests: int, qps: float, speed: float, seed: int = 0
 ) -> dict[str, Any]:
     """Replay a short zipf_hotspot trace (SPEC §6) through the proxy; loadgen's results."""
-    from loadgen.rag_trace import RagTraceParams, build_rag_trace
-    from loadgen.replay import ReplayConfig, replay
-    from loadgen.trace_format import Trace
+    from loadgen.clients.replay import ReplayConfig, replay
+    from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
+    from loadgen.workloads.trace_format import Trace
     from prism_tokens.tokenizer import load_tokenizer
 
     params = RagTraceParams(passages=200, num_requests=requests, qps=qps, max_tokens=8)
@@ -255,7 +252,7 @@ def replay_trace(
 
 def _source_total(url: str, sample: str, headers: Mapping[str, str] | None = None) -> float:
     """Sum of one sample name's values in a Prometheus text page, read at the source."""
-    from loadgen.sweep import metric_totals
+    from loadgen.experiments.sweep import metric_totals
 
     response = httpx.get(url, headers=dict(headers or {}), timeout=10.0)
     response.raise_for_status()

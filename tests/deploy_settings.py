@@ -48,7 +48,7 @@ import httpx
 import openai
 import yaml
 
-from loadgen.processes import free_port
+from loadgen.stack.processes import free_port
 from prism_proxy.config_sources import build_config
 from prism_tokens.tokenizer import default_cache_dir
 
@@ -407,7 +407,7 @@ class Stack:
 
             base = sglang_environment(base)
         if kind == "smg":
-            from loadgen.peer_lines import OFFLINE_ENV
+            from loadgen.stack.peer_lines import OFFLINE_ENV
 
             base.update(OFFLINE_ENV)
         return {**base, **self.loopback.env(service)}

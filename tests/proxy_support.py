@@ -15,7 +15,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from loadgen.processes import ServerProcess, free_port, run_server
+from loadgen.stack.processes import ServerProcess, free_port, run_server
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.config import ProxyConfig
 

@@ -25,19 +25,19 @@ import httpx
 import pytest
 from sim_support import common_prefix
 
-import loadgen.peer_lines as peer_lines
-from loadgen.apis import build_request, chat_messages
+import loadgen.stack.peer_lines as peer_lines
 from loadgen.cli import main
-from loadgen.peer_lines import (
+from loadgen.clients.apis import build_request, chat_messages
+from loadgen.clients.replay import contextpilot_order
+from loadgen.stack.peer_lines import (
     CONTEXTPILOT_RAG,
     CONTEXTPILOT_REAL,
     check_peer_lines,
-    contextpilot_order,
     run_peer_server,
 )
-from loadgen.processes import run_server
-from loadgen.trace_format import Segment, TraceRequest
-from loadgen.variants import ALL_POLICIES, KNOWN_LINES, base_variant
+from loadgen.stack.processes import run_server
+from loadgen.stack.variants import ALL_POLICIES, KNOWN_LINES, base_variant
+from loadgen.workloads.trace_format import Segment, TraceRequest
 from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import load_tokenizer
 

@@ -1,6 +1,6 @@
 """A flood of unique system prompts must not pin the KV pool.
 
-The twin (`loadgen.twin`) plays one trace through the proxy's real admission core and
+The twin (`loadgen.twin.twin`) plays one trace through the proxy's real admission core and
 `PrismPolicy` (which produce every pushed table P̂_t) and prism-sim's scheduler, radix
 cache and DART, in modeled time, deterministically. The scenario is the issue's, scaled
 down: a 12,000-token pool; a flood of requests at 1.75 req/s (Poisson), each with its own
@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loadgen.textgen import random_words
-from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest
-from loadgen.twin import Twin, TwinSetup
+from loadgen.twin.twin import Twin, TwinSetup
+from loadgen.workloads.textgen import random_words
+from loadgen.workloads.trace_format import Segment, Trace, TraceHeader, TraceRequest
 from prism_proxy.admission.core import Wave
 from prism_sim.request import SimRequest
 from prism_tokens.tokenizer import load_tokenizer

@@ -27,7 +27,7 @@ from backend_plugin.control_rpc import start_control_site
 from backend_plugin.dart import DartCore, NodeMeta
 from backend_plugin.dart.residency import ResidencyLog
 from backend_plugin.sim_extension import DartSimExtension
-from loadgen.processes import free_port, run_server
+from loadgen.stack.processes import free_port, run_server
 from prism_proxy.backend.control import ControlClient
 from prism_proxy.backend.residency_poller import ResidencyPoller
 from prism_proxy.metrics import ProxyMetrics

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.processes import free_port, run_server
+from loadgen.stack.processes import free_port, run_server
 from prism_wire import make_kv_hints
 
 TOKEN = "sim-token"

@@ -46,7 +46,7 @@ from deploy_settings import (
     stack_up,
 )
 
-from loadgen.scale_out import SMG
+from loadgen.experiments.scale_out import SMG
 from prism_proxy.config_sources import build_config
 from prism_sim.cli import build_parser, config_from_args
 

@@ -37,7 +37,7 @@ from openai import AsyncOpenAI
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 from proxy_support import SIM_ARGS, ProxyFactory, proxy_factory_fixture
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.api.responses.answer import ResponseIds
 from prism_proxy.api.responses.events import ResponseEvents
 from prism_proxy.api.responses.request import ResponsesRequest

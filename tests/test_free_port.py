@@ -1,10 +1,10 @@
-"""`loadgen.processes.free_port`: the ports our servers are started on."""
+"""`loadgen.stack.processes.free_port`: the ports our servers are started on."""
 
 from __future__ import annotations
 
 import socket
 
-from loadgen.processes import SERVER_PORTS, free_port
+from loadgen.stack.processes import SERVER_PORTS, free_port
 
 
 def test_ports_avoid_the_ephemeral_range_and_sglangs_nccl_ports() -> None:

@@ -3,11 +3,11 @@ PRISM replicas (prism-sim + proxy each) on loopback.
 
 * the probes smg sends answer from the proxies (server info with the proxy's state,
   loads with its queue);
-* with `--policy consistent_hashing` and `X-SMG-Routing-Key` (`loadgen.routing`),
+* with `--policy consistent_hashing` and `X-SMG-Routing-Key` (`loadgen.clients.routing`),
   requests with the same anchor segment reach the same replica, different anchors
   spread, and the `prism` hints arrive intact (the repeat reuses the documents);
-* every key reaches the replica `loadgen.smg_ring.SmgRing` predicts, so a hot key's
-  sub-keys (`loadgen.hot_keys.spread_keys`) reach distinct replicas;
+* every key reaches the replica `loadgen.clients.smg_ring.SmgRing` predicts, so a hot key's
+  sub-keys (`loadgen.clients.hot_keys.spread_keys`) reach distinct replicas;
 * streaming and client errors go through smg unharmed.
 """
 
@@ -21,11 +21,11 @@ import httpx
 import pytest
 from proxy_support import proxy_config
 
-from loadgen.hot_keys import spread_keys
-from loadgen.processes import ServerProcess, run_server
-from loadgen.routing import ROUTING_KEY_HEADER, routing_headers
-from loadgen.scale_out import gateway as smg_gateway
-from loadgen.smg_ring import SmgRing
+from loadgen.clients.hot_keys import spread_keys
+from loadgen.clients.routing import ROUTING_KEY_HEADER, routing_headers
+from loadgen.clients.smg_ring import SmgRing
+from loadgen.experiments.scale_out import gateway as smg_gateway
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.edge.gateway import GATEWAY
 

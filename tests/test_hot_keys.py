@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.hot_keys import BoundedKeys, spread_keys
-from loadgen.routing import ROUTING_KEY_HEADER
-from loadgen.smg_ring import SmgRing, ring_position
+from loadgen.clients.hot_keys import BoundedKeys, spread_keys
+from loadgen.clients.routing import ROUTING_KEY_HEADER
+from loadgen.clients.smg_ring import SmgRing, ring_position
 
 RING = SmgRing([f"http://10.0.0.{i}:30000" for i in range(1, 4)])
 ANCHORS = st.lists(st.sampled_from([f"p{i:05d}" for i in range(12)]), max_size=300)

@@ -14,7 +14,7 @@ import pytest
 from info_leaks import Secrets
 from proxy_support import proxy_config
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.admission.core import BackendLimits
 from prism_proxy.api import engine_info
 from prism_proxy.app import start_proxy

@@ -12,12 +12,12 @@ import pytest
 from proxy_support import wait_until
 
 from loadgen.cli import main
-from loadgen.processes import free_port, run_server
-from loadgen.rag_trace import RagTraceParams, build_rag_trace
-from loadgen.replay import ReplayConfig, replay
-from loadgen.summary import RequestRecord, summarize
-from loadgen.sweep import metric_totals
-from loadgen.trace_format import Trace, read_trace, write_trace
+from loadgen.clients.replay import ReplayConfig, replay
+from loadgen.clients.summary import RequestRecord, summarize
+from loadgen.experiments.sweep import metric_totals
+from loadgen.stack.processes import free_port, run_server
+from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.workloads.trace_format import Trace, read_trace, write_trace
 from prism_tokens.tokenizer import load_tokenizer
 
 SPEED = 4.0
@@ -248,7 +248,7 @@ async def test_replay_is_open_loop() -> None:
 
 
 def test_parse_openai_stream_chunks() -> None:
-    from loadgen.apis import build_request, parse_event
+    from loadgen.clients.apis import build_request, parse_event
 
     role = parse_event("openai", {"choices": [{"delta": {"role": "assistant", "content": ""}}]})
     assert not role.has_content

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cli import main
-from loadgen.report import (
+from loadgen.reports.report import (
     comparison_table,
     load_results,
     load_runs,
@@ -20,31 +20,41 @@ from loadgen.report import (
     t_quantile_975,
     write_report,
 )
-from loadgen.variants import make_variants
+from loadgen.stack.variants import make_variants
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_variants() -> None:
-    variants = make_variants(
-        ["fifo", "prism", "sglang-lpm"], ["lru", "lru+active", "dart"], [0, 4], [16]
-    )
+    specs = "fifo,prism,sglang-lpm,prism[eviction=lru],prism[eviction=lru+active],"
+    specs += "prism[q_cold=0],prism[q_cold=4],prism[qas=paper],"
+    specs += "fifo[prefill_batch=16],prism[prefill_batch=16;q_cold=2]"
+    variants = make_variants(specs.split(","))
     assert [
-        (v.label, v.policy, v.eviction, v.q_cold, v.schedule_policy, v.prefill_batch)
+        (v.label, v.policy, v.eviction, v.q_cold, v.schedule_policy, v.prefill_batch, v.qas)
         for v in variants
     ] == [
-        ("fifo", "fifo", "lru", None, "fcfs", None),
-        ("prism", "prism", "dart", None, "fcfs", None),
-        ("sglang-lpm", None, "lru", None, "lpm", None),  # native: no proxy
-        ("prism[lru]", "prism", "lru", None, "fcfs", None),
-        ("prism[lru+active]", "prism", "lru+active", None, "fcfs", None),
-        ("prism[q_cold=0]", "prism", "dart", 0, "fcfs", None),
-        ("prism[q_cold=4]", "prism", "dart", 4, "fcfs", None),
-        ("fifo[B=16]", "fifo", "lru", None, "fcfs", 16),
-        ("prism[B=16]", "prism", "dart", None, "fcfs", 16),
+        ("fifo", "fifo", "lru", None, "fcfs", None, None),
+        ("prism", "prism", "dart", None, "fcfs", None, None),
+        ("sglang-lpm", None, "lru", None, "lpm", None, None),  # native: no proxy
+        ("prism[eviction=lru]", "prism", "lru", None, "fcfs", None, None),
+        ("prism[eviction=lru+active]", "prism", "lru+active", None, "fcfs", None, None),
+        ("prism[q_cold=0]", "prism", "dart", 0, "fcfs", None, None),
+        ("prism[q_cold=4]", "prism", "dart", 4, "fcfs", None, None),
+        ("prism[qas=paper]", "prism", "dart", None, "fcfs", None, "paper"),
+        ("fifo[prefill_batch=16]", "fifo", "lru", None, "fcfs", 16, None),
+        ("prism[prefill_batch=16;q_cold=2]", "prism", "dart", 2, "fcfs", 16, None),
     ]
-    with pytest.raises(ValueError, match="unknown policy"):
-        make_variants(["lifo"], [], [])
+    for spec, error in [
+        ("lifo", "unknown policy"),
+        ("prism[b=16]", "unknown b"),
+        ("fifo[q_cold=4]", "prism's"),
+        ("sglang-lpm[prefill_batch=8]", "needs a proxy line"),
+        ("prism[qas=nope]", "unknown QAS variant"),
+        ("prism[q_cold=4", "expected name"),
+    ]:
+        with pytest.raises(ValueError, match=error):
+            make_variants([spec])
 
 
 def _summary(p99_s: float, hit: float) -> dict:

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.agent_trace import AgentTraceParams, build_agent_trace
 from loadgen.cli import main
-from loadgen.corpus import chunk_text, load_corpus
-from loadgen.rag_trace import RagTraceParams, build_rag_trace
-from loadgen.sampling import zipf_weights
-from loadgen.tau2_source import tau2_root
-from loadgen.trace_format import read_trace
+from loadgen.workloads.agent_trace import AgentTraceParams, build_agent_trace
+from loadgen.workloads.corpus import chunk_text, load_corpus
+from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.workloads.sampling import zipf_weights
+from loadgen.workloads.tau2_source import tau2_root
+from loadgen.workloads.trace_format import read_trace
 from prism_tokens.tokenizer import load_tokenizer
 
 # Small pool, many requests: the statistics are tight and generation stays ~1 s.
@@ -118,7 +118,7 @@ def test_passage_order_is_shuffled(rag) -> None:
 
 
 def test_rag_determinism(tokenizer, tmp_path: Path) -> None:
-    small = ["--passages", "60", "--num-requests", "80", "--hot-set", "10"]
+    small = ["--trace-param", "passages=60", "--num-requests", "80", "--trace-param", "hot_set=10"]
     for name, extra in [("a", []), ("b", []), ("c", ["--seed", "1"]), ("d", ["--qps", "80"])]:
         assert main(["trace", "rag", *small, *extra, "--out", str(tmp_path / name)]) == 0
     a, c, d = (read_trace(tmp_path / n) for n in "acd")
@@ -133,9 +133,10 @@ def test_rag_determinism(tokenizer, tmp_path: Path) -> None:
 
 def test_trace_file_lines(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
-    argv = ["trace", "rag", "--passages", "40", "--hot-set", "5", "--num-requests", "10"]
-    argv += ["--hot-count", "2"]
-    assert main([*argv, "--k", "3", "--max-tokens", "8", "--out", str(out)]) == 0
+    argv = ["trace", "rag", "--trace-param", "passages=40", "--trace-param", "hot_set=5"]
+    argv += ["--num-requests", "10", "--trace-param", "hot_count=2"]
+    argv += ["--trace-param", "k=3", "--trace-param", "max_tokens=8"]
+    assert main([*argv, "--out", str(out)]) == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines[0]["type"] == "header" and lines[0]["params"]["k"] == 3
     assert len(lines) == 11
@@ -162,8 +163,9 @@ def test_corpus_chunks(tokenizer, tmp_path: Path) -> None:
     assert len(pieces) > 3 and all(len(tokenizer.encode(c)) > 100 for c in pieces[:-1])
     assert ARTICLES[1]["body"] in chunks
     out = tmp_path / "t.jsonl"
-    argv = ["trace", "rag", "--corpus", str(path), "--hot-set", "3", "--num-requests", "20"]
-    assert main([*argv, "--k", "2", "--hot-count", "1", "--out", str(out)]) == 0
+    argv = ["trace", "rag", "--trace-param", f"corpus={path}", "--trace-param", "hot_set=3"]
+    argv += ["--num-requests", "20", "--trace-param", "k=2", "--trace-param", "hot_count=1"]
+    assert main([*argv, "--out", str(out)]) == 0
     trace = read_trace(out)
     assert trace.header.params["pool_size"] == len(chunks)
     assert all(s.text in chunks for r in trace.requests for s in r.segments)
@@ -174,7 +176,8 @@ def test_corpus_errors(tokenizer, tmp_path: Path) -> None:
     bad.write_text(json.dumps([{"title": "no body"}]))
     with pytest.raises(ValueError, match="body"):
         load_corpus(tokenizer, bad, 128)
-    assert main(["trace", "rag", "--corpus", str(bad), "--out", str(tmp_path / "x")]) == 2
+    argv = ["trace", "rag", "--trace-param", f"corpus={bad}", "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
 
 
 def _check_agent_trace(requests) -> None:
@@ -302,8 +305,14 @@ def test_agent_trace_from_installed_tau2(tokenizer) -> None:
 
 
 def test_hit_rate_ceilings_by_hand(tokenizer, tmp_path: Path) -> None:
-    from loadgen.bounds import hit_rate_ceilings
-    from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest, write_trace
+    from loadgen.workloads.bounds import hit_rate_ceilings
+    from loadgen.workloads.trace_format import (
+        Segment,
+        Trace,
+        TraceHeader,
+        TraceRequest,
+        write_trace,
+    )
     from prism_proxy.api.segments import SegmentedPrompt
     from prism_proxy.prompts.serializer import Serializer
 
@@ -341,3 +350,15 @@ def test_hit_rate_ceilings_by_hand(tokenizer, tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     write_trace(out, trace.header, requests)
     assert main(["bound", "--trace", str(out)]) == 0
+
+
+def test_trace_params_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "x")
+    for param, error in [
+        ("tau2_dir=/x", "not a knob of this workload"),  # agent's, not rag's
+        ("qps=3", "not a knob"),  # a flag of its own
+        ("hot_set", "is not key=value"),
+    ]:
+        assert main(["trace", "rag", "--trace-param", param, "--out", out]) == 2
+        assert error in capsys.readouterr().err
+    assert not Path(out).exists()

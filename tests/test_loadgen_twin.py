@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.apis import chat_messages, client_order_ids, token_job
 from loadgen.cli import main
-from loadgen.rag_trace import RagTraceParams, build_rag_trace
-from loadgen.trace_format import Trace, TraceRequest, read_trace
-from loadgen.twin import Twin, TwinSetup, simulate
+from loadgen.clients.apis import chat_messages, client_order_ids, token_job
+from loadgen.twin.twin import Twin, TwinSetup, simulate
+from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.workloads.trace_format import Trace, TraceRequest, read_trace
 from prism_proxy.prompts.serializer import Serializer
 from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import load_tokenizer

@@ -288,7 +288,7 @@ def test_prism_loadgen_help_runs_without_the_loadgen_extra(tmp_path: Path) -> No
     help_, sweep, rag, trace = _loadgen_cli([*runs, ["trace", "rag", "--out", out]])
     assert help_["code"] == 0 and "replay" in help_["out"] and "sweep" in help_["out"]
     assert sweep["code"] == 0 and "--policies" in sweep["out"]
-    assert rag["code"] == 0 and "--hot-set" in rag["out"]
+    assert rag["code"] == 0 and "hot_set [20]" in rag["out"]
     assert trace["code"] == 2
     assert "'trace' needs 'numpy'" in trace["err"]
     assert "pip install 'prism-serving[loadgen]'" in trace["err"]

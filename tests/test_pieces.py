@@ -10,7 +10,7 @@ import random
 import openai
 import pytest
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.admission.core import AdmissionCore, PrefillPacing
 from prism_proxy.admission.pieces import (
     MIN_PIECE_TOKENS,

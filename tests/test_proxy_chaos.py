@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from proxy_support import eventually, running_proxy
 
-from loadgen.processes import free_port, spawn_server, wait_healthy
+from loadgen.stack.processes import free_port, spawn_server, wait_healthy
 from prism_proxy.edge.gateway import GATEWAY
 
 REQUESTS = 240

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from proxy_support import sim_server
 
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 
 sim = pytest.fixture(scope="module")(sim_server)
 

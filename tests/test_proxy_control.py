@@ -20,7 +20,7 @@ from proxy_support import (
     sim_server,
 )
 
-from loadgen.processes import free_port
+from loadgen.stack.processes import free_port
 from prism_proxy.edge.gateway import GATEWAY
 from prism_wire import SYSTEM_OWNER_PREFIX
 

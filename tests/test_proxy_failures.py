@@ -21,7 +21,7 @@ from proxy_support import (
     sim_server,
 )
 
-from loadgen.processes import free_port
+from loadgen.stack.processes import free_port
 from prism_proxy.edge.gateway import GATEWAY
 
 sim = pytest.fixture(scope="module")(sim_server)

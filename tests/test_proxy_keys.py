@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from proxy_support import ProxyFactory, eventually, proxy_factory_fixture
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.edge.gateway import GATEWAY
 
 

@@ -22,7 +22,7 @@ from proxy_support import (
     sim_server,
 )
 
-from loadgen.apis import LAYOUTS
+from loadgen.clients.apis import LAYOUTS
 from prism_proxy.edge.gateway import GATEWAY
 
 sim = pytest.fixture(scope="module")(sim_server)

@@ -25,8 +25,8 @@ from loadgen.quality.metrics import (
 from loadgen.quality.orders import ORDERS, answer_positions, arrange
 from loadgen.quality.trace import QualityTraceParams, build_quality_trace
 from loadgen.quality.world import build_world
-from loadgen.sampling import stream
-from loadgen.trace_format import Segment
+from loadgen.workloads.sampling import stream
+from loadgen.workloads.trace_format import Segment
 
 # -- scoring (SQuAD's definitions) -------------------------------------------------
 

@@ -18,7 +18,7 @@ from proxy_support import (
     running_proxy,
 )
 
-from loadgen.processes import free_port, spawn_server, wait_healthy
+from loadgen.stack.processes import free_port, spawn_server, wait_healthy
 from prism_proxy.app import start_proxy
 from prism_proxy.backend.tokenizer_choice import TokenizerState
 from prism_proxy.backend.tokenizer_guard import TokenizerCheck

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.cpu_models import CPU_MODELS
-from loadgen.sweep import SweepConfig, model_tokenizer, sglang_cpu_command
-from loadgen.twin_vs_real import comparison_table, point_metrics, tpot_ms
-from loadgen.variants import base_variant
+from loadgen.experiments.sweep import SweepConfig, model_tokenizer, sglang_cpu_command
+from loadgen.experiments.twin_vs_real import comparison_table, point_metrics, tpot_ms
+from loadgen.stack.cpu_models import CPU_MODELS
+from loadgen.stack.variants import base_variant
 
 
 def test_smollm2_server_gets_its_model_pool_and_memory_fraction() -> None:
@@ -69,7 +69,7 @@ def test_comparison_rows_and_ratios() -> None:
 
 
 def test_idle_arrivals_are_those_with_nothing_in_flight() -> None:
-    from loadgen.twin_vs_real import idle_arrivals
+    from loadgen.experiments.twin_vs_real import idle_arrivals
     from prism_sim.time_model import load_profile
 
     def req(arrival: float, e2e_s: float, ttft_s: float, cached: int) -> dict:

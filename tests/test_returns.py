@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from loadgen.session_trace import (
+from loadgen.workloads.session_trace import (
     TOOL_KINDS,
     SessionParams,
     build_session_trace,

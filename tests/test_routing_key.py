@@ -9,11 +9,11 @@ import aiohttp
 from aiohttp import web
 from proxy_support import loopback_app
 
-from loadgen.hot_keys import spread_keys
-from loadgen.replay import ReplayConfig, replay, send_one
-from loadgen.routing import ROUTING_KEY_HEADER, anchor_segment, routing_headers
-from loadgen.smg_ring import SmgRing
-from loadgen.trace_format import Segment, Trace, TraceHeader, TraceRequest
+from loadgen.clients.hot_keys import spread_keys
+from loadgen.clients.replay import ReplayConfig, replay, send_one
+from loadgen.clients.routing import ROUTING_KEY_HEADER, anchor_segment, routing_headers
+from loadgen.clients.smg_ring import SmgRing
+from loadgen.workloads.trace_format import Segment, Trace, TraceHeader, TraceRequest
 from prism_proxy.edge.probes import with_proxy_queue
 from prism_proxy.qas.alignment import canonical_key
 

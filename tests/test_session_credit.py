@@ -19,7 +19,7 @@ from proxy_support import dart_sim, eventually, running_proxy, sim_metric
 
 from backend_plugin.dart import DartCore, NodeMeta
 from backend_plugin.dart.priority import PriorityUpdate, RetainUpdate
-from loadgen.textgen import random_words
+from loadgen.workloads.textgen import random_words
 from prism_proxy.admission.credit import RetentionLedger
 from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionParams, SessionTable
 from prism_wire import MAX_RETAINED, AnchorKind

@@ -1,4 +1,4 @@
-"""agent_sessions (`loadgen.session_trace`): the sessions, their tool steps and the
+"""agent_sessions (`loadgen.workloads.session_trace`): the sessions, their tool steps and the
 unlimited-KV bound, on the builtin tokenizer and the synthetic agent material."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import openai
 import pytest
 from proxy_support import running_proxy, sim_server
 
-from loadgen.session_replay import SessionReplayConfig, replay_sessions
-from loadgen.session_trace import (
+from loadgen.clients.session_replay import SessionReplayConfig, replay_sessions
+from loadgen.workloads.session_trace import (
     SessionParams,
     build_session_trace,
     summary,

@@ -19,7 +19,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.processes import run_server
+from loadgen.stack.processes import run_server
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
 from prism_tokens.tokenizer import Tokenizer, load_tokenizer

@@ -24,7 +24,7 @@ from aiohttp import web
 from proxy_support import eventually, loopback_app, proxy_config, recording_generate
 from tokenizer_dirs import write_bpe_dir, write_wordpiece_dir
 
-from loadgen.processes import free_port
+from loadgen.stack.processes import free_port
 from prism_proxy.app import start_proxy
 from prism_proxy.backend.tokenizer_choice import TokenizerMismatch, TokenizerState
 from prism_proxy.backend.tokenizer_guard import TokenizerCheck

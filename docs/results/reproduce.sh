@@ -20,6 +20,11 @@ LOADS=40,50,60,70,80
 
 # Keep a run's report, summaries and plots under docs/results/<name>/ (tables only for
 # the robustness runs, whose plots would add little).
+# Line specs for --policies: `specs NAME KEY V1,V2` -> ",NAME[KEY=V1],NAME[KEY=V2]".
+specs() {
+  local value
+  for value in ${3//,/ }; do printf ',%s[%s=%s]' "$1" "$2" "$value"; done
+}
 publish() {
   for name in "$@"; do
     mkdir -p "docs/results/$name"
@@ -51,7 +56,7 @@ real_engine() {
   prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu-tool --seeds 0,1,2 \
     --client-api openai --layout tool --policies fifo,contextpilot-real,prism \
     --qps 8,24 --num-requests 320
-  python -m loadgen.demo_real --out runs/demo-real --seeds 0,1,2 --sglang-python .venv-sglang/bin/python
+  python -m loadgen.experiments.demo_real --out runs/demo-real --seeds 0,1,2 --sglang-python .venv-sglang/bin/python
   publish sglang-cpu sglang-cpu-tool
   mkdir -p docs/results/demo-real
   cp runs/demo-real/{report.md,summaries.json,sweep.json,*.png} docs/results/demo-real/
@@ -62,17 +67,20 @@ twin() {
   prism-loadgen simulate --qas paper --out runs/agent-twin --workload agent --qps 30,40,50
   # DART ablation across KV capacity (432k tokens is the profile's pool)
   for kv in 25000 50000 100000 432000; do
-    prism-loadgen simulate --qas paper --out runs/dart-kv$kv --policies prism \
-      --evictions lru,lru+active,lfu --qps 60,70,80 --kv-capacity-tokens $kv
+    prism-loadgen simulate --qas paper --out runs/dart-kv$kv \
+      --policies "prism$(specs prism eviction lru,lru+active,lfu)" --qps 60,70,80 \
+      --kv-capacity-tokens $kv
   done
-  prism-loadgen simulate --qas paper --out runs/q-cold --policies prism --q-cold 0,4,8 --qps $LOADS
-  prism-loadgen simulate --qas paper --out runs/b-sens --policies fifo,contextpilot-style,prism \
-    --prefill-batch 4,6,8,12,16,24 --qps $LOADS
+  prism-loadgen simulate --qas paper --out runs/q-cold --policies "prism$(specs prism q_cold 0,4,8)" \
+    --qps $LOADS
+  local b=4,6,8,12,16,24
+  prism-loadgen simulate --qas paper --out runs/b-sens --qps $LOADS --policies \
+    "fifo,contextpilot-style,prism$(specs fifo prefill_batch $b)$(specs contextpilot-style prefill_batch $b)$(specs prism prefill_batch $b)"
   for h in 1 2 3 5 -1; do
-    prism-loadgen simulate --qas paper --out runs/hot-count$h --hot-count=$h --qps $LOADS
+    prism-loadgen simulate --qas paper --out runs/hot-count$h --trace-param hot_count=$h --qps $LOADS
   done
-  for a in 0.8 1.6; do prism-loadgen simulate --qas paper --out runs/alpha$a --alpha $a --qps $LOADS; done
-  for r in 0.5 0.9; do prism-loadgen simulate --qas paper --out runs/r-hot$r --r-hot $r --qps $LOADS; done
+  for a in 0.8 1.6; do prism-loadgen simulate --qas paper --out runs/alpha$a --trace-param alpha=$a --qps $LOADS; done
+  for r in 0.5 0.9; do prism-loadgen simulate --qas paper --out runs/r-hot$r --trace-param r_hot=$r --qps $LOADS; done
   publish zipf-twin agent-twin dart-kv{25000,50000,100000,432000} q-cold b-sens
   publish_tables hot-count{1,2,3,5,-1} alpha{0.8,1.6} r-hot{0.5,0.9}
 }
@@ -81,12 +89,12 @@ qas() {
   # Issue 13: the paper's QAS against each new feature alone and combined (twin, ~15 min)
   local variants=canonical,residency,deadline,canonical+deadline,full
   local out=runs/qas-variants
-  prism-loadgen simulate --out $out/zipf-twin --policies fifo,contextpilot-style,prism \
-    --qas paper --qas-variants $variants --qps 20,40,60,80
+  prism-loadgen simulate --out $out/zipf-twin --qas paper --qps 20,40,60,80 \
+    --policies "fifo,contextpilot-style,prism$(specs prism qas $variants)"
   prism-loadgen simulate --out $out/agent-twin --workload agent \
-    --policies fifo,sglang-lpm,prism --qas paper --qas-variants $variants --qps 30,40,50
+    --policies "fifo,sglang-lpm,prism$(specs prism qas $variants)" --qas paper --qps 30,40,50
   prism-loadgen simulate --out $out/reorder-twin --workload reorder --num-requests 400 \
-    --policies fifo,contextpilot-style,prism --qas paper --qas-variants $variants --qps 2,5
+    --policies "fifo,contextpilot-style,prism$(specs prism qas $variants)" --qas paper --qps 2,5
   prism-loadgen bound --trace $out/reorder-twin/traces/reorder_n400_qps2_seed0.jsonl \
     > $out/reorder-twin/bound.json
   # the cold lane's knobs around the default (deadline target, ceiling) ...
@@ -100,19 +108,19 @@ qas() {
   done
   # ... and whether the deadline's best value on seed 0 holds on other traces
   for d in 500 1000 2000; do
-    for extra in "--seed 1" "--alpha 0.8" "--hot-count 2"; do
-      name=$(echo "$extra" | tr -d ' -')
+    for extra in "--seed 1" "--trace-param alpha=0.8" "--trace-param hot_count=2"; do
+      name=$(echo "${extra#--trace-param }" | tr -d ' _=-')
       prism-loadgen simulate --out $out/robust-$d-$name --policies prism --qps 60,80 \
         $extra --qas-param cold_deadline_ms=$d --no-report
     done
   done
   # confirmation on the real stack (proxy + prism-sim as processes, real time, ~20 min)
   prism-loadgen sweep --out $out/reorder-real --workload reorder --num-requests 200 \
-    --policies fifo,contextpilot-style,prism --qas paper --qas-variants canonical,full --qps 5
-  prism-loadgen sweep --out $out/zipf-real --policies fifo,contextpilot-style,prism --qas paper \
-    --qas-variants canonical+deadline,full --qps 20,60
-  prism-loadgen sweep --out $out/agent-real --workload agent --policies sglang-lpm,prism \
-    --qas paper --qas-variants full --qps 40
+    --policies "fifo,contextpilot-style,prism$(specs prism qas canonical,full)" --qas paper --qps 5
+  prism-loadgen sweep --out $out/zipf-real --qas paper --qps 20,60 \
+    --policies "fifo,contextpilot-style,prism$(specs prism qas canonical+deadline,full)"
+  prism-loadgen sweep --out $out/agent-real --workload agent --qas paper --qps 40 \
+    --policies "sglang-lpm,prism,prism[qas=full]"
   for name in zipf-twin agent-twin reorder-twin zipf-real reorder-real agent-real \
       deadline{500,1000,4000} ceiling{0.25,0.75}; do
     mkdir -p "docs/results/qas-variants/$name"
@@ -189,7 +197,7 @@ agent_sessions() {
     --lines $some
   prism-loadgen sessions --real --speed 4 --out $out/real --rate 0.5 --tool-scale 3 \
     --kv-fraction 0.5
-  python -m loadgen.session_sweep --kv-fraction 0.5 $out/kv $out/key-seed1 $out/key-seed2 \
+  python -m loadgen.experiments.session_sweep --kv-fraction 0.5 $out/kv $out/key-seed1 $out/key-seed2 \
     > $out/seeds.md
 }
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from loadgen.trace_format import Segment, TraceRequest
+from loadgen.workloads.trace_format import Segment, TraceRequest
 
 ORDERS = (
     "fifo",

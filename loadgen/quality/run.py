@@ -9,7 +9,7 @@ for every order, so only the order differs): every question of the answer_qualit
 trace (`trace.py`) is asked through the proxy with the real `openai` client (chat,
 the segments in `extra_body={"prism": ...}`, temperature 0), `--concurrency` at a time
 in trace order. With `--layout`, the client is unmodified instead: no hints, the
-passages in that chat layout (`loadgen.apis.chat_messages`: in the user message, or
+passages in that chat layout (`loadgen.clients.apis.chat_messages`: in the user message, or
 in a retrieval tool's result for `tool`), so under
 `prism` the proxy finds them itself and reorders them (its defaults), and `fifo` is the
 client's own text. Each answer is scored against its references (SQuAD F1 and EM,
@@ -37,13 +37,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.apis import CHAT_LAYOUTS, chat_messages, prism_hint
-from loadgen.cpu_models import CPU_MODELS
-from loadgen.processes import ServerProcess, free_port, run_server
+from loadgen.clients.apis import CHAT_LAYOUTS, chat_messages, prism_hint
 from loadgen.quality.metrics import best_scores, bootstrap_mean, paired_difference
 from loadgen.quality.orders import ORDERS, PROXY_POLICY, answer_positions, arranged_request
 from loadgen.quality.trace import QualityTraceParams, build_quality_trace
-from loadgen.trace_format import TraceRequest, read_trace, write_trace
+from loadgen.stack.cpu_models import CPU_MODELS
+from loadgen.stack.processes import (
+    ServerProcess,
+    engine_args,
+    free_port,
+    proxy_args,
+    run_server,
+)
+from loadgen.workloads.trace_format import TraceRequest, read_trace, write_trace
 
 DEFAULT_ORDERS = ("fifo", "prism", "adversarial", "no-answer")
 SGLANG_PYTHON = ".venv-sglang/bin/python"
@@ -89,17 +95,13 @@ def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerP
     """A fresh engine (DART + control RPC) and a proxy with `order`'s policy in front."""
     logs = config.out / "logs"
     token, control_port = secrets.token_hex(16), free_port()
-    control = ["--control-port", str(control_port)]
     secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
     if config.engine == "sim":
-        engine = (
-            "prism_sim",
-            ["--tokenizer", tokenizer, "--eviction", "dart", *control],
-            sys.executable,
-            60.0,
-        )
+        settings = {"tokenizer": tokenizer, "eviction": "dart", "control_port": control_port}
+        engine = ("prism_sim", engine_args(settings), sys.executable, 60.0)
     else:
-        args = ["--model", config.model, "--max-total-tokens", str(KV_TOKENS), *control]
+        settings = {"model": config.model, "max_total_tokens": KV_TOKENS}
+        args = engine_args({**settings, "control_port": control_port})
         engine = ("sglang_cpu.serve", args, config.sglang_python, 300.0)
     module, args, python, timeout_s = engine
     with run_server(
@@ -112,26 +114,12 @@ def stack(config: QualityConfig, order: str, tokenizer: str) -> Iterator[ServerP
         env=secret,
     ) as server:
         policy = PROXY_POLICY[order]
-        proxy_args = [
-            "serve",
-            "--backend",
-            server.url,
-            "--policy",
-            policy,
-            "--tokenizer",
-            tokenizer,
-            "--log-level",
-            "warning",
-        ]
+        settings = {"backend": server.url, "policy": policy, "tokenizer": tokenizer}
+        settings["log_level"] = "warning"
         if policy == "prism":
-            proxy_args += [
-                "--qas",
-                config.qas,
-                "--control-url",
-                f"http://127.0.0.1:{control_port}",
-            ]
+            settings |= {"qas": config.qas, "control_url": f"http://127.0.0.1:{control_port}"}
         with run_server(
-            "prism_proxy", proxy_args, log_dir=logs, name=f"proxy-{order}", env=secret
+            "prism_proxy", proxy_args(settings), log_dir=logs, name=f"proxy-{order}", env=secret
         ) as proxy:
             yield proxy
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from loadgen.quality.world import Fact, Passage, build_world
-from loadgen.sampling import draw_without_repeats, poisson_arrivals, stream, zipf_weights
-from loadgen.trace_format import Segment, TraceHeader, TraceRequest
+from loadgen.workloads.sampling import draw_without_repeats, poisson_arrivals, stream, zipf_weights
+from loadgen.workloads.trace_format import Segment, TraceHeader, TraceRequest
 
 WORKLOAD = "answer_quality"
 SYSTEM_PROMPT = (

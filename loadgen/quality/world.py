@@ -4,7 +4,7 @@ Four kinds of entity, all with made-up names (so a model cannot answer from what
 learnt in training, only from the passages): rivers, towns, people and mountains. Each
 entity is written up as one passage of two or three templated sentences; every fact a
 passage states is recorded as a `(entity, attribute)` key, so which passages hold a
-question's answer is known exactly. Deterministic in the seed (`loadgen.sampling`).
+question's answer is known exactly. Deterministic in the seed (`loadgen.workloads.sampling`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 A sans-IO state machine: the caller passes `now` (seconds, any monotonic clock) and
 events in, and gets the wave to release out; it never sleeps, reads a clock or touches
 a socket. The proxy's asyncio loop (`prism_proxy.admission.driver`) and the modeled-time twin
-(`loadgen.twin`) are its two drivers.
+(`loadgen.twin.twin`) are its two drivers.
 
 Pacing (SPEC §2): a released request is *pending prefill* until its first token. A
 round runs only while fewer than `B` requests are pending and fewer than the backstop

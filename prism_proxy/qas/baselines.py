@@ -10,7 +10,7 @@
 * `contextpilot-style`: reorder each request so segments believed cached come first
   (along the view's most recently used path), group by first segment, largest groups
   first: ContextPilot's ordering re-implemented over the proxy's view (the real
-  ContextPilot server is the sweep's `contextpilot-real` line, `loadgen.peer_lines`).
+  ContextPilot server is the sweep's `contextpilot-real` line, `loadgen.stack.peer_lines`).
 
 Every wave is recorded in the policy's `CacheView` as it is released. Lanes for the
 metrics: requests taken for their age are `cold`, those taken for affinity `hot`.

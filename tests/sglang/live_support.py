@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from proxy_support import CONNECT_TIMEOUT_S, metric_total
 
-from loadgen.processes import ServerProcess, free_port, spawn_server, wait_healthy
+from loadgen.stack.processes import ServerProcess, free_port, spawn_server, wait_healthy
 from prism_proxy.app import RunningProxy, start_proxy
 from prism_proxy.config import ProxyConfig
 from sglang_cpu.model import ensure_tiny_model

@@ -48,7 +48,7 @@ from deploy_settings import (
 )
 from info_leaks import Secrets
 
-from loadgen.scale_out import SMG
+from loadgen.experiments.scale_out import SMG
 from prism_proxy.admission.core import BackendLimits
 from prism_proxy.api import engine_info
 from sglang_cpu.model import ensure_tiny_model

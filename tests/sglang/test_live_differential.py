@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pytest
 from live_support import LiveServer
 
-from loadgen.apis import client_order_ids
-from loadgen.rag_trace import RagTraceParams, build_rag_trace
+from loadgen.clients.apis import client_order_ids
+from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
 from prism_proxy.prompts.serializer import Serializer
 from prism_sim.engine import SimConfig, SimEngine
 from prism_tokens.tokenizer import load_tokenizer

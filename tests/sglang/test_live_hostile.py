@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from live_support import LiveServer
 from proxy_support import proxy_idle, wait_until
 
-from loadgen.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, run_server
 from prism_tokens.tokenizer import load_tokenizer
 from sglang_cpu.model import ensure_tiny_model
 

@@ -21,7 +21,7 @@ import pytest
 from live_support import STARTUP_TIMEOUT_S
 from tokenizer_support import http_requests, plain_proxy, prompt_tokens
 
-from loadgen.processes import ServerProcess, spawn_server, wait_healthy
+from loadgen.stack.processes import ServerProcess, spawn_server, wait_healthy
 from prism_proxy.backend.tokenizer_choice import TokenizerMismatch, TokenizerState
 from prism_proxy.edge.gateway import GATEWAY
 from sglang_cpu.smollm2 import smollm2_dir

@@ -27,7 +27,7 @@ from sglang_support import MockAllocator, cache_params
 from backend_plugin.config import ControlConfigError
 from backend_plugin.sglang_cache import DartRadixCache
 from backend_plugin.sglang_plugin import BACKEND_NAME, build_dart_cache
-from loadgen.processes import free_port
+from loadgen.stack.processes import free_port
 
 pytestmark = pytest.mark.sglang
 

@@ -1,0 +1,339 @@
+"""agent_sessions experiments in the twin (`prism-loadgen sessions`): every line at each
+point of a sweep over session rate, tool-duration scale and KV pool, with the Belady
+bound of each run and a report.
+
+The pool is given as a fraction of the live sessions' histories (`--kv-fraction`): at
+each (rate, tool scale) a first run with a pool too large to evict
+(`UNLIMITED_TOKENS`) measures the time-averaged KV the live sessions' histories take
+(`session_replay.live_history_tokens`); a fraction f gives a pool of f times that. 1 is
+"all histories fit", 0.5 "the pool holds half of them".
+
+Lines (`LINES`), each one setup of the proxy (or none) and the engine:
+
+    sglang-lru, sglang-lpm     SGLang's own scheduler (fcfs, lpm) and LRU, no proxy
+    sglang-slru, sglang-tlru   SGLang's other multi-turn eviction policies
+    fifo                       the proxy in arrival order
+    continuum-style            program-level FCFS, every paused session pinned for its
+                               TTL through DART (rank `program`), no P̂_t
+    prism                      QAS and DART without the session features
+    prism+sessions             with them at their defaults: continuations recognised,
+                               paused sessions retained (rank `recent`)
+    prism+sessions/lru         the same QAS with LRU in the engine (DART's half off)
+    prism+sessions+precedence  and continuations first in QAS's hot lane
+                               (`continuation_share` 0.5)
+    prism+precedence           precedence without retention
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from loadgen.experiments.session_real import run_real_line
+from loadgen.twin.session_twin import SessionFeatures, shared_tokens, simulate_sessions
+from loadgen.twin.twin import TwinSetup
+from loadgen.workloads.session_trace import (
+    SessionParams,
+    SessionTrace,
+    belady_bound,
+    build_session_trace,
+    unlimited_kv_bound,
+)
+from loadgen.workloads.session_trace import (
+    summary as trace_summary,
+)
+from prism_proxy.admission.sessions import SessionParams as TableParams
+from prism_proxy.qas.params import qas_params
+from prism_tokens.tokenizer import Tokenizer, load_tokenizer
+
+UNLIMITED_TOKENS = 50_000_000
+# T-LRU's budget: a conversation keeps only what holds its next prefill within this
+# many uncached tokens (SGLang's `threshold`), its next prompt estimated at the median
+# tool call plus tool output (`next_prompt_estimate`).
+TLRU_CONFIG = {"threshold": 2048, "next_prompt_estimate": 700}
+
+Line = tuple[TwinSetup, SessionFeatures | None]
+
+
+def _lines(pool: int) -> dict[str, Line]:
+    full = qas_params("full")
+    precedence = replace(full, continuation_share=0.5)
+    prism = TwinSetup(policy="prism", eviction="dart", qas=full, kv_capacity_tokens=pool)
+    on = SessionFeatures(detect=True, retain=True)
+    native = TwinSetup(policy=None, eviction="lru", kv_capacity_tokens=pool)
+    returns = replace(on, params=TableParams(rank="predicted"))
+    return {
+        "sglang-lru": (native, None),
+        "sglang-lpm": (replace(native, schedule_policy="lpm"), None),
+        "sglang-slru": (replace(native, eviction="slru"), None),
+        "sglang-tlru": (replace(native, eviction="tlru", eviction_config=TLRU_CONFIG), None),
+        "fifo": (TwinSetup(policy="fifo", eviction="lru", kv_capacity_tokens=pool), None),
+        "continuum-style": (
+            TwinSetup(policy="continuum-style", eviction="dart", kv_capacity_tokens=pool),
+            replace(on, params=TableParams(rank="program")),
+        ),
+        "prism": (prism, None),
+        "prism+sessions": (prism, on),
+        "prism+sessions+returns": (prism, returns),
+        "prism+sessions+returns+precedence": (replace(prism, qas=precedence), returns),
+        "prism+sessions/lru": (replace(prism, eviction="lru"), on),
+        "prism+sessions+precedence": (replace(prism, qas=precedence), on),
+        "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),
+    }
+
+
+LINE_NAMES = tuple(_lines(1))
+NATIVE = tuple(n for n in LINE_NAMES if n.startswith("sglang-"))
+
+
+@dataclass(frozen=True)
+class Point:
+    rate: float
+    tool_scale: float
+    kv_fraction: float
+
+
+def run_line(name: str, trace: SessionTrace, pool: int, tokenizer: Tokenizer) -> dict[str, Any]:
+    """One line on one trace with a pool of `pool` tokens: its summary and Belady's
+    bound on its own calls."""
+    setup, features = _lines(pool)[name]
+    started = time.monotonic()
+    out = simulate_sessions(trace, setup, tokenizer, features)
+    calls = [
+        (c["sid"], c["sent"] + c["ttft_s"], c["end"], c["prompt_tokens"])
+        for r in out["sessions"]
+        for c in r["calls"]
+        if c["prompt_tokens"] is not None and c["ttft_s"] is not None
+    ]
+    bound = belady_bound(trace, calls, shared_tokens(trace, tokenizer), pool)
+    return {
+        "line": name,
+        "summary": out["summary"],
+        "belady_hit_rate": bound.hit_rate,
+        "belady_non_global_hit_rate": bound.non_global_hit_rate,
+        "engine_state": out["engine_state"],
+        "session_table": out["session_table"],
+        "config": out["config"],
+        "wall_s": time.monotonic() - started,
+    }
+
+
+def _job(args: tuple[str, SessionParams, int, int, str]) -> dict[str, Any]:
+    name, params, seed, pool, tokenizer_spec = args
+    tokenizer = load_tokenizer(tokenizer_spec)
+    return run_line(name, build_session_trace(params, tokenizer, seed), pool, tokenizer)
+
+
+def sweep(
+    base: SessionParams,
+    points: list[Point],
+    lines: tuple[str, ...],
+    out: Path,
+    *,
+    seed: int = 0,
+    tokenizer_spec: str = "builtin",
+    jobs: int = 1,
+    real_speed: float | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Every line at every point; writes `out/results.json` and `out/report.md`. With
+    `real_speed`, the lines run on the real stack (`session_real`) at that engine speed,
+    one after the other; the pool still comes from the twin's unlimited run."""
+    tokenizer = load_tokenizer(tokenizer_spec)
+    out.mkdir(parents=True, exist_ok=True)
+    reference: dict[tuple[float, float], dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=jobs) as pool_:
+        for point in points:
+            params = replace(base, session_rate=point.rate, tool_scale=point.tool_scale)
+            key = (point.rate, point.tool_scale)
+            if key not in reference:
+                trace = build_session_trace(params, tokenizer, seed)
+                ref = run_line("sglang-lru", trace, UNLIMITED_TOKENS, tokenizer)
+                bound = unlimited_kv_bound(trace, tokenizer)
+                reference[key] = {
+                    "live_history_tokens": ref["summary"]["live_history_tokens"],
+                    "unlimited": ref["summary"],
+                    "unlimited_kv_bound": asdict(bound),
+                    "trace": trace_summary(trace),
+                }
+                mean = reference[key]["live_history_tokens"]["mean"]
+                jct = ref["summary"]["mean_jct_ms"] / 1e3
+                log(f"rate {point.rate} scale {point.tool_scale}: live histories {mean:.0f} "
+                    f"tokens (mean), unlimited JCT {jct:.1f} s")  # fmt: skip
+            live = reference[key]["live_history_tokens"]["mean"]
+            pool = max(1, int(point.kv_fraction * live))
+            work = [(name, params, seed, pool, tokenizer_spec) for name in lines]
+            if real_speed is None:
+                results = pool_.map(_job, work)
+            else:
+                trace = build_session_trace(params, tokenizer, seed)
+                results = (
+                    run_real_line(name, trace, pool, real_speed, tokenizer, out / "logs")
+                    for name in lines
+                )
+            for result in results:
+                row = {**asdict(point), "pool_tokens": pool, **reference[key], **result}
+                rows.append(row)
+                s = result["summary"]
+                log(f"  {point} pool {pool} {result['line']:19s} p99 {s['p99_ttft_ms']:.0f} ms "
+                    f"JCT {s['mean_jct_ms'] / 1e3:.1f} s hit {s['hit_rate']:.3f} "
+                    f"(Belady {result['belady_hit_rate']:.3f})")  # fmt: skip
+            (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    (out / "report.md").write_text(report(rows, base, seed))
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "–" if not a or not b else f"{a / b:.2f}"
+
+
+def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
+    """One table per point: every line's TTFT, JCT and hit rates beside the Belady bound,
+    then prism+sessions against the best native line and the best other line."""
+    engine = rows[0].get("engine", "twin") if rows else "twin"
+    where = (
+        f"on the real stack (prism-sim at {rows[0]['speed']:g}x)"
+        if engine == "real"
+        else "in the twin"
+    )
+    tools = (
+        f"tool durations lognormal (median {base.tool_median_s} s, σ {base.tool_sigma}) × "
+        f"tool scale, outputs lognormal (median {base.output_median_tokens} tokens)"
+        if base.tool_model == "independent"
+        else "tools behave like their kind (`tool_model` by_tool: lookup, write, search, "
+        "code, human; `loadgen.session_trace.TOOL_KINDS`) × tool scale"
+    )
+    lines = [
+        f"# agent_sessions {where}",
+        "",
+        f"Trace: {base.num_sessions} sessions, seed {seed}, calls {base.min_calls}–"
+        f"{base.max_calls}, {tools}.",
+        "",
+    ]
+    points: dict[tuple[float, float, float], list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault((row["rate"], row["tool_scale"], row["kv_fraction"]), []).append(row)
+    for (rate, scale, fraction), group in points.items():
+        first = group[0]
+        live = first["live_history_tokens"]["mean"]
+        lines += [
+            f"## {rate} sessions/s, tool scale {scale}, pool {fraction:g} × live histories "
+            f"({first['pool_tokens']:,} of {live:,.0f} tokens)",
+            "",
+            "| line | P50 TTFT ms | P99 TTFT ms | mean JCT s | hit | non-global hit | "
+            "Belady hit (own run) | completed |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in group:
+            s = row["summary"]
+            lines.append(
+                f"| {row['line']} | {s['p50_ttft_ms']:.0f} | {s['p99_ttft_ms']:.0f} | "
+                f"{s['mean_jct_ms'] / 1e3:.1f} | {s['hit_rate']:.3f} | "
+                f"{s['non_global_hit_rate']:.3f} | {row['belady_hit_rate']:.3f} | "
+                f"{s['completed_sessions']}/{s['sessions']} |"
+            )
+        by = {row["line"]: row["summary"] for row in group}
+        ours = by.get("prism+sessions")
+        natives = [by[n] for n in NATIVE if n in by]
+        if ours and natives:
+            best_native = min(natives, key=lambda s: s["p99_ttft_ms"])
+            others = [s for n, s in by.items() if n in OTHERS]
+            best_other = min(others, key=lambda s: s["p99_ttft_ms"]) if others else None
+            lru = by.get("sglang-lru")
+            own = next(r for r in group if r["line"] == "prism+sessions")
+            jct = _ratio(ours["mean_jct_ms"], best_native["mean_jct_ms"])
+            lines += [
+                "",
+                f"prism+sessions: mean JCT {jct}"
+                f"× the best native line's (by P99); P99 TTFT "
+                f"{_ratio(ours['p99_ttft_ms'], best_native['p99_ttft_ms'])}× it and "
+                f"{_ratio(ours['p99_ttft_ms'], best_other['p99_ttft_ms'] if best_other else None)}"
+                f"× the best other line's; hit rate "
+                f"{100 * (ours['hit_rate'] - (lru['hit_rate'] if lru else 0)):+.1f} points over "
+                f"sglang-lru, {100 * (own['belady_hit_rate'] - ours['hit_rate']):.1f} points "
+                "under its Belady bound.",
+            ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# the lines prism+sessions is held against ("the best other line")
+OTHERS = ("sglang-lru", "sglang-lpm", "sglang-slru", "sglang-tlru", "fifo", "continuum-style",
+          "prism")  # fmt: skip
+
+
+def seeds_report(dirs: list[Path], kv_fraction: float | None = None) -> str:
+    """The same point run on several seeds (one `results.json` per dir, its rows at
+    `kv_fraction` when given): each line's mean over seeds with a 95 % t interval, then
+    the must-show ratios seed by seed."""
+    from loadgen.reports.report import t_interval
+
+    runs = [
+        [
+            row
+            for row in json.loads((d / "results.json").read_text())
+            if kv_fraction is None or row["kv_fraction"] == kv_fraction
+        ]
+        for d in dirs
+    ]
+    names = [row["line"] for row in runs[0]]
+    by_seed = [{row["line"]: row for row in run} for run in runs]
+
+    def interval(values: list[float]) -> str:
+        found = t_interval(values)
+        if found is None or found.half_width is None:
+            return "–" if found is None else f"{found.mean:.3g}"
+        return f"{found.mean:.3g} ± {found.half_width:.2g}"
+
+    out = [
+        f"{len(dirs)} seeds ({', '.join(d.name for d in dirs)}); mean ± 95 % half-width",
+        "",
+        "| line | P99 TTFT s | mean JCT s | hit | non-global hit | Belady hit (own run) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        rows = [seed[name] for seed in by_seed if name in seed]
+        p99 = [r["summary"]["p99_ttft_ms"] / 1e3 for r in rows]
+        jct = [r["summary"]["mean_jct_ms"] / 1e3 for r in rows]
+        hit = [r["summary"]["hit_rate"] for r in rows]
+        non_global = [r["summary"]["non_global_hit_rate"] for r in rows]
+        out.append(
+            f"| {name} | {interval(p99)} | {interval(jct)} | {interval(hit)} | "
+            f"{interval(non_global)} | {interval([r['belady_hit_rate'] for r in rows])} |"
+        )
+    out += [
+        "",
+        "| seed | JCT / best native | P99 / best native | P99 / best other | hit − sglang-lru "
+        "(points) | Belady − hit (points) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d, seed in zip(dirs, by_seed, strict=True):
+        ours = seed["prism+sessions"]["summary"]
+        native = min((seed[n]["summary"] for n in NATIVE if n in seed),
+                     key=lambda s: s["p99_ttft_ms"])  # fmt: skip
+        other = min((seed[n]["summary"] for n in OTHERS if n in seed),
+                    key=lambda s: s["p99_ttft_ms"])  # fmt: skip
+        out.append(
+            f"| {d.name} | {ours['mean_jct_ms'] / native['mean_jct_ms']:.2f} | "
+            f"{ours['p99_ttft_ms'] / native['p99_ttft_ms']:.2f} | "
+            f"{ours['p99_ttft_ms'] / other['p99_ttft_ms']:.2f} | "
+            f"{100 * (ours['hit_rate'] - seed['sglang-lru']['summary']['hit_rate']):+.1f} | "
+            f"{100 * (seed['prism+sessions']['belady_hit_rate'] - ours['hit_rate']):.1f} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="one point over seeds: means and ratios")
+    parser.add_argument("dirs", nargs="+", type=Path, help="sweep dirs, one per seed")
+    parser.add_argument("--kv-fraction", type=float, default=None)
+    args = parser.parse_args()
+    print(seeds_report(args.dirs, args.kv_fraction))

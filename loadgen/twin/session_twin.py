@@ -1,0 +1,216 @@
+"""agent_sessions in the twin: closed-loop agent programs through the proxy's admission
+and the simulated engine, in modeled time (`prism-loadgen sessions --twin`).
+
+Each session is played as `session_replay` plays it against a live endpoint: a call is
+sent when the previous answer has reached the client (one hop after the engine finished
+it) and its tool has run. The chat is what an agent sends: `tools`, the assistant's tool
+call, a `tool` message with the tool's output. In the twin the model's tool call is
+written by the trace (`tool_call_message`): its tool and a request of the step's size,
+since the simulated engine's tokens are not text.
+
+On a proxy line the request is what `chat_relay` makes of it: the chat rendered with
+its tools and cut at its message ends (`find_turns`, with the last message a segment
+when the session features are on), queued in QAS with its program's start when it
+continues a paused session (`admission.sessions`). When the proxy learns that an answer
+ended in a tool call (a hop after the engine finished it), it asks DART to retain the
+session's path (applied inline, as the twin applies P̂_t); when a continuation arrives,
+it releases it. Without a policy it is native SGLang: the chat rendered and sent at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from backend_plugin.dart.priority import RetainUpdate
+from loadgen.clients.session_replay import (
+    CallRecord,
+    SessionRecord,
+    live_history_tokens,
+    messages_of,
+    summarize,
+)
+from loadgen.twin.twin import Twin, TwinSetup, _Tracked
+from loadgen.workloads.session_trace import Session, SessionTrace
+from loadgen.workloads.trace_format import Trace, TraceHeader, TraceRequest
+from prism_proxy.admission.sessions import Push, SessionParams, SessionTable
+from prism_proxy.prompts.conversation import find_turns, turns_job
+from prism_sim.request import SimRequest
+from prism_tokens.chat import content_format, template_messages, template_tools
+from prism_tokens.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class SessionFeatures:
+    """The proxy's session features: detect continuations (`detect`), ask DART to keep
+    paused sessions (`retain`: needs `eviction="dart"`), with the table's parameters.
+    QAS's precedence for continuations is `QasParams.continuation_share`."""
+
+    detect: bool = False
+    retain: bool = False
+    params: SessionParams = field(default_factory=SessionParams)
+
+
+def tool_call_message(session: Session, number: int, tokens: int) -> dict[str, Any]:
+    """The assistant's tool call of call `number` in the twin: the step's tool, with an
+    argument of about `tokens` words taken from the tool's output (deterministic)."""
+    step = session.steps[number]
+    words = step.output.split()[: max(1, tokens - 12)]
+    arguments = json.dumps({"request": " ".join(words)})
+    call = {"id": f"call_{session.sid}_{number}", "type": "function",
+            "function": {"name": step.tool, "arguments": arguments}}  # fmt: skip
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def shared_tokens(trace: SessionTrace, tokenizer: Tokenizer) -> dict[str, int]:
+    """Each agent type's shared prefix in tokens: its system turn with the tools, as
+    the template renders it (the paper's global region; the rest is non-global)."""
+    shared = {}
+    fmt = content_format(tokenizer.chat_template)
+    for name, domain in trace.domains.items():
+        given = template_messages([{"role": "system", "content": domain.policy}], fmt)
+        tools = template_tools(json.loads(domain.tools), "auto")
+        text = tokenizer.render_chat(given, add_generation_prompt=False, tools=tools)
+        shared[name] = len(tokenizer.encode_chat(text))
+    return shared
+
+
+@dataclass
+class _Call:
+    session: Session
+    number: int
+    messages: list[dict[str, Any]]
+    record: CallRecord
+    tracked: _Tracked | None = None
+
+
+class SessionTwin(Twin):
+    def __init__(
+        self,
+        trace: SessionTrace,
+        setup: TwinSetup,
+        tokenizer: Tokenizer,
+        features: SessionFeatures | None = None,
+    ) -> None:
+        calls = sum(s.calls for s in trace.sessions)
+        header = TraceHeader("agent_sessions", {}, trace.seed, calls, tokenizer.name)
+        super().__init__(Trace(header, []), setup, tokenizer, max_queue=calls + 1)
+        self.sessions_trace = trace
+        self.tokenizer = tokenizer
+        self.features = features or SessionFeatures()
+        self.fmt = content_format(tokenizer.chat_template)
+        self.shared = shared_tokens(trace, tokenizer)
+        self.table = SessionTable(self.features.params) if self.features.detect else None
+        dart = getattr(self.engine.extension, "core", None)
+        self.retainer = dart if self.features.retain and self.core is not None else None
+        self.records: dict[str, SessionRecord] = {}
+        self.calls: dict[str, _Call] = {}
+        self.tools = {s.sid: messages_of(trace, s)[1] for s in trace.sessions}
+        for session in trace.sessions:
+            self.records[session.sid] = SessionRecord(session.sid, session.arrival)
+            messages, _ = messages_of(trace, session)
+            self.schedule_arrival(session.arrival, (session, 0, messages))
+
+    # --- the client ------------------------------------------------------------------
+    def _arrive(self, item: Any) -> None:
+        session, number, messages = item
+        params = self.sessions_trace.params
+        step = number < len(session.steps)
+        rid = f"{session.sid}-{number:02d}"
+        record = CallRecord(session.sid, number, self.now, None, 0.0, None, None)
+        record.shared_tokens = self.shared[session.domain]
+        self.records[session.sid].calls.append(record)
+        call = _Call(session, number, messages, record)
+        self.calls[rid] = call
+        max_tokens = params.tool_call_tokens if step else params.final_answer_tokens
+        request = TraceRequest(rid, self.now, "", (), "", max_tokens, False, False)
+        tracked = call.tracked = _Tracked(request)
+        self.tracked[rid] = tracked
+        given = template_messages(messages, self.fmt)
+        tools = template_tools(self.tools[session.sid], "required" if step else "auto")
+        if self.core is None:
+            text = self.tokenizer.render_chat(given, add_generation_prompt=True, tools=tools)
+            sim = SimRequest(rid, self.tokenizer.encode_chat(text), max_tokens, self.now)
+            self._send(lambda: self._submit(tracked, sim))
+            return
+        last = self.features.detect
+        tracked.job = job = turns_job(find_turns(self.tokenizer, given, tools, last_message=last))
+        program_start = None
+        if self.table is not None:
+            prompt = len(job.build(()).prompt_fields["input_ids"]) - job.head_tokens
+            found = self.table.arrive(rid, job.segments, job.prefix_key, prompt, self.now)
+            self._retain(found.push)
+            program_start = found.program_start if found.continues else None
+        self.core.arrive(job.queued(rid, self.now, program_start=program_start), self.now)
+
+    def _retain(self, push: Push) -> None:
+        if self.retainer is not None and push:
+            update = RetainUpdate(push.retain, push.release, push.discard)
+            self.retainer.inbox.submit_retain(update)
+            self.retainer.apply_pending()
+
+    def _on_progress(self, sim: SimRequest) -> None:
+        super()._on_progress(sim)
+        table = self.table
+        if table is not None and (len(sim.output_ids) == 1 or sim.finished):
+            self._send(lambda: self._retain(table.started(sim.rid, self.now)))
+        if sim.finished:
+            self._send(lambda: self._answered(sim))
+
+    def _submit(self, tracked: _Tracked, sim: SimRequest) -> None:
+        super()._submit(tracked, sim)
+        if tracked.error is not None:
+            self._send(lambda: self._answered(sim))
+
+    def _answered(self, sim: SimRequest) -> None:
+        """The answer reached the proxy and the client (one hop after the engine)."""
+        call = self.calls.pop(sim.rid)
+        session, number, record = call.session, call.number, call.record
+        tracked = call.tracked
+        assert tracked is not None
+        step = number < len(session.steps)
+        record.end = self.now
+        failed = tracked.error is not None or sim.first_token_s is None
+        if failed:
+            record.error = tracked.error or "not served"
+            if self.table is not None:
+                self._retain(self.table.forget(sim.rid, self.now))
+            return
+        record.ttft_s = sim.first_token_s + self.setup.hop_s - record.sent
+        record.prompt_tokens = len(sim.input_ids)
+        record.cached_tokens = sim.cached_tokens
+        if self.table is not None:
+            tools = (session.steps[number].tool,) if step else ()
+            self._retain(self.table.finish(sim.rid, step, self.now, tools))
+            self.table.expire(self.now)
+        if not step:
+            self.records[session.sid].end = self.now
+            return
+        answer = tool_call_message(session, number, self.sessions_trace.params.tool_call_tokens)
+        output = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"],
+                  "content": session.steps[number].output}  # fmt: skip
+        later = self.now + session.steps[number].duration_s
+        self.schedule_arrival(later, (session, number + 1, [*call.messages, answer, output]))
+
+
+def simulate_sessions(
+    trace: SessionTrace,
+    setup: TwinSetup,
+    tokenizer: Tokenizer,
+    features: SessionFeatures | None = None,
+) -> dict[str, Any]:
+    """Play every session through the twin; the records and their summary."""
+    twin = SessionTwin(trace, setup, tokenizer, features)
+    twin.run()
+    records = list(twin.records.values())
+    return {
+        "config": {
+            "twin": {**asdict(setup), "qas": asdict(setup.qas)},
+            "sessions": asdict(twin.features),
+        },
+        "summary": {**summarize(records), "live_history_tokens": live_history_tokens(records)},
+        "sessions": [asdict(r) for r in records],
+        "engine_state": twin.engine_state(),
+        "session_table": twin.table.stats() if twin.table is not None else None,
+    }

@@ -324,3 +324,42 @@ async def test_sessions_off_keeps_no_session_state(sim) -> None:
                 metrics = (await client.get(proxy.url + "/metrics")).text
             counted = 'prism:session_calls_total{kind="new"} 1.0' in metrics
             assert counted is sessions
+
+
+async def test_the_proxy_learns_return_delays_per_tool_from_the_answers(sim) -> None:
+    """With `session_rank=predicted`, the tools an answer called are read from the engine's
+    answer, whole (non-streamed) and streamed: each continuation's return delay is then
+    learned under its tool's name."""
+    system = {"role": "system", "content": "A careful agent. " * 40}
+    async with running_proxy(sim.url, sessions=True, session_rank="predicted") as proxy:
+        returns = proxy.app[GATEWAY].sessions.table.returns
+        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        for number, (tool, stream) in enumerate(
+            [("lookup_order", False), ("search_catalog", True)]
+        ):
+            tools = [{"type": "function", "function": {"name": tool, "parameters": {}}}]
+            messages: list[dict] = [system, {"role": "user", "content": f"Task {number}. " * 200}]
+            ask = {"model": "m", "messages": messages, "tools": tools, "max_tokens": 24,
+                   "tool_choice": "required"}  # fmt: skip
+            if stream:
+                calls: dict[int, dict] = {}
+                async for chunk in await client.chat.completions.create(**ask, stream=True):
+                    for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                        known = calls.setdefault(delta.index, {"id": delta.id, "args": ""})
+                        known["args"] += delta.function.arguments or ""
+                call = {"id": calls[0]["id"], "type": "function",
+                        "function": {"name": tool, "arguments": calls[0]["args"]}}  # fmt: skip
+            else:
+                answer = await client.chat.completions.create(**ask)
+                call = answer.choices[0].message.tool_calls[0].model_dump()
+                assert call["function"]["name"] == tool
+            messages += [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call["id"], "content": "found " * 40},
+            ]
+            assert returns.samples(tool) == 0
+            await client.chat.completions.create(
+                model="m", messages=messages, tools=tools, tool_choice="auto", max_tokens=4
+            )
+            assert returns.samples(tool) == 1
+        await client.close()

@@ -146,6 +146,14 @@ class ReturnModel:
     def keys(self) -> int:
         return len(self._windows)
 
+    def samples(self, tool: str) -> int:
+        """Delays kept for `tool` over every head."""
+        return sum(
+            len(w.logs)
+            for (head, name), w in self._windows.items()
+            if name == tool and head != ANY_TOOL
+        )
+
 
 class HeadDelays:
     """The last `DELAY_WINDOW` return delays of each of the `MAX_HEADS` heads seen

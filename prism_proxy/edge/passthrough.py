@@ -55,6 +55,23 @@ OFFLOAD_LINE_BYTES = 256 * 1024
 UNSTREAMABLE = ("return_meta_info", "return_prompt_token_ids", "return_token_ids")
 # An OpenAI chunk or answer that ends in a tool call (SGLang writes no space; others may).
 TOOL_CALL_END = re.compile(rb'"finish_reason"\s*:\s*"tool_calls"')
+# A tool call's function name in an answer's JSON (inside a string, such as a call's
+# arguments, the quotes are escaped and do not match). Bounded: the session keeper
+# learns return delays per tool (`admission.returns`), so only a few short names count.
+TOOL_NAME = re.compile(rb'"name"\s*:\s*"([A-Za-z0-9_.:-]{1,64})"')
+MAX_TOOL_NAMES = 8
+
+
+def tool_names(data: bytes, known: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """`known` and the tool names in `data` (an answer, or one line of its stream)."""
+    if b'"tool_calls"' not in data:
+        return known
+    names = list(known)
+    for match in TOOL_NAME.finditer(data):
+        name = match.group(1).decode()
+        if name not in names and len(names) < MAX_TOOL_NAMES:
+            names.append(name)
+    return tuple(names)
 
 
 class _ClientGone(Exception):
@@ -193,7 +210,8 @@ async def _passthrough(
                 if keeper is not None:
                     keeper.started(queued.rid)
                     ok = upstream.status == 200
-                    keeper.finish(queued.rid, ok and TOOL_CALL_END.search(data) is not None)
+                    called = ok and TOOL_CALL_END.search(data) is not None
+                    keeper.finish(queued.rid, called, tool_names(data) if called else ())
                 return web.Response(
                     body=data, status=upstream.status, content_type=upstream.content_type
                 )
@@ -290,6 +308,12 @@ async def _assemble_lines(
         data = await asyncio.to_thread(answer.result) if big else answer.result()
         usage = TokenUsage.from_openai(answer.usage)
         tool_call = any(c.finish_reason == "tool_calls" for c in answer.choices.values())
+        names = tuple(
+            str(call["name"])[:64]
+            for choice in answer.choices.values()
+            for call in choice.calls.values()
+            if call.get("name")
+        )[:MAX_TOOL_NAMES]
     else:
         result = answer.result()
         big = sum(p.size_bytes for p in answer.parts.values()) >= OFFLOAD_ANSWER_BYTES
@@ -300,9 +324,9 @@ async def _assemble_lines(
             sum(int(m.get("completion_tokens") or 0) for m in metas),
             sum(int(m.get("cached_tokens") or 0) for m in metas),
         )
-        tool_call = False
+        tool_call, names = False, ()
     if keeper is not None:
-        keeper.finish(rid, tool_call)
+        keeper.finish(rid, tool_call, names)
     record_tokens(request, gateway, lane, usage)
     return web.Response(body=data, content_type="application/json")
 
@@ -321,6 +345,7 @@ async def _relay_lines(
     usage: TokenUsage | None = None
     first = True
     tool_call = False
+    names: tuple[str, ...] = ()  # the tools called (`tool_names`), with sessions on
     lines = aiter(upstream.content)
     try:
         await response.prepare(request)
@@ -347,14 +372,16 @@ async def _relay_lines(
                     keeper.started(rid)
             if b'"usage"' in line:
                 usage = _usage_of(line.strip()[5:]) or usage
-            if keeper is not None and b'"finish_reason"' in line:
-                tool_call = tool_call or TOOL_CALL_END.search(line) is not None
+            if keeper is not None:
+                names = tool_names(line, names)
+                if b'"finish_reason"' in line:
+                    tool_call = tool_call or TOOL_CALL_END.search(line) is not None
             await response.write(line)
         await response.write_eof()
     except ConnectionResetError as exc:
         raise _ClientGone() from exc
     if keeper is not None:
-        keeper.finish(rid, tool_call and upstream.status == 200)
+        keeper.finish(rid, tool_call and upstream.status == 200, names)
     record_tokens(request, gateway, lane, usage)
     return response
 

@@ -12,6 +12,7 @@ import pytest
 
 from loadgen.stack.processes import ServerProcess, run_server
 from prism_proxy.admission.core import AdmissionCore, PrefillPacing
+from prism_proxy.admission.driver import AdmissionController
 from prism_proxy.admission.pieces import (
     MIN_PIECE_TOKENS,
     PIECE_ALIGN,
@@ -20,8 +21,10 @@ from prism_proxy.admission.pieces import (
     piece_size,
 )
 from prism_proxy.app import RunningProxy
+from prism_proxy.backend.client import BackendClient
 from prism_proxy.edge.gateway import GATEWAY
-from prism_proxy.edge.pieces import piece_body
+from prism_proxy.edge.pieces import PieceSender, piece_body
+from prism_proxy.metrics import ProxyMetrics
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.types import QueuedRequest
 from prism_wire import make_kv_hints, parse_kv_hints
@@ -100,6 +103,36 @@ async def test_turns_go_first_come_first_served() -> None:
     turns.release()
     await asyncio.gather(*tasks)
     assert got == ["earlier", "later"] and turns.held == 2
+
+
+async def test_what_is_cached_is_asked_only_of_a_prompt_longer_than_one_piece() -> None:
+    # `known` walks the prompt (the client's own prefixes): a short prompt never asks it
+    metrics = ProxyMetrics.create()
+    core = AdmissionCore(make_policy("fifo"), PrefillPacing(), window_s=0.0, max_queue=10)
+    session = BackendClient.create_session()
+    backend = BackendClient(
+        session, "http://127.0.0.1:9", metrics=metrics, timeout_s=1.0, connect_timeout_s=1.0
+    )
+    sender = PieceSender(AdmissionController(core, metrics=metrics), backend, metrics, 512)
+    asked: list[int] = []
+
+    def known(tokens: int):
+        def ask() -> int:
+            asked.append(tokens)
+            return tokens
+
+        return ask
+
+    try:
+        short = {"input_ids": list(range(512))}
+        assert await sender.send(short, "short", known(0), None) is None
+        assert asked == []
+        # longer than a piece, but all cached but one piece: asked, then sent whole
+        long = {"input_ids": list(range(2048))}
+        assert await sender.send(long, "long", known(2048 - 512), None) is None
+        assert asked == [2048 - 512]
+    finally:
+        await session.close()
 
 
 def test_a_parked_request_frees_its_place_in_b_until_unparked() -> None:

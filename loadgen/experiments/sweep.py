@@ -102,6 +102,7 @@ def trace_path(config: SweepConfig, qps: float) -> Path:
 
 def result_path(config: SweepConfig, variant: Variant, qps: float) -> Path:
     safe = variant.label.replace("[", "-").replace("]", "").replace("=", "").replace("+", "p")
+    safe = safe.replace(";", "-")  # a spec's settings (`prism[q_cold=4;prefill_batch=8]`)
     seed = f"_seed{config.seed}" if len(config.seed_list) > 1 else ""
     return config.out / "results" / f"{safe}_qps{qps:g}{seed}.json"
 

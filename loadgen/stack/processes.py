@@ -48,7 +48,7 @@ def setting_text(value: Any) -> str:
     return str(value)
 
 
-def proxy_args(settings: Mapping[str, Any], command: str = "serve") -> list[str]:
+def proxy_args(settings: Mapping[str, Any]) -> list[str]:
     """`prism-proxy serve` with `settings` (keys as in the proxy's config file or its
     `ProxyConfig` field names: `policy`, `qas`, `window_ms`, `q_cold`, ...; None left
     out). A setting with a flag of its own (`prism_proxy.options.FLAGS`) is given by it,
@@ -59,7 +59,7 @@ def proxy_args(settings: Mapping[str, Any], command: str = "serve") -> list[str]
     for option in options():
         if option.name in FLAGS:
             flag_of[option.key] = flag_of[option.name] = option.flag
-    args = [command]
+    args = ["serve"]
     for key, value in settings.items():
         if value is None:
             continue

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.experiments.session_real import run_real_line
+from loadgen.experiments.sweep import git_commit
 from loadgen.twin.session_twin import SessionFeatures, shared_tokens, simulate_sessions
 from loadgen.twin.twin import TwinSetup
 from loadgen.workloads.session_trace import (
@@ -120,6 +121,7 @@ def run_line(name: str, trace: SessionTrace, pool: int, tokenizer: Tokenizer) ->
         "session_table": out["session_table"],
         "config": out["config"],
         "wall_s": time.monotonic() - started,
+        "git_commit": git_commit(),
     }
 
 

@@ -37,13 +37,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
+import multiprocessing
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -191,16 +191,14 @@ async def warm_up(url: str) -> None:
             await one_stream(client, url, STEADY_KEY, steady_body(), Tally())
 
 
-def flood_role(args: argparse.Namespace) -> None:
-    """`--role flood`: the flood key's open loop; prints its tally as JSON."""
+def flood_process(url: str, qps: float, args: argparse.Namespace, out: Connection) -> None:
+    """The flood key's open loop, in a process of its own; sends its tally to `out`."""
 
     def body_of(rng: random.Random) -> dict[str, Any]:
         return flood_body(rng, args.flood_words, args.flood_tokens)
 
-    tally = asyncio.run(
-        open_loop(args.url, FLOOD_KEY, args.flood_qps, args.seconds, args.seed + 2, body_of, 256)
-    )
-    print(json.dumps(tally.as_json()))
+    tally = asyncio.run(open_loop(url, FLOOD_KEY, qps, args.seconds, args.seed + 2, body_of, 256))
+    out.send(tally.as_json())
 
 
 def proxy_holds_nothing(url: str) -> bool:
@@ -238,15 +236,16 @@ def steady_phase(url: str, args: argparse.Namespace, seed: int) -> Tally:
 
 def flood_phase(url: str, args: argparse.Namespace, flood_qps: float) -> tuple[Tally, Tally]:
     """The steady key here and the flood key from another process, at once."""
-    flood_cmd = [
-        sys.executable, "-m", "bench.key_flood", "--role", "flood", "--url", url,
-        "--flood-qps", str(flood_qps), "--seconds", str(args.seconds), "--seed", str(args.seed),
-        "--flood-words", str(args.flood_words), "--flood-tokens", str(args.flood_tokens),
-    ]  # fmt: skip
-    with subprocess.Popen(flood_cmd, stdout=subprocess.PIPE, text=True) as child:
-        beside = steady_phase(url, args, args.seed + 10)
-        out, _ = child.communicate(timeout=args.seconds + 300)
-    data = json.loads(out)
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=flood_process, args=(url, flood_qps, args, send))
+    child.start()
+    beside = steady_phase(url, args, args.seed + 10)
+    if not receive.poll(args.seconds + 300):
+        child.kill()
+        raise RuntimeError("the flood's process sent no tally")
+    data = receive.recv()
+    child.join()
     flood = Tally(**data)
     flood.statuses = {int(k): v for k, v in data["statuses"].items()}
     return beside, flood
@@ -373,14 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--key-max-queued", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--role", choices=("main", "flood"), default="main", help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--flood-qps", type=float, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.role == "flood":
-        flood_role(args)
-        return 0
-    return run(args)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

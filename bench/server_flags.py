@@ -5,7 +5,7 @@
 A file spells a flag when one of its string literals starts with a flag of the proxy
 (`prism_proxy.options`, with `--set` and `--config`), of prism-sim or of
 `sglang_cpu.serve` (their own argument parsers). Left out: the tests, the servers' own
-packages, and a file's own `add_argument` calls (its options, not a server's). A flag
+packages, this file, and a file's own `add_argument` calls (its options, not a server's). A flag
 shared with a file's own command line (`--seed` of a command that runs itself) counts
 too: read the list, not only the number. Prints each file with the flags it spells,
 then the count.
@@ -24,6 +24,7 @@ from prism_proxy.options import options
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN_PACKAGES = ("tests/", "prism_proxy/", "prism_sim/", "sglang_cpu/", "backend_plugin/")
+THIS_FILE = "bench/server_flags.py"  # names the flags it looks for
 
 
 def server_flags() -> set[str]:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.split()
     flags = server_flags()
     count = 0
-    for path in sorted(p for p in tracked if not p.startswith(OWN_PACKAGES)):
+    for path in sorted(p for p in tracked if not p.startswith(OWN_PACKAGES) and p != THIS_FILE):
         found = spelled((ROOT / path).read_text(), flags)
         if found:
             count += 1

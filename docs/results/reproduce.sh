@@ -4,7 +4,7 @@
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
 #   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|
-#                                   real-engine|contextpilot-rag|scale-out|agent-sessions|all]
+#                                   real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|all]
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
@@ -201,6 +201,22 @@ agent_sessions() {
     > $out/seeds.md
 }
 
+agent_returns() {
+  # Issue 37: tools that behave like their kind, retention by predicted return; the
+  # main point over five seeds in the twin (~40 min), the return model's error (~4 min)
+  local out=docs/results/agent-returns/main-point
+  local lines=sglang-lru,sglang-lpm,sglang-slru,sglang-tlru,fifo,continuum-style,prism
+  lines=$lines,prism+sessions,prism+sessions+returns,prism+sessions+returns+precedence
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/seed$seed --seed $seed --sessions 100 --rate 0.5 \
+      --tool-scale 1 --kv-fraction 0.5 --tool-model by_tool --lines $lines
+  done
+  python -m bench.sessions_over_seeds $out/seed{0,1,2,3,4} > $out/over-seeds.md
+  python -m bench.sessions_over_seeds $out/seed{0,1,2,3,4} --line prism+sessions \
+    > $out/over-seeds-prism+sessions.md
+  python -m bench.return_predictor
+}
+
 contextpilot_rag() {
   # Issue 35: ContextPilot's documented RAG usage (the client asks its live index for
   # each request's document order, then sends to the engine) beside the proxy's lines,
@@ -221,13 +237,14 @@ case $what in
   real-engine) real_engine ;;
   scale-out) scale_out ;;
   agent-sessions) agent_sessions ;;
+  agent-returns) agent_returns ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
   all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine
-    contextpilot_rag; scale_out; agent_sessions ;;
-  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|all]" >&2
+    contextpilot_rag; scale_out; agent_sessions; agent_returns ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|all]" >&2
     exit 2 ;;
 esac

@@ -82,6 +82,11 @@ def _lines(pool: int) -> dict[str, Line]:
         "prism+sessions": (prism, on),
         "prism+sessions+returns": (prism, returns),
         "prism+sessions+returns+precedence": (replace(prism, qas=precedence), returns),
+        # the engine's own longest-prefix-match order over every request (no pacing)
+        "prism+sessions+returns/lpm-unpaced": (
+            replace(prism, schedule_policy="lpm", prefill_batch=1024),
+            returns,
+        ),
         "prism+sessions/lru": (replace(prism, eviction="lru"), on),
         "prism+sessions+precedence": (replace(prism, qas=precedence), on),
         "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),

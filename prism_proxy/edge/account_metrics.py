@@ -15,14 +15,13 @@ The `account` label must stay bounded: Prometheus keeps every series it ever saw
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from prism_proxy.edge.accounts import ACCOUNT
-from prism_proxy.edge.errors import CLIENT_CLOSED, ENDPOINT, REFUSED_BY, STATUS
+from prism_proxy.edge.errors import ENDPOINT, REFUSED_BY, handle_counted
 from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.edge.openai_format import TokenUsage
 from prism_proxy.metrics import AccountHoldings, ProxyMetrics
@@ -79,22 +78,12 @@ def account_metrics_middleware(metrics: ProxyMetrics, keys_on: bool) -> Middlewa
 
     @web.middleware
     async def count_per_account(request: web.Request, handler: Any) -> web.StreamResponse:
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except asyncio.CancelledError:
-            status = CLIENT_CLOSED
-            raise
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        finally:
-            if request.get(ENDPOINT) is not None:
-                status = request.get(STATUS, status)
-                limit = request.get(REFUSED_BY, "other") if status == 429 else NO_LIMIT
-                account = account_label(request, keys_on)
-                child(requests, account, str(status), limit).inc()
+        def ended(status: int) -> None:
+            if request.get(ENDPOINT) is None:  # set inside: by path, or by the handler
+                return
+            limit = request.get(REFUSED_BY, "other") if status == 429 else NO_LIMIT
+            child(requests, account_label(request, keys_on), str(status), limit).inc()
+
+        return await handle_counted(request, handler, ended)
 
     return count_per_account

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -169,6 +169,27 @@ REFUSED_BY = web.RequestKey("refused_by", str)
 
 
 CLIENT_CLOSED = 499  # metrics status of requests whose client went away
+
+
+async def handle_counted(
+    request: web.Request, handler: Any, ended: Callable[[int], None]
+) -> web.StreamResponse:
+    """`handler(request)`, then `ended(status)` however it ends: the answer's status,
+    an HTTP exception's, `CLIENT_CLOSED` when the client went away, 500 otherwise;
+    `STATUS` on the request overrides it (for the middlewares that count answers)."""
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        raise
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        ended(request.get(STATUS, status))
 
 
 class ApiError(Exception):

@@ -27,7 +27,6 @@ headers). Nothing here blocks or raises into a request.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import os
@@ -41,7 +40,7 @@ import orjson
 from aiohttp import web
 
 from prism_proxy.edge.accounts import client_key
-from prism_proxy.edge.errors import CLIENT_CLOSED, LANE, STATUS
+from prism_proxy.edge.errors import LANE, handle_counted
 
 REQUEST_ID_HEADER = "x-request-id"
 TRACEPARENT = "traceparent"
@@ -332,22 +331,12 @@ async def tracing_middleware(request: web.Request, handler: Any) -> web.StreamRe
     trace = tracing.arrive(request)
     request[TRACE] = trace
     token = REQUEST_ID.set(trace.request_id)
-    status = 500
     try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except asyncio.CancelledError:
-        status = CLIENT_CLOSED
-        raise
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
+        return await handle_counted(
+            request, handler, lambda status: tracing.end(request, trace, status)
+        )
     finally:
-        try:
-            tracing.end(request, trace, request.get(STATUS, status))
-        finally:
-            REQUEST_ID.reset(token)
+        REQUEST_ID.reset(token)
 
 
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:

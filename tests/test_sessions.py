@@ -144,6 +144,44 @@ def test_continuations_lead_the_hot_lane_oldest_program_first(share, leading, co
     assert [e.rid for e in order] == ["cont-old", "cont-young", "new1", "new2", "new3"]
 
 
+def _primed(backlog_ms: float, age_cap_ms: float = 8000.0):
+    """A prism policy whose cache view holds the path head `h` → segment `A` (released
+    by a first round), with residency from that view."""
+    params = replace(QasParams(), q_cold=1, w_c=1e4, backlog_ms=backlog_ms, age_cap_ms=age_cap_ms)
+    policy = make_policy("prism", params)
+    first = QueuedRequest("r0", 0.0, segments=("A",), reorder=False, prefix_key="h",
+                          head_tokens=100, segment_tokens=(500,))  # fmt: skip
+    assert [e.rid for e in policy.plan_round([first], [], wave_size=1, now=0.0).wave] == ["r0"]
+    return policy
+
+
+def test_under_a_backlog_the_longest_cached_prefix_goes_first_within_an_age_cap() -> None:
+    def queued(rid: str, arrival: float, segments: tuple[str, ...], tokens: tuple[int, ...]):
+        return QueuedRequest(rid, arrival, segments=segments, reorder=False, prefix_key="h",
+                             head_tokens=100, segment_tokens=tokens)  # fmt: skip
+
+    queue = [
+        queued("oldest", 1.0, ("X",), (1000,)),
+        queued("old", 2.0, ("Y",), (800,)),
+        queued("small", 3.0, ("Z",), (50,)),
+        queued("cached", 4.0, ("A", "B"), (500, 10)),  # the head and A (600 tokens) cached
+    ]
+    # at t=6 the oldest waited 5 s: past the 1 s backlog and the 4.5 s cap, so it leads
+    # (cold); then the longest cached prefix, then equal ones (the head) oldest first
+    params = {"backlog_ms": 1000.0, "age_cap_ms": 4500.0}
+    wave = _primed(**params).plan_round(queue, [], wave_size=3, now=6.0).wave
+    assert [(e.rid, e.lane.value) for e in wave] == [
+        ("oldest", "cold"),
+        ("cached", "hot"),
+        ("old", "hot"),
+    ]
+    # below the backlog, and with the rule off, the round is the usual one
+    usual = _primed(backlog_ms=0.0).plan_round(queue, [], wave_size=3, now=1.5).wave
+    assert _primed(**params).plan_round(queue, [], wave_size=3, now=1.5).wave == usual
+    off = _primed(backlog_ms=0.0).plan_round(queue, [], wave_size=3, now=6.0).wave
+    assert [e.rid for e in off] != ["oldest", "cached", "old"]
+
+
 # ---- the cut that names a session ------------------------------------------------------------
 def test_the_next_call_repeats_the_key_of_the_call_before(tokenizer) -> None:
     """With `last_message`, each call's last message ends in a segment; the next call of

@@ -22,6 +22,11 @@ Lines (`LINES`), each one setup of the proxy (or none) and the engine:
     prism+sessions+precedence  and continuations first in QAS's hot lane
                                (`continuation_share` 0.5)
     prism+precedence           precedence without retention
+    prism+sessions+returns     retention by predicted return (rank `predicted`)
+    prism+sessions+returns+backlog
+                               and under a backlog (the oldest request waited 1 s) the
+                               longest cached prefix first, within an age cap of 8 s
+                               (`backlog_ms`, `age_cap_ms`); /cap16: a cap of 16 s
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ Line = tuple[TwinSetup, SessionFeatures | None]
 def _lines(pool: int) -> dict[str, Line]:
     full = qas_params("full")
     precedence = replace(full, continuation_share=0.5)
+    backlog = replace(full, backlog_ms=1000.0)  # age cap: QasParams' default, 8 s
     prism = TwinSetup(policy="prism", eviction="dart", qas=full, kv_capacity_tokens=pool)
     on = SessionFeatures(detect=True, retain=True)
     native = TwinSetup(policy=None, eviction="lru", kv_capacity_tokens=pool)
@@ -82,6 +88,11 @@ def _lines(pool: int) -> dict[str, Line]:
         "prism+sessions": (prism, on),
         "prism+sessions+returns": (prism, returns),
         "prism+sessions+returns+precedence": (replace(prism, qas=precedence), returns),
+        "prism+sessions+returns+backlog": (replace(prism, qas=backlog), returns),
+        "prism+sessions+returns+backlog/cap16": (
+            replace(prism, qas=replace(backlog, age_cap_ms=16_000.0)),
+            returns,
+        ),
         # the engine's own longest-prefix-match order over every request (no pacing)
         "prism+sessions+returns/lpm-unpaced": (
             replace(prism, schedule_policy="lpm", prefill_batch=1024),

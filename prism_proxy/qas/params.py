@@ -36,6 +36,16 @@ class QasParams:
       at least the other hot slots and the cold lane. Only requests the proxy's session
       features mark (`QueuedRequest.program_start`) count; 0: off, the default: on
       agent_sessions it cost P99 TTFT and bought no JCT (docs/results/agent-sessions).
+    * `backlog_ms`: once the oldest queued request has waited this long (the queue is
+      backing up), a round releases first the requests that waited `age_cap_ms`
+      (oldest first), then the others by their cached prefix, longest first (the head
+      and the run of the skeleton that the cache view and the resident set say is
+      cached): SGLang's `lpm` order, here over the proxy's whole queue, with an age cap
+      on the requests it passes over. Buckets and the deadline lane wait until the
+      backlog clears. On agent sessions past the engine's capacity it finishes started
+      programs first (their histories are the long cached prefixes), so fewer
+      histories are live at once. 0: off, the default.
+    * `age_cap_ms`: under a backlog, the longest a request is passed over.
     """
 
     f_front: int = 3
@@ -54,6 +64,8 @@ class QasParams:
     cold_deadline_ms: float = 0.0
     cold_max_fraction: float = 0.5
     continuation_share: float = 0.0
+    backlog_ms: float = 0.0
+    age_cap_ms: float = 8000.0
 
     def __post_init__(self) -> None:
         if self.cache_view_bytes < 1:
@@ -63,7 +75,7 @@ class QasParams:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
-        for name in ("w_c", "cold_deadline_ms"):
+        for name in ("w_c", "cold_deadline_ms", "backlog_ms", "age_cap_ms"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("cold_max_fraction", "continuation_share"):

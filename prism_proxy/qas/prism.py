@@ -15,6 +15,7 @@ are unstable and reordering them risks hits, and resident segments are the stabl
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 
@@ -30,7 +31,15 @@ from prism_proxy.qas.residency import (
     ViewResidency,
 )
 from prism_proxy.qas.residency import ViewNode as CacheViewNode
-from prism_proxy.qas.types import ActiveRequest, BucketView, QueuedRequest, RoundPlan, fifo_order
+from prism_proxy.qas.types import (
+    ActiveRequest,
+    BucketView,
+    Lane,
+    QueuedRequest,
+    RoundPlan,
+    WaveEntry,
+    fifo_order,
+)
 
 # The signature of requests grouped only by the client's hint (`QueuedRequest.group`): a
 # namespace no segment id enters (NUL first).
@@ -160,6 +169,58 @@ class PrismPolicy:
         marked.sort(key=lambda item: (item[0], item[1]))
         return [member for _, _, member in marked[: math.ceil(share * hot_capacity)]]
 
+    def cached_tokens(
+        self, request: QueuedRequest, skeleton: Sequence[str], resident: frozenset[str]
+    ) -> int:
+        """The request's cached prefix in `skeleton` order, as the proxy knows it: its
+        head when the view holds it, then each segment while the view holds the path and
+        the segment is resident."""
+        node = self.paths.head_node(request) if self.paths is not None else None
+        if node is None:
+            return 0
+        lengths = {s: request.segment_length(i) for i, s in enumerate(request.segments)}
+        cached = request.head_tokens
+        for segment in skeleton:
+            node = node.children.get("seg:" + segment) if segment in resident else None
+            if node is None:
+                break
+            cached += lengths[segment]
+        return cached
+
+    def backlog_wave(
+        self,
+        fifo: Sequence[QueuedRequest],
+        members: Sequence[Member],
+        resident: frozenset[str],
+        wave_size: int,
+        now: float,
+    ) -> list[WaveEntry]:
+        """The wave under a backlog: the requests that waited `age_cap_ms` first, oldest
+        first (cold lane), then the others by their cached prefix, longest first, ties
+        to the older (hot lane)."""
+        cap = now - self.params.age_cap_ms / 1000.0
+        aged = [member for member in members if member.arrival <= cap]
+        room = max(0, wave_size - len(aged))
+        young = [
+            (-self.cached_tokens(request, member.skeleton, resident), member.rank, member)
+            for request, member in zip(fifo, members, strict=True)
+            if member.arrival > cap
+        ]
+        longest = heapq.nsmallest(room, young, key=lambda item: (item[0], item[1]))
+        return [
+            *(WaveEntry(member.rid, Lane.COLD) for member in aged[:wave_size]),
+            *(WaveEntry(member.rid, Lane.HOT) for _, _, member in longest),
+        ]
+
+    def backlogged(self, fifo: Sequence[QueuedRequest], now: float | None) -> bool:
+        """Whether the oldest queued request has waited `backlog_ms` (off at 0 or
+        without a clock)."""
+        wait_ms = self.params.backlog_ms
+        return (
+            bool(wait_ms > 0 and now is not None and fifo)
+            and (now - fifo[0].arrival) * 1000.0 >= wait_ms
+        )
+
     def plan_round(
         self,
         queue: Sequence[QueuedRequest],
@@ -199,8 +260,11 @@ class PrismPolicy:
         q_cold = params.cold_quota(wave_size, len(urgent)) if urgent else params.q_cold
         hot_capacity = max(0, wave_size - q_cold)
         scan = scan_order(group_by_signature(members), counters, hot_capacity)
-        first = self.continuations(fifo, members, hot_capacity)
-        wave = fill_wave(members, scan, wave_size, q_cold, urgent, first)
+        if now is not None and self.backlogged(fifo, now):
+            wave = self.backlog_wave(fifo, members, resident, wave_size, now)
+        else:
+            first = self.continuations(fifo, members, hot_capacity)
+            wave = fill_wave(members, scan, wave_size, q_cold, urgent, first)
         skeletons = {m.rid: m.skeleton for m in members}
         by_rid = {request.rid: request for request in fifo}
         if self.paths is not None:

@@ -215,6 +215,9 @@ _QAS_HELP = {
     "cold_max_fraction": "largest share of a wave the cold lane grows to for late requests",
     "continuation_share": "share of the hot lane that continuations of paused agent "
     "sessions take first, oldest program first (with --set sessions=true; 0: off)",
+    "backlog_ms": "once the oldest queued request waited this long, release the longest "
+    "cached prefix first, within age_cap_ms (0: off)",
+    "age_cap_ms": "under a backlog, the longest a request is passed over",
 }
 
 

@@ -4,7 +4,7 @@
         [--out prism_sim/profiles/cpu-smollm2.json] [--samples-out FILE] [--port 23500]
 
 Starts SmolLM2-135M-Instruct on an unmodified SGLang (`sglang_cpu.serve`
-with exactly the arguments `prism-loadgen sweep --backend sglang-cpu --model smollm2`
+with exactly the arguments `prism-loadgen sweep --backend sglang-cpu --set model=smollm2`
 gives a baseline line: SGLang's own cache, FCFS, the same KV pool), then measures over
 HTTP, client-side, one thing at a time:
 

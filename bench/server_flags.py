@@ -9,6 +9,17 @@ packages, this file, and a file's own `add_argument` calls (its options, not a s
 shared with a file's own command line (`--seed` of a command that runs itself) counts
 too: read the list, not only the number. Prints each file with the flags it spells,
 then the count.
+
+The one file it should list is the launcher, `loadgen/stack/processes.py` (`--port`,
+`--set`, `--sglang-arg`). Two limits to read it with:
+
+* The peers' own flags (smg's and sglang-router's `--worker-urls`, ContextPilot's
+  `--infer-api-url`) are not in the set: their parsers are not importable here. Only
+  the flags they share with our servers (`--host`, `--log-level`, `--policy`, `--port`)
+  would show a peer's command line spelled outside the launcher (`peer_args`).
+* `prism-loadgen sweep` has options of its own spelled like the proxy's (`--set`,
+  `--backend`); its error messages name those as settings ("sweep setting
+  client_api=...", "backend sglang-cpu"), so they do not count as a server's flag.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,12 @@ from loadgen.clients.apis import API_NAMES, CHAT_LAYOUTS
 from loadgen.clients.routing import ROUTING_KEYS
 from loadgen.stack.processes import parse_settings
 from loadgen.workloads.trace_format import read_trace, write_trace
-from loadgen.workloads.trace_params import AgentTraceParams, RagTraceParams, ReorderTraceParams
+from loadgen.workloads.trace_params import (
+    AgentTraceParams,
+    RagTraceParams,
+    ReorderTraceParams,
+    SessionParams,
+)
 
 # What the `loadgen` extra installs, by import name: the subcommands import them (below
 # the argument parser, so `prism-loadgen --help` runs without them).
@@ -39,6 +45,16 @@ EXTRA_HINT = "pip install 'prism-serving[loadgen]'"
 
 # Every workload's two knobs with a flag of their own; the others are `--trace-param`s.
 TRACE_FLAGS = ("num_requests", "qps")
+# agent_sessions' knobs with a flag of their own (`--sessions`, and the points' `--rate`
+# and `--tool-scale`); the others are `--trace-param`s.
+SESSION_FLAGS = ("num_sessions", "session_rate", "tool_scale")
+REAL_SPEED = 4.0  # `sessions --real`'s engine clock speed when none is given
+
+
+def _knobs_help(cls: Any, flagged: tuple[str, ...]) -> str:
+    """`--trace-param`'s help: the workload's knobs without a flag, with their defaults."""
+    knobs = [f"{f.name} [{f.default}]" for f in fields(cls) if f.name not in flagged]
+    return "the trace's shape (repeatable): " + ", ".join(knobs)
 
 
 def _add_trace_flags(parser: argparse.ArgumentParser, cls: Any) -> None:
@@ -47,28 +63,34 @@ def _add_trace_flags(parser: argparse.ArgumentParser, cls: Any) -> None:
     defaults = {f.name: f.default for f in fields(cls)}
     parser.add_argument("--num-requests", type=int, default=defaults["num_requests"])
     parser.add_argument("--qps", type=float, default=defaults["qps"])
-    knobs = [f"{f.name} [{f.default}]" for f in fields(cls) if f.name not in TRACE_FLAGS]
     parser.add_argument(
         "--trace-param",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="the trace's shape (repeatable): " + ", ".join(knobs),
+        help=_knobs_help(cls, TRACE_FLAGS),
     )
 
 
-def _params_from_args(cls: Any, args: argparse.Namespace) -> Any:
-    """The workload's parameters: its flags, then its `--trace-param`s, each read as its
-    field's type. ValueError for a name that is not one of its knobs."""
+def trace_knobs(cls: Any, pairs: list[str], flagged: tuple[str, ...]) -> dict[str, Any]:
+    """`--trace-param NAME=VALUE` pairs as the workload's knobs (the fields of `cls`), each
+    read as its field's type. ValueError for a name that is not one of its knobs or has a
+    flag of its own (`flagged`)."""
     kinds = {f.name: {"int": int, "float": float}.get(str(f.type), str) for f in fields(cls)}
-    values: dict[str, Any] = {name: getattr(args, name) for name in TRACE_FLAGS}
-    for name, text in parse_settings(args.trace_param).items():
+    values: dict[str, Any] = {}
+    for name, text in parse_settings(pairs).items():
         name = name.replace("-", "_")
-        if name not in kinds or name in TRACE_FLAGS:
-            knobs = ", ".join(k for k in kinds if k not in TRACE_FLAGS)
+        if name not in kinds or name in flagged:
+            knobs = ", ".join(k for k in kinds if k not in flagged)
             raise ValueError(f"--trace-param {name}: not a knob of this workload ({knobs})")
         values[name] = kinds[name](text)
-    return cls(**values)
+    return values
+
+
+def _params_from_args(cls: Any, args: argparse.Namespace) -> Any:
+    """The workload's parameters: its flags, then its `--trace-param`s."""
+    values = {name: getattr(args, name) for name in TRACE_FLAGS}
+    return cls(**values, **trace_knobs(cls, args.trace_param, TRACE_FLAGS))
 
 
 def _tokenizer(spec: str | None) -> tuple[Any, str]:
@@ -153,21 +175,23 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def cmd_sessions(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+def session_params(args: argparse.Namespace) -> SessionParams:
+    """agent_sessions' knobs from `sessions`' flags: `--sessions`, then the
+    `--trace-param`s (the points' rate and tool scale are the sweep's own)."""
+    knobs = trace_knobs(SessionParams, args.trace_param, SESSION_FLAGS)
+    return SessionParams(num_sessions=args.sessions, **knobs)
 
+
+def cmd_sessions(args: argparse.Namespace) -> int:
     from loadgen.experiments.session_real import REAL_LINES
     from loadgen.experiments.session_sweep import LINE_NAMES, Point, sweep
-    from loadgen.workloads.session_trace import SessionParams
 
-    known = REAL_LINES if args.real else LINE_NAMES
+    known = REAL_LINES if args.real is not None else LINE_NAMES
     lines = tuple(args.lines.split(",")) if args.lines else known
     unknown = set(lines) - set(known)
     if unknown:
         raise ValueError(f"unknown lines {sorted(unknown)}; choose from {', '.join(known)}")
-    base = replace(
-        SessionParams(), num_sessions=args.sessions, source=args.source, tool_model=args.tool_model
-    )
+    base = session_params(args)
     points = [
         Point(rate, scale, fraction)
         for rate in _floats(args.rate)
@@ -175,7 +199,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         for fraction in _floats(args.kv_fraction)
     ]
     sweep(base, points, lines, Path(args.out), seed=args.seed, tokenizer_spec=args.tokenizer,
-          jobs=args.jobs, real_speed=args.speed if args.real else None)  # fmt: skip
+          jobs=args.jobs, real_speed=args.real)  # fmt: skip
     print(f"wrote {Path(args.out) / 'report.md'}")
     return 0
 
@@ -284,20 +308,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-fraction", default="1,0.5,0.25", help="pools, as fractions of the live histories"
     )
     sessions.add_argument("--lines", default=None, help="comma-separated (default: all)")
-    sessions.add_argument("--source", default="auto", help="agent material: auto|tau2|synthetic")
     sessions.add_argument(
-        "--tool-model",
-        choices=("independent", "by_tool"),
-        default="independent",
-        help="tool durations and outputs: one distribution, or by the tool's kind",
+        "--trace-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=_knobs_help(SessionParams, SESSION_FLAGS)
+        + " (source: auto|tau2|synthetic agent material; tool_model: independent, one"
+        " distribution of tool durations and outputs, or by_tool, by the tool's kind)",
     )
     sessions.add_argument("--seed", type=int, default=0)
     sessions.add_argument("--tokenizer", default="builtin")
     sessions.add_argument("--jobs", type=int, default=2, help="twin runs at once (processes)")
     sessions.add_argument(
-        "--real", action="store_true", help="the real stack: prism-sim over HTTP, the proxy"
+        "--real",
+        type=float,
+        nargs="?",
+        const=REAL_SPEED,
+        default=None,
+        metavar="SPEED",
+        help="the real stack: prism-sim over HTTP at this clock speed (default "
+        f"{REAL_SPEED:g}), the proxy",
     )
-    sessions.add_argument("--speed", type=float, default=4.0, help="--real: engine speed")
     sessions.set_defaults(func=cmd_sessions)
 
     report = sub.add_parser("report", help="table and plots from a sweep's results dir")
@@ -318,6 +350,26 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub.add_parser(name, help=text, add_help=False)
     return parser
+
+
+def _quality_parser() -> argparse.ArgumentParser:
+    from loadgen.quality.run import build_parser as quality_parser
+
+    return quality_parser()
+
+
+def _scale_out_parser() -> argparse.ArgumentParser:
+    from loadgen.experiments.scale_out import build_parser as scale_out_parser
+
+    return scale_out_parser()
+
+
+# The subcommands that parse their own arguments, with their parsers (for measuring them:
+# `bench.loadgen_options`).
+OWN_PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "quality": _quality_parser,
+    "scale-out": _scale_out_parser,
+}
 
 
 def _run(argv: list[str]) -> int:

@@ -81,7 +81,7 @@ def engine_ids(req: TraceRequest, order: str) -> list[int]:
 
 
 def send(client: httpx.Client, url: str, req: TraceRequest) -> tuple[dict | None, int]:
-    """One streamed chat as the replay sends it (`--client-api openai --layout tool`):
+    """One streamed chat as the replay sends it (`--set client_api=openai --set layout=tool`):
     ContextPilot's X-ContextPilot-Result header and the engine's cached tokens."""
     path, body = build_request("openai", req, "m", layout="tool")
     response = client.post(url + path, json=body)
@@ -125,8 +125,8 @@ def test_engine_sees_contextpilots_order(tmp_path: Path) -> None:
 def test_sweep_runs_contextpilot_real(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     argv = ["sweep", "--out", str(out), "--policies", "contextpilot-real", "--qps", "40"]
-    argv += ["--num-requests", "24", "--speed", "4", "--client-api", "openai"]
-    assert main([*argv, "--layout", "tool", "--no-report"]) == 0
+    argv += ["--num-requests", "24", "--speed", "4", "--set", "client_api=openai"]
+    assert main([*argv, "--set", "layout=tool", "--no-report"]) == 0
     doc = json.loads((out / "results" / "contextpilot-real_qps40.json").read_text())
     assert doc["summary"]["completed"] == 24 and doc["summary"]["failed"] == 0
     assert doc["config"]["api"] == "openai" and doc["config"]["layout"] == "tool"
@@ -156,16 +156,16 @@ def test_the_line_is_named_and_not_a_default() -> None:
 def test_refusals_say_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The twin cannot model it: simulate refuses before any trace is built.
     argv = ["simulate", "--out", str(tmp_path / "twin"), "--policies", "fifo,contextpilot-real"]
-    assert main([*argv, "--client-api", "openai", "--layout", "tool"]) == 2
+    assert main([*argv, "--set", "client_api=openai", "--set", "layout=tool"]) == 2
     assert "the twin cannot run ContextPilot's lines" in capsys.readouterr().err
     assert not (tmp_path / "twin" / "traces").exists()
     # A layout its server does not reorder would make it a pass-through.
     for api, layout in (("prism", "tool"), ("openai", "xml"), ("openai", "blank")):
-        with pytest.raises(ValueError, match="--client-api openai --layout <one of tool>"):
+        with pytest.raises(ValueError, match="--set client_api=openai --set layout=<one of tool>"):
             check_peer_lines(["contextpilot-real"], engine="sim", client_api=api, layout=layout)
     check_peer_lines(["fifo"], engine="twin", client_api="prism", layout="blank")
     # The RAG line's client writes the prompt itself: any chat layout, plain chat only.
-    with pytest.raises(ValueError, match="--client-api openai"):
+    with pytest.raises(ValueError, match="--set client_api=openai"):
         check_peer_lines(["contextpilot-rag"], engine="sim", client_api="prism", layout="xml")
 
 
@@ -236,8 +236,8 @@ def test_rag_client_sends_contextpilots_order_to_the_engine(tmp_path: Path) -> N
 def test_sweep_runs_contextpilot_rag(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     argv = ["sweep", "--out", str(out), "--policies", "contextpilot-rag", "--qps", "40"]
-    argv += ["--num-requests", "24", "--speed", "4", "--client-api", "openai"]
-    assert main([*argv, "--layout", "xml", "--no-report"]) == 0
+    argv += ["--num-requests", "24", "--speed", "4", "--set", "client_api=openai"]
+    assert main([*argv, "--set", "layout=xml", "--no-report"]) == 0
     doc = json.loads((out / "results" / "contextpilot-rag_qps40.json").read_text())
     assert doc["summary"]["completed"] == 24 and doc["summary"]["failed"] == 0
     assert doc["config"]["reorder_url"].endswith("/reorder")

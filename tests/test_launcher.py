@@ -66,3 +66,37 @@ def test_a_line_spec_is_a_name_and_its_settings() -> None:
     for bad in ("prism[q_cold=4", "prism[q_cold]", "prism[=4]"):
         with pytest.raises(ValueError):
             parse_line(bad)
+
+
+def test_peer_settings_become_their_command_lines() -> None:
+    """smg, sglang-router and ContextPilot get the flags they were always given."""
+    from loadgen.stack.peer_lines import CONTEXTPILOT_REAL, HOST
+    from loadgen.stack.peers_launch import SglangRouter, Smg
+    from loadgen.stack.processes import peer_args
+
+    args = peer_args({"a_b": ["u1", "u2"], "on": True, "off": False, "none": None, "n": 0}, ["go"])
+    assert args == ["go", "--a-b", "u1", "u2", "--on", "--n", "0"]
+
+    def without_port(args: list[str]) -> list[str]:
+        at = args.index("--prometheus-port")
+        assert args[at + 1].isdigit()
+        return args[:at] + args[at + 2 :]
+
+    smg = without_port(Smg().args("http://e", served_model="s", client_model="c"))
+    assert smg == [
+        "launch", "--host", HOST, "--worker-urls", "http://e", "--disable-tokenizer-autoload",
+        "--prometheus-host", HOST, "--log-level", "warn", "--policy", "round_robin",
+        "--disable-retries", "--disable-circuit-breaker", "--disable-load-monitoring",
+        "--load-monitor-interval", "3600", "--max-concurrent-requests", "0",
+        "--model-alias", "c=s",
+    ]  # fmt: skip
+    assert without_port(Smg(defaults=True).args("http://e")) == smg[:10]
+    router = without_port(SglangRouter().args("http://e"))
+    assert router == [
+        "--host", HOST, "--worker-urls", "http://e", "--prometheus-host", HOST,
+        "--log-level", "warn", "--policy", "round_robin", "--disable-retries",
+        "--disable-circuit-breaker",
+    ]  # fmt: skip
+    assert CONTEXTPILOT_REAL.args("http://e") == [
+        "--host", HOST, "--infer-api-url", "http://e", "--log-level", "warning",
+    ]  # fmt: skip

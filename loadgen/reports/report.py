@@ -10,7 +10,7 @@ backend (no display needed). A "Settings" section lists what each line ran with 
 QAS variant and its parameters, pacing, window, residency source, control RPC: issue
 25), from the results and the sweep's ``sweep.json``.
 
-Repeats over seeds (``--seeds``: result files ``<label>_qps<λ>_seed<k>.json``, each
+Repeats over seeds (``--seed 0,1,2``: result files ``<label>_qps<λ>_seed<k>.json``, each
 carrying its seed): the tables and plots show means over seeds, a section gives for
 P99 TTFT, mean TTFT, hit rate and throughput the mean and its 95 % Student-t interval
 per line and QPS, and a paired comparison of ``prism`` against every other line (the

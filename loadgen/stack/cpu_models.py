@@ -1,4 +1,4 @@
-"""The CPU server's models in the sweep harness (`--model tiny|smollm2`).
+"""The CPU server's models in the sweep harness (`--set model=tiny|smollm2`).
 
 `tiny` (the default) is the random-weight model of `sglang_cpu.model`,
 whose tokenizer is the proxy's builtin one. `smollm2` is SmolLM2-135M-Instruct

@@ -4,7 +4,7 @@
 contextpilot.server.http_server`), pinned in `.venv-peers/contextpilot/` by `make peers`
 (bench/peer-requirements/contextpilot.txt), with its own document extraction,
 reordering and index, in front of the same engine as the other lines (FCFS, LRU, no
-control RPC). The replay sends it plain OpenAI chat (`--client-api openai`).
+control RPC). The replay sends it plain OpenAI chat (`--set client_api=openai`).
 
 What that server does with a plain chat (contextpilot 0.5.0, files under
 `site-packages/contextpilot/server/`):
@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.clients.apis import CHAT_LAYOUTS
-from loadgen.stack.processes import ServerProcess, run_server
+from loadgen.stack.processes import ServerProcess, peer_args, run_server
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (this file: loadgen/stack/peer_lines.py)
 PEERS_DIR = ROOT / ".venv-peers"
@@ -84,7 +84,7 @@ CONTEXTPILOT_MODULE = "contextpilot.server.http_server"
 def contextpilot_args(backend_url: str) -> list[str]:
     """ContextPilot's server arguments after `-m <module>` (the port is appended):
     live mode (its default), the backend, and its per-request info logs off."""
-    return ["--host", HOST, "--infer-api-url", backend_url, "--log-level", "warning"]
+    return peer_args({"host": HOST, "infer_api_url": backend_url, "log_level": "warning"})
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def check_peer_lines(labels: list[str], *, engine: str, client_api: str, layout:
         if client_api != "openai" or layout not in server.layouts:
             raise ValueError(
                 f"{label} takes plain chat with its documents where its server reorders "
-                f"them: --client-api openai --layout <one of {', '.join(server.layouts)}> "
+                f"them: --set client_api=openai --set layout=<one of {', '.join(server.layouts)}> "
                 f"(loadgen.stack.peer_lines says why)"
             )
         require_installed(server)
@@ -234,7 +234,7 @@ def peer_record(
     return {
         "name": server.package,
         "version": server.version,
-        "command": [*server.command(backend_url), "--port", port],
+        "command": [*server.command(backend_url), *peer_args({"port": port})],
         "layout": layout,
         "index": index_activity(process.log_text()),
     }

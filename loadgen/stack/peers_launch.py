@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -34,7 +35,7 @@ from loadgen.stack.peer_lines import (
     PEERS_DIR,
     contextpilot_args,
 )
-from loadgen.stack.processes import ServerProcess, engine_args, free_port, run_server
+from loadgen.stack.processes import ServerProcess, engine_args, free_port, peer_args, run_server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,27 +107,26 @@ class Smg(Peer):
     endpoints: frozenset[str] = ALL_ENDPOINTS
 
     def args(self, backend_url, *, served_model=None, client_model=None):
-        args = [
-            "launch",
-            "--host", HOST,
-            "--worker-urls", backend_url,
-            "--disable-tokenizer-autoload",
-            "--prometheus-host", HOST,
-            "--prometheus-port", str(free_port()),
-            "--log-level", "warn",
-        ]  # fmt: skip
+        settings: dict[str, Any] = {
+            "host": HOST,
+            "worker_urls": [backend_url],
+            "disable_tokenizer_autoload": True,
+            "prometheus_host": HOST,
+            "prometheus_port": free_port(),
+            "log_level": "warn",
+        }
         if not self.defaults:
-            args += [
-                "--policy", "round_robin",
-                "--disable-retries",
-                "--disable-circuit-breaker",
-                "--disable-load-monitoring",
-                "--load-monitor-interval", "3600",
-                "--max-concurrent-requests", "0",
-            ]  # fmt: skip
+            settings |= {
+                "policy": "round_robin",
+                "disable_retries": True,
+                "disable_circuit_breaker": True,
+                "disable_load_monitoring": True,
+                "load_monitor_interval": 3600,
+                "max_concurrent_requests": 0,
+            }
         if client_model and served_model and client_model != served_model:
-            args += ["--model-alias", f"{client_model}={served_model}"]
-        return args
+            settings["model_alias"] = f"{client_model}={served_model}"
+        return peer_args(settings, ["launch"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,16 +143,20 @@ class SglangRouter(Peer):
     endpoints: frozenset[str] = ALL_ENDPOINTS
 
     def args(self, backend_url, *, served_model=None, client_model=None):
-        args = [
-            "--host", HOST,
-            "--worker-urls", backend_url,
-            "--prometheus-host", HOST,
-            "--prometheus-port", str(free_port()),
-            "--log-level", "warn",
-        ]  # fmt: skip
+        settings: dict[str, Any] = {
+            "host": HOST,
+            "worker_urls": [backend_url],
+            "prometheus_host": HOST,
+            "prometheus_port": free_port(),
+            "log_level": "warn",
+        }
         if not self.defaults:
-            args += ["--policy", "round_robin", "--disable-retries", "--disable-circuit-breaker"]
-        return args
+            settings |= {
+                "policy": "round_robin",
+                "disable_retries": True,
+                "disable_circuit_breaker": True,
+            }
+        return peer_args(settings)
 
 
 @dataclasses.dataclass(frozen=True)

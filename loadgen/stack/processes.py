@@ -3,12 +3,14 @@
 Used by the sweep, the demo, the benchmarks and the integration tests, so that all of
 them exercise the same console entry points over real HTTP.
 
-This is the one module that spells the servers' flags. Everyone else names settings:
-`proxy_args({"policy": "prism", "window_ms": 10})` is the proxy's command line (its
-flags where it has one, `--set KEY=VALUE` otherwise), `engine_args({"speed": 4,
-"sglang": {"schedule_policy": "lpm"}})` that of prism-sim or `sglang_cpu.serve` (each
-key as its `--key`, `sglang` as SGLang's own flags through `--sglang-arg`). A line of an
-experiment is written `name[key=value;...]` and read by `parse_line`.
+This is the one module that spells the servers' flags, the peers' included. Everyone
+else names settings: `proxy_args({"policy": "prism", "window_ms": 10})` is the proxy's
+command line (its flags where it has one, `--set KEY=VALUE` otherwise),
+`engine_args({"speed": 4, "sglang": {"schedule_policy": "lpm"}})` that of prism-sim or
+`sglang_cpu.serve` (each key as its `--key`, `sglang` as SGLang's own flags through
+`--sglang-arg`), `peer_args({"worker_urls": [url], "policy": "round_robin"}, ["launch"])`
+that of a third party's gateway or server (smg, sglang-router, ContextPilot). A line of
+an experiment is written `name[key=value;...]` and read by `parse_line`.
 """
 
 from __future__ import annotations
@@ -82,13 +84,24 @@ def engine_args(settings: Mapping[str, Any]) -> list[str]:
     return args
 
 
+def peer_args(settings: Mapping[str, Any], command: Sequence[str] = ()) -> list[str]:
+    """The command line of a third party's gateway or server (smg, sglang-router,
+    ContextPilot): `command` (a subcommand, such as smg's `launch`), then each setting as
+    `--key value` (underscores as dashes; True a bare flag; a list the flag and each of
+    its values; None and False left out)."""
+    return [*command, *(token for flag in _flags(settings) for token in flag)]
+
+
 def _flags(settings: Mapping[str, Any]) -> list[list[str]]:
-    """Each setting as its flag and value (a bare flag for True; None/False: none)."""
+    """Each setting as its flag and value (a bare flag for True; a list's values after
+    one flag; None/False: none)."""
     flags: list[list[str]] = []
     for key, value in settings.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append([flag])
+        elif isinstance(value, list | tuple):
+            flags.append([flag, *map(setting_text, value)])
         elif value is not None and value is not False:
             flags.append([flag, setting_text(value)])
     return flags

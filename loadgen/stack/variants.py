@@ -17,7 +17,7 @@
   `loadgen.stack.processes.parse_line`): another eviction order
   (`prism[eviction=lru]`), cold-lane quota (`prism[q_cold=4]`), a QAS variant
   (`prism[qas=paper]`), and any proxy policy at a fixed prefill batch `B`
-  (`fifo[prefill_batch=16]`). Plain `prism` runs the sweep's QAS variant (`--qas`, by
+  (`fifo[prefill_batch=16]`). Plain `prism` runs the sweep's QAS variant (`--set qas=...`, by
   default the proxy's default). The spec is the line's label.
 """
 

@@ -52,41 +52,9 @@ from loadgen.workloads.agent_material import DomainMaterial
 from loadgen.workloads.agent_trace import AgentTraceParams, load_domains
 from loadgen.workloads.sampling import poisson_arrivals, stream
 from loadgen.workloads.textgen import TokenCounter, random_text
+from loadgen.workloads.trace_params import SessionParams
 
 WORKLOAD = "agent_sessions"
-
-
-@dataclass(frozen=True)
-class SessionParams:
-    num_sessions: int = 200
-    session_rate: float = 2.0
-    min_calls: int = 6
-    max_calls: int = 16
-    tool_call_tokens: int = 48
-    tool_median_s: float = 1.0
-    tool_sigma: float = 1.2
-    tool_scale: float = 1.0
-    output_median_tokens: int = 600
-    output_sigma: float = 0.8
-    output_min_tokens: int = 100
-    output_max_tokens: int = 4000
-    task_alpha: float = 1.1
-    final_answer_tokens: int = 64
-    source: str = "auto"  # auto | tau2 | synthetic, as agent_prefix's material
-    tau2_dir: str | None = None
-    tool_model: str = "independent"  # independent | by_tool (module docstring)
-
-    def __post_init__(self) -> None:
-        if self.num_sessions < 1 or self.session_rate <= 0:
-            raise ValueError("num_sessions >= 1 and session_rate > 0")
-        if not 1 <= self.min_calls <= self.max_calls:
-            raise ValueError("1 <= min_calls <= max_calls")
-        if self.tool_median_s <= 0 or self.tool_sigma < 0 or self.tool_scale <= 0:
-            raise ValueError("tool_median_s > 0, tool_sigma >= 0, tool_scale > 0")
-        if not 0 < self.output_min_tokens <= self.output_max_tokens:
-            raise ValueError("0 < output_min_tokens <= output_max_tokens")
-        if self.tool_model not in ("independent", "by_tool"):
-            raise ValueError("tool_model: independent or by_tool")
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend_plugin.dart.keys import (
     EvictionClass,
@@ -143,6 +143,17 @@ class DartStats:
         }
 
 
+class RetainedLoss(NamedTuple):
+    """What became of an owner's retention, each the latest time on DART's clock (None:
+    never): its tokens evicted while it had a live entry, in R_t (`in_cap_at`) or left
+    out by R_t's token cap (`over_cap_at`); a new entry for it applied when none of its
+    tokens were resident (`absent_at`: lost before the retention arrived)."""
+
+    in_cap_at: float | None = None
+    over_cap_at: float | None = None
+    absent_at: float | None = None
+
+
 class DartCore:
     """Priority state and bookkeeping shared by the SGLang adapter and the simulator.
 
@@ -196,6 +207,9 @@ class DartCore:
         # D_t: owners ranked with private pieces -> when discarded (oldest first)
         self._discarded: dict[str, float] = {}
         self._discards = 0
+        # owners retained and lost -> when (`RetainedLoss`; the oldest dropped past
+        # MAX_RETAINED): what the proxy's re-prefill accounting (`reprefill`) reads
+        self._lost_retained: dict[str, RetainedLoss] = {}
         self.set_capacity(capacity_tokens)
 
     # ---- capacity -------------------------------------------------------------------
@@ -247,6 +261,8 @@ class DartCore:
             self._retained.pop(owner, None)
         now = self.clock()
         for owner, (score, ttl, tokens) in update.retain.items():
+            if owner not in self._retained and owner not in self._resident_tokens:
+                self._lose(owner, "absent_at", now)  # nothing left to keep
             self._retained[owner] = (score, now + ttl, tokens)
             heapq.heappush(self._expiries, (now + ttl, owner))
             self._discarded.pop(owner, None)
@@ -393,10 +409,23 @@ class DartCore:
             self._account(new_owner, num_tokens)
 
     def on_evicted(self, meta: NodeMeta | None, num_tokens: int) -> None:
-        self._evicted[eviction_class(meta, self._protected, self._retaining).value] += num_tokens
+        kind = eviction_class(meta, self._protected, self._retaining)
+        self._evicted[kind.value] += num_tokens
+        owner = meta.owner if meta is not None else None
+        if owner is not None and owner in self._retained:
+            # a live entry in R_t, or one R_t's cap left out
+            field = "in_cap_at" if owner in self._retaining else "over_cap_at"
+            self._lose(owner, field, self.clock())
         if meta is not None:
             self._count_anchor(meta, -1)
             self._account(meta.owner, -num_tokens)
+
+    def _lose(self, owner: str, field: str, now: float) -> None:
+        lost = self._lost_retained
+        before = lost.pop(owner, RetainedLoss())
+        lost[owner] = before._replace(**{field: now})  # the latest last
+        while len(lost) > MAX_RETAINED:  # the bound drops the oldest
+            del lost[next(iter(lost))]
 
     def _count_anchor(self, meta: NodeMeta | None, delta: int) -> None:
         if meta is not None and meta.is_anchor:
@@ -448,6 +477,11 @@ class DartCore:
 
     def active_count(self, owner: str) -> int:
         return self._active.get(owner, 0)
+
+    def retained_loss(self, owner: str) -> RetainedLoss:
+        """What became of `owner`'s retention (`RetainedLoss`; as far as the bounded
+        record reaches)."""
+        return self._lost_retained.get(owner, RetainedLoss())
 
     # ---- stats ----------------------------------------------------------------------
     def stats(self) -> DartStats:

@@ -115,6 +115,9 @@ class DartStats:
     retain_fraction: float = DEFAULT_RETAIN_FRACTION
     discarded: int = 0  # owners in D_t (ranked with private pieces)
     discards: int = 0  # discard words applied (a count)
+    # tokens of owners with a live retention entry that R_t's cap left out, evicted
+    over_cap_evicted_tokens: int = 0
+    late_retentions: int = 0  # new retention entries for owners with nothing resident
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -140,6 +143,8 @@ class DartStats:
             "retain_fraction": self.retain_fraction,
             "discarded": self.discarded,
             "discards": self.discards,
+            "over_cap_evicted_tokens": self.over_cap_evicted_tokens,
+            "late_retentions": self.late_retentions,
         }
 
 
@@ -210,6 +215,8 @@ class DartCore:
         # owners retained and lost -> when (`RetainedLoss`; the oldest dropped past
         # MAX_RETAINED): what the proxy's re-prefill accounting (`reprefill`) reads
         self._lost_retained: dict[str, RetainedLoss] = {}
+        self._over_cap_evicted = 0
+        self._late_retentions = 0
         self.set_capacity(capacity_tokens)
 
     # ---- capacity -------------------------------------------------------------------
@@ -263,6 +270,7 @@ class DartCore:
         for owner, (score, ttl, tokens) in update.retain.items():
             if owner not in self._retained and owner not in self._resident_tokens:
                 self._lose(owner, "absent_at", now)  # nothing left to keep
+                self._late_retentions += 1
             self._retained[owner] = (score, now + ttl, tokens)
             heapq.heappush(self._expiries, (now + ttl, owner))
             self._discarded.pop(owner, None)
@@ -414,8 +422,9 @@ class DartCore:
         owner = meta.owner if meta is not None else None
         if owner is not None and owner in self._retained:
             # a live entry in R_t, or one R_t's cap left out
-            field = "in_cap_at" if owner in self._retaining else "over_cap_at"
-            self._lose(owner, field, self.clock())
+            within = owner in self._retaining
+            self._lose(owner, "in_cap_at" if within else "over_cap_at", self.clock())
+            self._over_cap_evicted += 0 if within else num_tokens
         if meta is not None:
             self._count_anchor(meta, -1)
             self._account(meta.owner, -num_tokens)
@@ -510,4 +519,6 @@ class DartCore:
             retain_fraction=self.retain_fraction,
             discarded=len(self._discarded),
             discards=self._discards,
+            over_cap_evicted_tokens=self._over_cap_evicted,
+            late_retentions=self._late_retentions,
         )

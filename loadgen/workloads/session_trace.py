@@ -333,7 +333,7 @@ def belady_bound(
     only after every piece below it that is used later. It knows every return time and evicts
     exactly as many tokens as needed; it is a model of the run, not of the engine's tree
     (pieces as above, the running requests' outputs not held), so a measured line can
-    come out a little above it (by 0.3 points in tests/test_sessions.py's small case)."""
+    come out a little above it."""
     sessions = {s.sid: s for s in trace.sessions}
     order = sorted(range(len(calls)), key=lambda i: (calls[i][1], i))
     first_prompt: dict[str, int] = {}

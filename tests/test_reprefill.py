@@ -175,3 +175,24 @@ def test_what_retention_does_not_reach_is_past_the_key_or_lost_before_it(tokeniz
         if call.missing_tokens > 8:  # part of the key went in the hop before the pause
             before = call.pause.paused_at - DART.hop_s
             assert any(before <= t < call.pause.paused_at for t in evicted[call.pause.key])
+
+
+def test_the_sessions_sweep_sets_the_pool_on_unique_kv_and_reports_the_causes(
+    tokenizer, tmp_path
+) -> None:
+    """`prism-loadgen sessions` in small: the pool is the fraction of the unique live KV
+    (less than that of the histories counted per session: sessions share their type's
+    prefix), and every row and the report say what was re-prefilled and why."""
+    from loadgen.experiments.session_sweep import Point, sweep
+
+    base = replace(SMALL, num_sessions=12)
+    rows = sweep(base, [Point(2.0, 1.0, 0.5)], ("sglang-lru", "prism+sessions"), tmp_path,
+                 seed=4, jobs=1, log=lambda _: None)  # fmt: skip
+    for row in rows:
+        unique, per_session = row["live_unique_tokens"]["mean"], row["live_history_tokens"]["mean"]
+        assert row["pool_tokens"] == int(0.5 * unique) and 0 < unique < per_session
+        counts = row["summary"]["reprefill_tokens"]
+        assert sum(counts[c.value] for c in Cause) == counts["total"] > 0
+    report = (tmp_path / "report.md").read_text()
+    assert "× live unique KV" in report
+    assert "| prism+sessions | " + f"{rows[1]['summary']['reprefill_tokens']['total']:,}" in report

@@ -50,6 +50,13 @@ access, as LRU orders them, until they leave the tree (or are retained again). T
 proxy may discard an owner before its request reaches the tree; it stays until it has
 been resident and left. At most `MAX_RETAINED`, the oldest dropped first.
 
+What retention could not hold is recorded per owner (`retained_loss`, bounded the same
+way): when its tokens were last evicted while it had a live entry, in R_t or left out
+by R_t's cap, and when a new entry arrived for an owner with nothing resident (too
+late). The re-prefill accounting (`prism_proxy.admission.reprefill`, joined in the
+twin) reads it; `stats()` counts the tokens evicted over the cap and the late
+retentions.
+
 Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
 0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (system heads are left out: the
 proxy's QAS ranks segments only), which answers full or delta summaries.
@@ -213,7 +220,7 @@ class DartCore:
         self._discarded: dict[str, float] = {}
         self._discards = 0
         # owners retained and lost -> when (`RetainedLoss`; the oldest dropped past
-        # MAX_RETAINED): what the proxy's re-prefill accounting (`reprefill`) reads
+        # MAX_RETAINED): what the re-prefill accounting (`reprefill`) reads
         self._lost_retained: dict[str, RetainedLoss] = {}
         self._over_cap_evicted = 0
         self._late_retentions = 0

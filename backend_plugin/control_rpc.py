@@ -18,7 +18,9 @@
                             prism:dart_protected_tokens, prism:dart_protect_cap_tokens,
                             prism:dart_anchors_resident,
                             prism:dart_priority_epoch, prism:dart_segments_resident,
-                            prism:dart_residency_version
+                            prism:dart_residency_version,
+                            prism:dart_over_cap_evicted_tokens_total,
+                            prism:dart_late_retentions_total
 
 Every route but health needs `Authorization: Bearer <token>`. The handlers never touch
 the tree: an accepted update is queued in the core's inbox (staleness is decided at
@@ -190,6 +192,16 @@ class DartCollector(Collector):
             "prism:dart_residency_version",
             "Residency changes recorded by this DART instance",
             value=stats.residency_version,
+        )
+        yield CounterMetricFamily(
+            "prism:dart_over_cap_evicted_tokens",
+            "Tokens evicted of owners with a live retention entry that R_t's cap left out",
+            value=stats.over_cap_evicted_tokens,
+        )
+        yield CounterMetricFamily(
+            "prism:dart_late_retentions",
+            "Retention entries that arrived when none of the owner's tokens were resident",
+            value=stats.late_retentions,
         )
 
 

@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--rate", default="0.5", help="sessions per second, comma-separated")
     sessions.add_argument("--tool-scale", default="3", help="tool-duration scales")
     sessions.add_argument(
-        "--kv-fraction", default="1,0.5,0.25", help="pools, as fractions of the live histories"
+        "--kv-fraction", default="1,0.5,0.25", help="pools, as fractions of the live unique KV"
     )
     sessions.add_argument("--lines", default=None, help="comma-separated (default: all)")
     sessions.add_argument(

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backend_plugin.config import ControlConfig, ControlConfigError, load_config
 from backend_plugin.control_rpc import ControlThread, start_control_site
 from backend_plugin.dart import DartCore, NodeMeta
+from backend_plugin.dart.priority import RetainUpdate
 from prism_wire import AnchorKind, system_owner
 
 TOKEN = "s3cret-token"
@@ -163,6 +164,30 @@ async def test_stats_and_metrics_report_evictions_by_class(rpc):
     assert samples[("prism:dart_protect_cap_tokens", None)] == -1  # capacity unknown
     assert samples[("prism:dart_anchors_resident", None)] == 1
     assert samples[("prism:dart_priority_epoch", None)] == 7
+
+
+async def test_metrics_count_retention_lost_over_the_cap_and_retention_too_late(rpc):
+    """A pool of 100 tokens: R_t holds 75 path tokens, so of A (score 2) and B (score 1),
+    60 path tokens each, only A is in R_t; B's 5 resident tokens evicted count as over
+    the cap (and as a segment's). A retention for Z, which has nothing resident, comes
+    too late."""
+    core, client = rpc
+    core.set_capacity(100)
+    core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "A", True), 6)
+    core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
+    core.inbox.submit_retain(
+        RetainUpdate({"A": (2.0, 60.0, 60), "B": (1.0, 60.0, 60), "Z": (3.0, 60.0, 10)})
+    )
+    core.apply_pending()
+    assert set(core.retained) == {"A", "Z"}
+    core.on_evicted(NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
+    stats = (await client.get("/prism/stats", headers=AUTH)).json()
+    assert stats["over_cap_evicted_tokens"] == 5 and stats["late_retentions"] == 1
+    assert stats["evicted_tokens"]["segment"] == 5
+    r = await client.get("/prism/metrics", headers=AUTH)
+    samples = {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
+    assert samples["prism:dart_over_cap_evicted_tokens_total"] == 5
+    assert samples["prism:dart_late_retentions_total"] == 1
 
 
 async def test_a_head_is_ranked_by_its_pushed_entry_and_shown_readably(rpc):

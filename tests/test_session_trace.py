@@ -11,9 +11,19 @@ import openai
 import pytest
 from proxy_support import running_proxy, sim_server
 
-from loadgen.clients.session_replay import SessionReplayConfig, replay_sessions
+from loadgen.clients.session_replay import (
+    CallRecord,
+    SessionRecord,
+    SessionReplayConfig,
+    live_history_tokens,
+    live_unique_tokens,
+    replay_sessions,
+)
 from loadgen.workloads.session_trace import (
+    Session,
     SessionParams,
+    SessionTrace,
+    belady_bound,
     build_session_trace,
     summary,
     unlimited_kv_bound,
@@ -160,3 +170,57 @@ async def test_sessions_replay_closed_loop_through_the_proxy(sim, tokenizer) -> 
             assert after["sent"] >= before["end"] + step.duration_s - 0.1  # modeled s
             assert after["cached_tokens"] >= before["prompt_tokens"]
     assert summary_["hit_rate"] > 0.3
+
+
+# ---- Belady's bound and the pool's measure ---------------------------------------------
+def _session(sid: str, task: str) -> Session:
+    return Session(sid, 0.0, "d", task, "", "", ())
+
+
+def test_belady_keeps_a_shared_piece_that_a_later_session_uses() -> None:
+    """A task's piece is worth its next use by any session of the task, even one that
+    has not begun and with no session of it cached. One agent type "d" (a 100-token
+    prefix), single-call sessions of 300 tokens (a 200-token task piece each), a pool of
+    500:
+
+        A  task a  [0, 1]    never used again after it
+        B  task z  [0.5, 1.5]
+        E  task e  [3, 3.5]  700 > 500 tokens: one of a, z (200 each) must go
+        D  task z  [4, 5]    reuses z
+
+    Belady drops a and D hits all 300 tokens. The rule that valued a shared piece by
+    the sessions cached under it saw neither a nor z used again (A's and B's own pieces
+    are empty), dropped z on the name order and D hit only the prefix, then dropped e.
+    Hits: A 0, B 100, E 100, D 300 = 500 of 1,200 prompt tokens (the old rule: 300)."""
+    sessions = (_session("A", "a"), _session("B", "z"), _session("E", "e"), _session("D", "z"))
+    trace = SessionTrace(SessionParams(), 0, {}, sessions)
+    calls = [("A", 0.0, 1.0, 300), ("B", 0.5, 1.5, 300), ("E", 3.0, 3.5, 300), ("D", 4.0, 5.0, 300)]
+    bound = belady_bound(trace, calls, {"d": 100}, capacity_tokens=500)
+    assert bound.prompt_tokens == 1200
+    assert bound.hit_rate == pytest.approx(500 / 1200)
+    assert bound.non_global_hit_rate == pytest.approx(200 / 800)  # D's task piece
+
+
+def test_live_kv_counts_each_shared_piece_once(tokenizer) -> None:
+    """Two sessions of one task, live together over [0, 10]: 100 shared tokens of type
+    d, a 200-token task piece, then own histories of 300 and 0 tokens. Per session the
+    histories hold 2 x 300 + 600 = 1,200 tokens; unique: 100 + 200 + 300 = 600."""
+    one = SessionRecord(
+        "A",
+        0.0,
+        10.0,
+        [
+            CallRecord("A", 0, 0.0, 0.1, 1.0, 300, 0, None, 100),
+            CallRecord("A", 1, 2.0, 0.1, 10.0, 600, 300, None, 100),
+        ],
+    )
+    two = SessionRecord("B", 0.0, 10.0, [CallRecord("B", 0, 0.0, 0.1, 10.0, 300, 0, None, 100)])
+    pieces = {"A": ("d", "t"), "B": ("d", "t")}
+    unique = live_unique_tokens([one, two], pieces)
+    per_session = live_history_tokens([one, two])
+    assert unique == {"mean": pytest.approx((2 * 300 + 8 * 600) / 10), "peak": 600}
+    assert per_session == {"mean": pytest.approx((2 * 600 + 8 * 900) / 10), "peak": 900}
+    # another task's session brings its own task piece; the type's prefix stays once
+    other = SessionRecord("C", 0.0, 10.0, [CallRecord("C", 0, 0.0, 0.1, 10.0, 250, 0, None, 100)])
+    both = live_unique_tokens([one, two, other], {**pieces, "C": ("d", "u")})
+    assert both["peak"] == 600 + 150

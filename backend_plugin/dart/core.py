@@ -50,6 +50,13 @@ access, as LRU orders them, until they leave the tree (or are retained again). T
 proxy may discard an owner before its request reaches the tree; it stays until it has
 been resident and left. At most `MAX_RETAINED`, the oldest dropped first.
 
+What retention could not hold is recorded per owner (`retained_loss`, bounded the same
+way): when its tokens were last evicted while it had a live entry, in R_t or left out
+by R_t's cap, and when a new entry arrived for an owner with nothing resident (too
+late). The re-prefill accounting (`prism_proxy.admission.reprefill`, joined in the
+twin) reads it; `stats()` counts the tokens evicted over the cap and the late
+retentions.
+
 Residency (SPEC §4, `GET /prism/residency`): every segment whose resident tokens go
 0 -> >0 or >0 -> 0 is recorded in a `ResidencyLog` (system heads are left out: the
 proxy's QAS ranks segments only), which answers full or delta summaries.
@@ -62,7 +69,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend_plugin.dart.keys import (
     EvictionClass,
@@ -115,6 +122,9 @@ class DartStats:
     retain_fraction: float = DEFAULT_RETAIN_FRACTION
     discarded: int = 0  # owners in D_t (ranked with private pieces)
     discards: int = 0  # discard words applied (a count)
+    # tokens of owners with a live retention entry that R_t's cap left out, evicted
+    over_cap_evicted_tokens: int = 0
+    late_retentions: int = 0  # new retention entries for owners with nothing resident
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -140,7 +150,20 @@ class DartStats:
             "retain_fraction": self.retain_fraction,
             "discarded": self.discarded,
             "discards": self.discards,
+            "over_cap_evicted_tokens": self.over_cap_evicted_tokens,
+            "late_retentions": self.late_retentions,
         }
+
+
+class RetainedLoss(NamedTuple):
+    """What became of an owner's retention, each the latest time on DART's clock (None:
+    never): its tokens evicted while it had a live entry, in R_t (`in_cap_at`) or left
+    out by R_t's token cap (`over_cap_at`); a new entry for it applied when none of its
+    tokens were resident (`absent_at`: lost before the retention arrived)."""
+
+    in_cap_at: float | None = None
+    over_cap_at: float | None = None
+    absent_at: float | None = None
 
 
 class DartCore:
@@ -196,6 +219,11 @@ class DartCore:
         # D_t: owners ranked with private pieces -> when discarded (oldest first)
         self._discarded: dict[str, float] = {}
         self._discards = 0
+        # owners retained and lost -> when (`RetainedLoss`; the oldest dropped past
+        # MAX_RETAINED): what the re-prefill accounting (`reprefill`) reads
+        self._lost_retained: dict[str, RetainedLoss] = {}
+        self._over_cap_evicted = 0
+        self._late_retentions = 0
         self.set_capacity(capacity_tokens)
 
     # ---- capacity -------------------------------------------------------------------
@@ -247,6 +275,9 @@ class DartCore:
             self._retained.pop(owner, None)
         now = self.clock()
         for owner, (score, ttl, tokens) in update.retain.items():
+            if owner not in self._retained and owner not in self._resident_tokens:
+                self._lose(owner, "absent_at", now)  # nothing left to keep
+                self._late_retentions += 1
             self._retained[owner] = (score, now + ttl, tokens)
             heapq.heappush(self._expiries, (now + ttl, owner))
             self._discarded.pop(owner, None)
@@ -393,10 +424,24 @@ class DartCore:
             self._account(new_owner, num_tokens)
 
     def on_evicted(self, meta: NodeMeta | None, num_tokens: int) -> None:
-        self._evicted[eviction_class(meta, self._protected, self._retaining).value] += num_tokens
+        kind = eviction_class(meta, self._protected, self._retaining)
+        self._evicted[kind.value] += num_tokens
+        owner = meta.owner if meta is not None else None
+        if owner is not None and owner in self._retained:
+            # a live entry in R_t, or one R_t's cap left out
+            within = owner in self._retaining
+            self._lose(owner, "in_cap_at" if within else "over_cap_at", self.clock())
+            self._over_cap_evicted += 0 if within else num_tokens
         if meta is not None:
             self._count_anchor(meta, -1)
             self._account(meta.owner, -num_tokens)
+
+    def _lose(self, owner: str, field: str, now: float) -> None:
+        lost = self._lost_retained
+        before = lost.pop(owner, RetainedLoss())
+        lost[owner] = before._replace(**{field: now})  # the latest last
+        while len(lost) > MAX_RETAINED:  # the bound drops the oldest
+            del lost[next(iter(lost))]
 
     def _count_anchor(self, meta: NodeMeta | None, delta: int) -> None:
         if meta is not None and meta.is_anchor:
@@ -449,6 +494,11 @@ class DartCore:
     def active_count(self, owner: str) -> int:
         return self._active.get(owner, 0)
 
+    def retained_loss(self, owner: str) -> RetainedLoss:
+        """What became of `owner`'s retention (`RetainedLoss`; as far as the bounded
+        record reaches)."""
+        return self._lost_retained.get(owner, RetainedLoss())
+
     # ---- stats ----------------------------------------------------------------------
     def stats(self) -> DartStats:
         resident = dict(self._resident_tokens)
@@ -476,4 +526,6 @@ class DartCore:
             retain_fraction=self.retain_fraction,
             discarded=len(self._discarded),
             discards=self._discards,
+            over_cap_evicted_tokens=self._over_cap_evicted,
+            late_retentions=self._late_retentions,
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -252,6 +253,73 @@ def live_history_tokens(records: list[SessionRecord]) -> dict[str, float]:
     for (t, delta), (t_next, _) in zip(events, [*events[1:], events[-1]], strict=True):
         total += delta
         peak = max(peak, total)
+        area += total * (t_next - t)
+    span = events[-1][0] - events[0][0]
+    return {"mean": area / span if span > 0 else 0.0, "peak": peak}
+
+
+def live_unique_tokens(
+    records: list[SessionRecord], pieces: Mapping[str, tuple[str, str]]
+) -> dict[str, float]:
+    """The unique KV the live sessions hold: at each moment, each agent type's shared
+    prefix once while a session of the type is live, each task's part once while a
+    session of the task is live, and every live session's own history beyond them;
+    averaged over time (`mean`) and at its `peak`, over the same span as
+    `live_history_tokens`, which counts every session's copy of the shared parts.
+
+    `pieces`: each session's (agent type, task). A type's prefix is its calls'
+    `shared_tokens` (0 when unknown: then it counts with the task's part); a task's part
+    is the shortest first prompt beyond it among the task's sessions (what they share).
+    """
+    measured = {
+        r.sid: ([c for c in r.calls if c.prompt_tokens is not None], r)
+        for r in records
+        if any(c.prompt_tokens is not None for c in r.calls)
+    }
+    shared: dict[str, int] = {}
+    task_tokens: dict[tuple[str, str], int] = {}
+    for sid, (calls, _) in measured.items():
+        kind, task = pieces[sid]
+        head = calls[0].shared_tokens or 0
+        shared[kind] = head
+        part = max(0, (calls[0].prompt_tokens or 0) - head)
+        task_tokens[(kind, task)] = min(task_tokens.get((kind, task), part), part)
+    # (time, order, sid, own history tokens after it: None at the session's end)
+    events: list[tuple[float, int, str, int | None]] = []
+    for number, (sid, (calls, record)) in enumerate(measured.items()):
+        kind, task = pieces[sid]
+        beyond = (calls[0].shared_tokens or 0) + task_tokens[(kind, task)]
+        for call in calls:
+            events.append((call.sent, number, sid, max(0, (call.prompt_tokens or 0) - beyond)))
+        end = record.end if record.end is not None else max(c.end for c in calls)
+        events.append((end, number, sid, None))
+    events.sort(key=lambda e: (e[0], e[1], e[3] is None))
+    if not events:
+        return {"mean": 0.0, "peak": 0.0}
+    own: dict[str, int] = {}
+    holders: dict[Any, int] = {}  # an agent type or a task -> its live sessions
+
+    def hold(piece: Any, tokens: int, delta: int) -> int:
+        """A session joins (+1) or leaves (-1) `piece`: the tokens the pool gains."""
+        before = holders.get(piece, 0)
+        holders[piece] = before + delta
+        return tokens if before == 0 else -tokens if before + delta == 0 else 0
+
+    total = area = peak = 0.0
+    for index, (t, _, sid, history) in enumerate(events):
+        kind, task = pieces[sid]
+        parts = ((kind, shared[kind]), ((kind, task), task_tokens[(kind, task)]))
+        if history is None:  # the session ended: its history, and the shared parts it held
+            total -= own.pop(sid)
+            total += sum(hold(piece, tokens, -1) for piece, tokens in parts)
+        else:
+            if sid not in own:  # the session begins: the shared parts it brings
+                own[sid] = 0
+                total += sum(hold(piece, tokens, 1) for piece, tokens in parts)
+            total += history - own[sid]
+            own[sid] = history
+        peak = max(peak, total)
+        t_next = events[index + 1][0] if index + 1 < len(events) else t
         area += total * (t_next - t)
     span = events[-1][0] - events[0][0]
     return {"mean": area / span if span > 0 else 0.0, "peak": peak}

@@ -2,11 +2,17 @@
 point of a sweep over session rate, tool-duration scale and KV pool, with the Belady
 bound of each run and a report.
 
-The pool is given as a fraction of the live sessions' histories (`--kv-fraction`): at
+The pool is given as a fraction of the live sessions' unique KV (`--kv-fraction`): at
 each (rate, tool scale) a first run with a pool too large to evict
-(`UNLIMITED_TOKENS`) measures the time-averaged KV the live sessions' histories take
-(`session_replay.live_history_tokens`); a fraction f gives a pool of f times that. 1 is
-"all histories fit", 0.5 "the pool holds half of them".
+(`UNLIMITED_TOKENS`) measures the time-averaged KV the live sessions hold, each agent
+type's shared prefix and each task's part counted once however many live sessions
+share it (`session_replay.live_unique_tokens`); a fraction f gives a pool of f times
+that. 1 is "everything live fits", 0.5 "the pool holds half of it". Each row also
+records the live histories counted per session (`live_history_tokens`), by which the
+pools of runs before this definition were set.
+
+Each row's `summary.reprefill_tokens` says what the continuations re-prefilled of their
+own history and why (`prism_proxy.admission.reprefill`).
 
 Lines (`LINES`), each one setup of the proxy (or none) and the engine:
 
@@ -53,6 +59,7 @@ from loadgen.workloads.session_trace import (
 from loadgen.workloads.session_trace import (
     summary as trace_summary,
 )
+from prism_proxy.admission.reprefill import Cause
 from prism_proxy.admission.sessions import SessionParams as TableParams
 from prism_proxy.qas.params import qas_params
 from prism_tokens.tokenizer import Tokenizer, load_tokenizer
@@ -176,15 +183,16 @@ def sweep(
                 bound = unlimited_kv_bound(trace, tokenizer)
                 reference[key] = {
                     "live_history_tokens": ref["summary"]["live_history_tokens"],
+                    "live_unique_tokens": ref["summary"]["live_unique_tokens"],
                     "unlimited": ref["summary"],
                     "unlimited_kv_bound": asdict(bound),
                     "trace": trace_summary(trace),
                 }
-                mean = reference[key]["live_history_tokens"]["mean"]
+                mean = reference[key]["live_unique_tokens"]["mean"]
                 jct = ref["summary"]["mean_jct_ms"] / 1e3
-                log(f"rate {point.rate} scale {point.tool_scale}: live histories {mean:.0f} "
+                log(f"rate {point.rate} scale {point.tool_scale}: live unique KV {mean:.0f} "
                     f"tokens (mean), unlimited JCT {jct:.1f} s")  # fmt: skip
-            live = reference[key]["live_history_tokens"]["mean"]
+            live = reference[key]["live_unique_tokens"]["mean"]
             pool = max(1, int(point.kv_fraction * live))
             work = [(name, params, seed, pool, tokenizer_spec) for name in lines]
             if real_speed is None:
@@ -209,6 +217,27 @@ def sweep(
 
 def _ratio(a: float | None, b: float | None) -> str:
     return "–" if not a or not b else f"{a / b:.2f}"
+
+
+def _reprefill_table(group: list[dict[str, Any]]) -> list[str]:
+    """Each line's re-prefilled history tokens by cause (`reprefill`), where measured."""
+    measured = [r for r in group if "reprefill_tokens" in r["summary"]]
+    if not measured:
+        return []
+    causes = [c.value for c in Cause]
+    out = [
+        "",
+        "History the continuations re-prefilled, in tokens, by cause "
+        "(`prism_proxy.admission.reprefill`):",
+        "",
+        f"| line | re-prefilled (of history) | {' | '.join(causes)} |",
+        f"|---|---|{'---|' * len(causes)}",
+    ]
+    for row in measured:
+        counts = row["summary"]["reprefill_tokens"]
+        parts = " | ".join(f"{counts[c]:,}" for c in causes)
+        out.append(f"| {row['line']} | {counts['total']:,} (of {counts['history']:,}) | {parts} |")
+    return out
 
 
 def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
@@ -239,10 +268,16 @@ def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
         points.setdefault((row["rate"], row["tool_scale"], row["kv_fraction"]), []).append(row)
     for (rate, scale, fraction), group in points.items():
         first = group[0]
-        live = first["live_history_tokens"]["mean"]
+        if "live_unique_tokens" in first:
+            live = first["live_unique_tokens"]["mean"]
+            histories = first["live_history_tokens"]["mean"]
+            basis = f"live unique KV ({first['pool_tokens']:,} of {live:,.0f} tokens; "
+            basis += f"live histories counted per session: {histories:,.0f})"
+        else:  # rows made before the pool was defined on unique KV
+            live = first["live_history_tokens"]["mean"]
+            basis = f"live histories ({first['pool_tokens']:,} of {live:,.0f} tokens)"
         lines += [
-            f"## {rate} sessions/s, tool scale {scale}, pool {fraction:g} × live histories "
-            f"({first['pool_tokens']:,} of {live:,.0f} tokens)",
+            f"## {rate} sessions/s, tool scale {scale}, pool {fraction:g} × {basis}",
             "",
             "| line | P50 TTFT ms | P99 TTFT ms | mean JCT s | hit | non-global hit | "
             "Belady hit (own run) | completed |",
@@ -256,6 +291,7 @@ def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
                 f"{s['non_global_hit_rate']:.3f} | {row['belady_hit_rate']:.3f} | "
                 f"{s['completed_sessions']}/{s['sessions']} |"
             )
+        lines += _reprefill_table(group)
         by = {row["line"]: row["summary"] for row in group}
         ours = by.get("prism+sessions")
         natives = [by[n] for n in NATIVE if n in by]

@@ -20,20 +20,23 @@ it releases it. Without a policy it is native SGLang: the chat rendered and sent
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from backend_plugin.dart.core import RetainedLoss
 from backend_plugin.dart.priority import RetainUpdate
 from loadgen.clients.session_replay import (
     CallRecord,
     SessionRecord,
     live_history_tokens,
+    live_unique_tokens,
     messages_of,
     summarize,
 )
 from loadgen.twin.twin import Twin, TwinSetup, _Tracked
 from loadgen.workloads.session_trace import Session, SessionTrace
 from loadgen.workloads.trace_format import Trace, TraceHeader, TraceRequest
+from prism_proxy.admission.reprefill import Continuation, Pause, reprefill_tokens
 from prism_proxy.admission.sessions import Push, SessionParams, SessionTable
 from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_sim.request import SimRequest
@@ -83,6 +86,7 @@ class _Call:
     messages: list[dict[str, Any]]
     record: CallRecord
     tracked: _Tracked | None = None
+    pause: Pause | None = None  # the paused session it continues, as the table knew it
 
 
 class SessionTwin(Twin):
@@ -106,6 +110,7 @@ class SessionTwin(Twin):
         self.retainer = dart if self.features.retain and self.core is not None else None
         self.records: dict[str, SessionRecord] = {}
         self.calls: dict[str, _Call] = {}
+        self.continuations: list[Continuation] = []  # every served call after a first
         self.tools = {s.sid: messages_of(trace, s)[1] for s in trace.sessions}
         for session in trace.sessions:
             self.records[session.sid] = SessionRecord(session.sid, session.arrival)
@@ -141,6 +146,10 @@ class SessionTwin(Twin):
             prompt = len(job.build(()).prompt_fields["input_ids"]) - job.head_tokens
             found = self.table.arrive(rid, job.segments, job.prefix_key, prompt, self.now)
             self._retain(found.push)
+            pause = found.pause
+            if pause is not None and self.retainer is None:
+                pause = replace(pause, retained=False)  # the table's word reached no DART
+            call.pause = pause
             program_start = found.program_start if found.continues else None
         self.core.arrive(job.queued(rid, self.now, program_start=program_start), self.now)
 
@@ -180,6 +189,8 @@ class SessionTwin(Twin):
         record.ttft_s = sim.first_token_s + self.setup.hop_s - record.sent
         record.prompt_tokens = len(sim.input_ids)
         record.cached_tokens = sim.cached_tokens
+        if number > 0:
+            self._account(call, sim)
         if self.table is not None:
             tools = (session.steps[number].tool,) if step else ()
             self._retain(self.table.finish(sim.rid, step, self.now, tools))
@@ -193,6 +204,19 @@ class SessionTwin(Twin):
         later = self.now + session.steps[number].duration_s
         self.schedule_arrival(later, (session, number + 1, [*call.messages, answer, output]))
 
+    def _account(self, call: _Call, sim: SimRequest) -> None:
+        """Record what the continuation `call` found of its history (`reprefill`)."""
+        history = self.records[call.session.sid].calls[call.number - 1].prompt_tokens
+        if history is None or sim.first_token_s is None:
+            return
+        pause, lost = call.pause, RetainedLoss()
+        if pause is not None and self.retainer is not None:
+            lost = self.retainer.retained_loss(pause.key)
+        cached, sent = sim.cached_tokens or 0, call.record.sent
+        self.continuations.append(
+            Continuation(history, cached, pause, sent, sim.first_token_s, *lost)
+        )
+
 
 def simulate_sessions(
     trace: SessionTrace,
@@ -204,12 +228,18 @@ def simulate_sessions(
     twin = SessionTwin(trace, setup, tokenizer, features)
     twin.run()
     records = list(twin.records.values())
+    pieces = {s.sid: (s.domain, s.task_id) for s in trace.sessions}
     return {
         "config": {
             "twin": {**asdict(setup), "qas": asdict(setup.qas)},
             "sessions": asdict(twin.features),
         },
-        "summary": {**summarize(records), "live_history_tokens": live_history_tokens(records)},
+        "summary": {
+            **summarize(records),
+            "live_history_tokens": live_history_tokens(records),
+            "live_unique_tokens": live_unique_tokens(records, pieces),
+            "reprefill_tokens": reprefill_tokens(twin.continuations),
+        },
         "sessions": [asdict(r) for r in records],
         "engine_state": twin.engine_state(),
         "session_table": twin.table.stats() if twin.table is not None else None,

@@ -41,6 +41,7 @@ from the pieces' token counts.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass
@@ -272,6 +273,12 @@ def summary(trace: SessionTrace) -> dict[str, Any]:
     }
 
 
+def _pieces(session: Session) -> tuple[tuple[str, ...], ...]:
+    """A session's prompt as `belady_bound`'s nested pieces: its agent type's shared
+    prefix, its task's part, its own history."""
+    return ("head", session.domain), ("task", session.domain, session.task_id), ("own", session.sid)
+
+
 def belady_bound(
     trace: SessionTrace,
     calls: list[tuple[str, float, float, int]],
@@ -288,51 +295,48 @@ def belady_bound(
     as in `unlimited_kv_bound`. A call's prompt is resident from its start and locked
     until its end, as a running request's is. Whenever the pool is over capacity, tokens
     are evicted from the tail of the unlocked piece whose next use is furthest (a
-    finished session's history: never); a shared piece's next use is the soonest of the
-    sessions under it, so it goes only after them. It knows every return time and evicts
+    finished session's history: never). A piece's next use is the next start of a call
+    whose prompt holds it: for a shared piece, of any session under it, cached or not,
+    begun or not (a later session of the same task reuses the task's piece), so it goes
+    only after every piece below it that is used later. It knows every return time and evicts
     exactly as many tokens as needed; it is a model of the run, not of the engine's tree
     (pieces as above, the running requests' outputs not held), so a measured line can
-    come out a little above it (by 0.3 points in tests/test_sessions.py's small case)."""
+    come out a little above it."""
     sessions = {s.sid: s for s in trace.sessions}
     order = sorted(range(len(calls)), key=lambda i: (calls[i][1], i))
-    next_use = [math.inf] * len(calls)
-    later: dict[str, int] = {}
-    for i in reversed(order):  # each call's session's next call
-        sid = calls[i][0]
-        if sid in later:
-            next_use[i] = calls[later[sid]][1]
-        later[sid] = i
     first_prompt: dict[str, int] = {}
+    uses: dict[tuple[str, ...], list[float]] = {}  # piece -> its calls' starts, in order
     for i in order:
-        first_prompt.setdefault(calls[i][0], calls[i][3])
+        sid, start = calls[i][0], calls[i][1]
+        first_prompt.setdefault(sid, calls[i][3])
+        for piece in _pieces(sessions[sid]):
+            uses.setdefault(piece, []).append(start)
     events = sorted([(calls[i][1], 1, i) for i in order] + [(calls[i][2], 0, i) for i in order])
     resident: dict[tuple[str, ...], int] = {}  # piece -> resident tokens
     size: dict[tuple[str, ...], int] = {}
     children: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
-    session_next: dict[str, float] = {}
     running: dict[str, int] = {}  # sid -> calls running (their pieces are locked)
     total = cached = total_ng = cached_ng = used = 0
+    now = 0.0
 
     def next_of(piece: tuple[str, ...]) -> float:
-        if piece[0] == "own":
-            return session_next[piece[1]]
-        below = [next_of(c) for c in children.get(piece, ()) if resident.get(c, 0) > 0]
-        return min(below, default=math.inf)
+        starts = uses[piece]
+        at = bisect.bisect_right(starts, now)  # the calls starting now are running
+        return starts[at] if at < len(starts) else math.inf
 
     def locked(piece: tuple[str, ...]) -> bool:
         if piece[0] == "own":
             return running.get(piece[1], 0) > 0
         return any(locked(c) for c in children.get(piece, ()) if resident.get(c, 0) > 0)
 
-    for _, kind, i in events:
+    for at, kind, i in events:
         sid, _, _, prompt = calls[i]
         if kind == 0:
             running[sid] -= 1
             continue
+        now = at
         session = sessions[sid]
-        head = ("head", session.domain)
-        task = ("task", session.domain, session.task_id)
-        own = ("own", sid)
+        head, task, own = _pieces(session)
         s_tokens = shared[session.domain]
         t_tokens = max(0, first_prompt[sid] - s_tokens)
         o_tokens = max(0, prompt - s_tokens - t_tokens)
@@ -354,7 +358,6 @@ def belady_bound(
             resident[piece], size[piece] = want, want
             if up is not None:
                 children.setdefault(up, set()).add(piece)
-        session_next[sid] = next_use[i]
         running[sid] = running.get(sid, 0) + 1
         while used > capacity_tokens:
             leaves = [

@@ -71,6 +71,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prism_proxy.admission.credit import Account, Grant, RetentionLedger
+from prism_proxy.admission.reprefill import Pause
 from prism_proxy.admission.returns import ANY_TOOL, HeadDelays, ReturnModel, tool_key
 from prism_wire import MAX_RETAIN_TTL_S, MAX_RETAINED
 
@@ -145,11 +146,12 @@ NOTHING = Push()
 @dataclass(frozen=True, slots=True)
 class Arrival:
     """What `arrive` found: the program's start, whether it continues a paused
-    session, and what to push."""
+    session, what to push, and the pause it continues (for `reprefill`'s accounting)."""
 
     program_start: float
     continues: bool
     push: Push = NOTHING
+    pause: Pause | None = None
 
 
 @dataclass(slots=True)
@@ -256,7 +258,8 @@ class SessionTable:
         self._flight[rid] = flight
         self._bound_flight()
         hold = Push({continued: (QUEUED_SCORE, self.params.max_ttl_s, found.tokens)})
-        return Arrival(found.program_start, True, hold + self._unearned(flight, now))
+        pause = Pause(continued, found.paused_at, found.ttl_s, found.grant is not None)
+        return Arrival(found.program_start, True, hold + self._unearned(flight, now), pause)
 
     def started(self, rid: str, now: float) -> Push:
         """The request's first token came back: its path is the engine's again."""

@@ -195,4 +195,8 @@ def test_the_sessions_sweep_sets_the_pool_on_unique_kv_and_reports_the_causes(
         assert sum(counts[c.value] for c in Cause) == counts["total"] > 0
     report = (tmp_path / "report.md").read_text()
     assert "× live unique KV" in report
+    # the older measure, to reproduce the runs made before it changed
+    older = sweep(replace(base, pool_basis="histories"), [Point(2.0, 1.0, 0.5)],
+                  ("sglang-lru",), tmp_path / "h", seed=4, jobs=1, log=lambda _: None)  # fmt: skip
+    assert older[0]["pool_tokens"] == int(0.5 * older[0]["live_history_tokens"]["mean"])
     assert "| prism+sessions | " + f"{rows[1]['summary']['reprefill_tokens']['total']:,}" in report

@@ -185,17 +185,17 @@ agent_sessions() {
   all=$all,prism+sessions,prism+sessions/lru,prism+sessions+precedence
   local some=sglang-lru,sglang-lpm,sglang-tlru,continuum-style,prism,prism+sessions
   some=$some,prism+sessions+precedence
-  prism-loadgen sessions --out $out/kv --rate 0.5 --tool-scale 3 --kv-fraction 1,0.5,0.25 \
+  prism-loadgen sessions --trace-param pool_basis=histories --out $out/kv --rate 0.5 --tool-scale 3 --kv-fraction 1,0.5,0.25 \
     --lines $all
   for seed in 1 2; do
-    prism-loadgen sessions --out $out/key-seed$seed --seed $seed --rate 0.5 --tool-scale 3 \
+    prism-loadgen sessions --trace-param pool_basis=histories --out $out/key-seed$seed --seed $seed --rate 0.5 --tool-scale 3 \
       --kv-fraction 0.5 --lines $all
   done
-  prism-loadgen sessions --out $out/rate --rate 0.25,1,2 --tool-scale 3 --kv-fraction 0.5 \
+  prism-loadgen sessions --trace-param pool_basis=histories --out $out/rate --rate 0.25,1,2 --tool-scale 3 --kv-fraction 0.5 \
     --lines $some
-  prism-loadgen sessions --out $out/tool-scale --rate 0.5 --tool-scale 1,6 --kv-fraction 0.5 \
+  prism-loadgen sessions --trace-param pool_basis=histories --out $out/tool-scale --rate 0.5 --tool-scale 1,6 --kv-fraction 0.5 \
     --lines $some
-  prism-loadgen sessions --real 4 --out $out/real --rate 0.5 --tool-scale 3 \
+  prism-loadgen sessions --trace-param pool_basis=histories --real 4 --out $out/real --rate 0.5 --tool-scale 3 \
     --kv-fraction 0.5
   python -m loadgen.experiments.session_sweep --kv-fraction 0.5 $out/kv $out/key-seed1 $out/key-seed2 \
     > $out/seeds.md
@@ -208,7 +208,7 @@ agent_returns() {
   local lines=sglang-lru,sglang-lpm,sglang-slru,sglang-tlru,fifo,continuum-style,prism
   lines=$lines,prism+sessions,prism+sessions+returns,prism+sessions+returns+precedence
   for seed in 0 1 2 3 4; do
-    prism-loadgen sessions --out $out/seed$seed --seed $seed --sessions 100 --rate 0.5 \
+    prism-loadgen sessions --trace-param pool_basis=histories --out $out/seed$seed --seed $seed --sessions 100 --rate 0.5 \
       --tool-scale 1 --kv-fraction 0.5 --trace-param tool_model=by_tool --lines $lines
   done
   python -m bench.sessions_over_seeds $out/seed{0,1,2,3,4} > $out/over-seeds.md

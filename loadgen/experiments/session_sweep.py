@@ -9,7 +9,8 @@ type's shared prefix and each task's part counted once however many live session
 share it (`session_replay.live_unique_tokens`); a fraction f gives a pool of f times
 that. 1 is "everything live fits", 0.5 "the pool holds half of it". Each row also
 records the live histories counted per session (`live_history_tokens`), by which the
-pools of runs before this definition were set.
+pools of runs before this definition were set; `--trace-param pool_basis=histories`
+sets the pool from them again (to reproduce those runs).
 
 Each row's `summary.reprefill_tokens` says what the continuations re-prefilled of their
 own history and why (`prism_proxy.admission.reprefill`).
@@ -192,7 +193,8 @@ def sweep(
                 jct = ref["summary"]["mean_jct_ms"] / 1e3
                 log(f"rate {point.rate} scale {point.tool_scale}: live unique KV {mean:.0f} "
                     f"tokens (mean), unlimited JCT {jct:.1f} s")  # fmt: skip
-            live = reference[key]["live_unique_tokens"]["mean"]
+            basis = "live_unique_tokens" if base.pool_basis == "unique" else "live_history_tokens"
+            live = reference[key][basis]["mean"]
             pool = max(1, int(point.kv_fraction * live))
             work = [(name, params, seed, pool, tokenizer_spec) for name in lines]
             if real_speed is None:

@@ -110,6 +110,10 @@ class SessionParams:
     source: str = "auto"  # auto | tau2 | synthetic, as agent_prefix's material
     tau2_dir: str | None = None
     tool_model: str = "independent"  # independent | by_tool (module docstring)
+    # what the sessions sweep's `--kv-fraction` is a fraction of: the unique live KV, or
+    # the live histories counted per session (each with its own copy of the shared
+    # prefix), the measure the runs before the accounting used
+    pool_basis: str = "unique"  # unique | histories
 
     def __post_init__(self) -> None:
         if self.num_sessions < 1 or self.session_rate <= 0:
@@ -122,3 +126,5 @@ class SessionParams:
             raise ValueError("0 < output_min_tokens <= output_max_tokens")
         if self.tool_model not in ("independent", "by_tool"):
             raise ValueError("tool_model: independent or by_tool")
+        if self.pool_basis not in ("unique", "histories"):
+            raise ValueError("pool_basis: unique or histories")

@@ -27,6 +27,9 @@ Lines (`LINES`), each one setup of the proxy (or none) and the engine:
                                and under a backlog (the oldest request waited 1 s) the
                                longest cached prefix first, within an age cap of 8 s
                                (`backlog_ms`, `age_cap_ms`); /cap16: a cap of 16 s
+    sglang-lru+host, prism+sessions+returns+host
+                               those lines with SGLang's hierarchical cache on at its
+                               defaults (`prism_sim.host_tier`)
 """
 
 from __future__ import annotations
@@ -101,6 +104,10 @@ def _lines(pool: int) -> dict[str, Line]:
         "prism+sessions/lru": (replace(prism, eviction="lru"), on),
         "prism+sessions+precedence": (replace(prism, qas=precedence), on),
         "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),
+        # SGLang's hierarchical cache at its defaults (host pool 2 × device, write
+        # through, PCIe 4.0 loads; `prism_sim.host_tier`) under the same lines
+        "sglang-lru+host": (replace(native, hicache=True), None),
+        "prism+sessions+returns+host": (replace(prism, hicache=True), returns),
     }
 
 

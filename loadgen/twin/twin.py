@@ -81,6 +81,8 @@ class TwinSetup:
     # None: hinted requests; else plain chat with the documents in this layout, found
     # as the proxy finds them at its defaults (`conversation.chat_job`)
     layout: str | None = None
+    # SGLang's hierarchical cache (`prism_sim.host_tier`) at its defaults when True
+    hicache: bool = False
 
     def sim_config(self) -> SimConfig:
         return SimConfig(
@@ -91,6 +93,7 @@ class TwinSetup:
             seed=self.seed,
             protect_fraction=self.protect_fraction,
             radix_eviction_policy_config=self.eviction_config,
+            enable_hierarchical_cache=self.hicache,
         )
 
     def proxy_config(self) -> ProxyConfig:
@@ -329,6 +332,30 @@ class Twin:
             "radix_eviction_policy": self.setup.eviction,
             "modeled_time_s": self.now,
             "dart": None if dart is None else dart.stats().as_dict(),
+            **self._host_tier_state(),
+        }
+
+    def _host_tier_state(self) -> dict[str, Any]:
+        """The host tier's counters (nothing without one, so device-only results keep
+        their keys)."""
+        host = self.engine.host_tier
+        if host is None:
+            return {}
+        stats = self.scheduler.stats
+        return {
+            "host_tier": {
+                "capacity_tokens": host.config.capacity_tokens,
+                "bandwidth_bytes_per_s": host.config.bandwidth_bytes_per_s,
+                "bytes_per_token": host.config.bytes_per_token,
+                "prompt_tokens_total": stats.prompt_tokens_total,
+                "cached_tokens_total": stats.cached_tokens_total,
+                "host_hit_tokens_total": stats.host_hit_tokens_total,
+                "host_load_s_total": stats.host_load_s_total,
+                "backed_up_tokens_total": host.backed_up_tokens_total,
+                "host_evicted_tokens_total": host.host_evicted_tokens_total,
+                "dropped_device_copies_tokens_total": host.failed_backup_tokens_total,
+                "host_size_tokens_final": host.size_tokens(),
+            }
         }
 
 

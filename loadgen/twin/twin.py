@@ -52,6 +52,7 @@ from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.residency import ResidentSegments, residency_source
 from prism_proxy.scheduling import admission_core, dart_resident_sets
 from prism_sim.engine import EngineCore, SimConfig
+from prism_sim.host_tier import DEFAULT_HICACHE_BANDWIDTH_GBPS, DEFAULT_HICACHE_RATIO
 from prism_sim.native_api import batch_limits
 from prism_sim.request import SimRequest
 from prism_sim.time_model import DEFAULT_PROFILE
@@ -81,8 +82,11 @@ class TwinSetup:
     # None: hinted requests; else plain chat with the documents in this layout, found
     # as the proxy finds them at its defaults (`conversation.chat_job`)
     layout: str | None = None
-    # SGLang's hierarchical cache (`prism_sim.host_tier`) at its defaults when True
+    # SGLang's hierarchical cache (`prism_sim.host_tier`) when True: a host pool of
+    # `hicache_ratio` × the device pool, loads at `hicache_bandwidth_gbps` GB/s
     hicache: bool = False
+    hicache_ratio: float = DEFAULT_HICACHE_RATIO
+    hicache_bandwidth_gbps: float = DEFAULT_HICACHE_BANDWIDTH_GBPS
 
     def sim_config(self) -> SimConfig:
         return SimConfig(
@@ -94,6 +98,8 @@ class TwinSetup:
             protect_fraction=self.protect_fraction,
             radix_eviction_policy_config=self.eviction_config,
             enable_hierarchical_cache=self.hicache,
+            hicache_ratio=self.hicache_ratio,
+            hicache_bandwidth_gbps=self.hicache_bandwidth_gbps,
         )
 
     def proxy_config(self) -> ProxyConfig:

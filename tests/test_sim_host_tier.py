@@ -7,7 +7,9 @@ import pytest
 from sim_support import profile
 
 from prism_sim.cli import build_parser, config_from_args
+from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.host_tier import HostTier, HostTierConfig, host_capacity_tokens
+from prism_sim.native_api import meta_info
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest
 from prism_sim.scheduler import Batch, Scheduler, SchedulerConfig
@@ -145,3 +147,20 @@ def test_off_by_default_and_the_flags_mirror_sglang() -> None:
 def test_hicache_size_overrides_the_ratio() -> None:
     assert host_capacity_tokens(1000, 2.0, 0.0, 100) == 2000
     assert host_capacity_tokens(1000, 2.0, 1.0, 100_000) == 10_000
+
+
+def test_the_engine_reports_host_hits_as_sglang_does() -> None:
+    """`meta_info.cached_tokens_details` and `sglang:cached_tokens{cache_source}`."""
+    engine = SimEngine(SimConfig(kv_capacity_tokens=400, enable_hierarchical_cache=True))
+    s = engine.scheduler
+    run(s, "a", A, 0.0)
+    run(s, "b", B, 10.0)
+    r, _ = run(s, "a2", A2, 20.0)
+    assert r.host_hit_tokens > 0
+    details = meta_info(engine, r)["cached_tokens_details"]
+    assert details == {"device": len(A) - r.host_hit_tokens, "host": r.host_hit_tokens}
+    sample = engine.metrics.registry.get_sample_value
+    labels = {"model_name": engine.model_name}
+    host = sample("sglang:cached_tokens_total", {**labels, "cache_source": "host"})
+    assert host == r.host_hit_tokens
+    assert "cached_tokens_details" not in meta_info(SimEngine(SimConfig()), r)

@@ -91,15 +91,29 @@ def main() -> None:
     args = parser.parse_args()
     if args.also and len(args.also) != len(args.dirs):
         parser.error("--also needs one DIR per seed DIR")
-    runs = []
-    lines: list[str] = []
+    # point (rate, tool scale, pool fraction) -> one {line: row} per seed
+    points: dict[tuple[float, float, float], list[dict[str, dict[str, Any]]]] = {}
+    tables: dict[tuple[float, float, float], list[str]] = {}
     for n, d in enumerate(args.dirs):
         rows = json.loads((d / "results.json").read_text())
         if args.also:
             rows += json.loads((args.also[n] / "results.json").read_text())
-        lines += seed_table(d.name, rows)
-        runs.append({row["line"]: row for row in rows})
-    lines += pairs_table(runs)
+        by_point: dict[tuple[float, float, float], list[dict[str, Any]]] = {}
+        for row in rows:
+            by_point.setdefault((row["rate"], row["tool_scale"], row["kv_fraction"]), []).append(
+                row
+            )
+        for point, group in by_point.items():
+            tables.setdefault(point, []).extend(seed_table(d.name, group))
+            points.setdefault(point, []).append({row["line"]: row for row in group})
+    lines: list[str] = []
+    for point, runs in points.items():
+        rate, scale, fraction = point
+        lines += [
+            f"## {rate:g} sessions/s, tool scale {scale:g}, pool {fraction:g} × live histories",
+            "",
+        ]
+        lines += tables[point] + pairs_table(runs)
     print("\n".join(lines))
 
 

@@ -19,6 +19,7 @@ from prism_sim.extensions import load_extension
 from prism_sim.host_tier import (
     DEFAULT_HICACHE_BANDWIDTH_GBPS,
     DEFAULT_HICACHE_RATIO,
+    WRITE_POLICIES,
     HostTier,
     HostTierConfig,
     host_capacity_tokens,
@@ -80,6 +81,16 @@ class SimConfig:
             raise ValueError("speed must be positive")
         if self.protect_fraction is not None and not 0.0 <= self.protect_fraction <= 1.0:
             raise ValueError("protect_fraction must be in [0, 1]")
+        if self.enable_hierarchical_cache:
+            if self.hicache_ratio <= 0 and self.hicache_size <= 0:
+                raise ValueError("--hicache-ratio or --hicache-size must be positive")
+            if self.hicache_bandwidth_gbps <= 0:
+                raise ValueError("--hicache-bandwidth-gbps must be positive")
+            if self.hicache_write_policy not in WRITE_POLICIES:
+                raise ValueError(
+                    f"--hicache-write-policy {self.hicache_write_policy!r} is not modeled "
+                    f"(modeled: {', '.join(WRITE_POLICIES)})"
+                )
         policy_config = self.radix_eviction_policy_config
         if policy_config is not None and not isinstance(policy_config, dict):
             raise ValueError("radix_eviction_policy_config must be a JSON object")
@@ -119,8 +130,6 @@ class SimConfig:
         """The host tier's settings (None unless `enable_hierarchical_cache`)."""
         if not self.enable_hierarchical_cache:
             return None
-        if self.hicache_ratio <= 0 and self.hicache_size <= 0:
-            raise ValueError("--hicache-ratio or --hicache-size must be positive")
         return HostTierConfig(
             capacity_tokens=host_capacity_tokens(
                 profile.kv_capacity_tokens,

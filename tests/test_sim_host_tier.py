@@ -144,6 +144,21 @@ def test_off_by_default_and_the_flags_mirror_sglang() -> None:
         build_parser().parse_args(["--hicache-write-policy", "write_back"])
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"hicache_ratio": 0.0},
+        {"hicache_bandwidth_gbps": 0.0},
+        {"hicache_write_policy": "write_back"},
+        {"kv_capacity_tokens": 100, "profile": "cpu-smollm2", "hicache_size": 1e-9},
+    ],
+)
+def test_bad_host_tier_settings_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        config = SimConfig(enable_hierarchical_cache=True, **bad)  # type: ignore[arg-type]
+        config.host_tier_config(config.resolved_profile())
+
+
 def test_hicache_size_overrides_the_ratio() -> None:
     assert host_capacity_tokens(1000, 2.0, 0.0, 100) == 2000
     assert host_capacity_tokens(1000, 2.0, 1.0, 100_000) == 10_000

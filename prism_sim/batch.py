@@ -45,6 +45,7 @@ class SchedulerConfig:
 class PrefillPart:
     req: SimRequest
     extend_tokens: int
+    load_tokens: int = 0  # host-tier tokens copied to the device before this prefill
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class SchedulerStats:
     num_aborted_total: int = 0
     processed_prefill_tokens: int = 0  # uncached tokens prefilled (HRRN's token clock)
     kv_overcommit_tokens: int = 0  # allocations the pool could not cover (should stay 0)
+    host_hit_tokens_total: int = 0  # of cached_tokens_total, loaded back from host
+    host_load_s_total: float = 0.0  # modeled host→device copy time charged to prefills
     last_prefill_hit_rate: float = 0.0
     prefill_steps: int = 0
     decode_steps: int = 0

@@ -15,6 +15,11 @@ from typing import TYPE_CHECKING
 
 from prism_sim.eviction import eviction_strategy_names
 from prism_sim.extensions import EXTENSION_MODULES
+from prism_sim.host_tier import (
+    DEFAULT_HICACHE_BANDWIDTH_GBPS,
+    DEFAULT_HICACHE_RATIO,
+    WRITE_POLICIES,
+)
 from prism_sim.schedule_policy import POLICIES
 from prism_sim.time_model import DEFAULT_PROFILE
 from prism_wire.secret import read_secret
@@ -69,6 +74,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="chat answers that call no tool: this text then the stop token (default: "
         "filler up to the request's max tokens)",
     )
+    p.add_argument(
+        "--enable-hierarchical-cache",
+        "--enable-hicache",
+        action="store_true",
+        help="SGLang's host-memory KV tier: write-through copies, loaded back over PCIe",
+    )
+    p.add_argument(
+        "--hicache-ratio",
+        type=float,
+        default=DEFAULT_HICACHE_RATIO,
+        help="host pool size as a multiple of the device pool (SGLang's default 2.0)",
+    )
+    p.add_argument(
+        "--hicache-size",
+        type=float,
+        default=0.0,
+        help="host pool size in GB; overrides --hicache-ratio when > 0",
+    )
+    p.add_argument(
+        "--hicache-write-policy",
+        choices=WRITE_POLICIES,
+        default="write_through",
+        help="when nodes are copied to host (only SGLang's default is modeled)",
+    )
+    p.add_argument(
+        "--hicache-bandwidth-gbps",
+        type=float,
+        default=DEFAULT_HICACHE_BANDWIDTH_GBPS,
+        help="host→device copy rate in GB/s (default: PCIe 4.0 x16, pinned copies)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -96,6 +131,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         protect_fraction=args.protect_fraction,
         answer_text=args.answer_text,
         api_key=read_secret(os.environ, "PRISM_ENGINE_API_KEY"),
+        enable_hierarchical_cache=args.enable_hierarchical_cache,
+        hicache_ratio=args.hicache_ratio,
+        hicache_size=args.hicache_size,
+        hicache_write_policy=args.hicache_write_policy,
+        hicache_bandwidth_gbps=args.hicache_bandwidth_gbps,
     )
 
 

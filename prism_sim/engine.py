@@ -16,6 +16,14 @@ from typing import Any
 from prism_sim.engine_loop import EngineLoop
 from prism_sim.eviction import EvictionStrategy, make_eviction_strategy
 from prism_sim.extensions import load_extension
+from prism_sim.host_tier import (
+    DEFAULT_HICACHE_BANDWIDTH_GBPS,
+    DEFAULT_HICACHE_RATIO,
+    WRITE_POLICIES,
+    HostTier,
+    HostTierConfig,
+    host_capacity_tokens,
+)
 from prism_sim.metrics import EngineMetrics
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest
@@ -59,12 +67,30 @@ class SimConfig:
     # SGLang's `--api-key`: the bearer token its API requires (health, readiness and
     # metrics excepted, as in SGLang 0.5.23's `utils/auth.py`); None: open.
     api_key: str | None = field(default=None, repr=False)
+    # SGLang's hierarchical cache (`prism_sim.host_tier`): a host pool of
+    # `hicache_ratio` × the device pool (or `hicache_size` GB), written through, loaded
+    # back at `hicache_bandwidth_gbps` GB/s (not an SGLang flag: the PCIe link's rate).
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = DEFAULT_HICACHE_RATIO
+    hicache_size: float = 0.0
+    hicache_write_policy: str = "write_through"
+    hicache_bandwidth_gbps: float = DEFAULT_HICACHE_BANDWIDTH_GBPS
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
             raise ValueError("speed must be positive")
         if self.protect_fraction is not None and not 0.0 <= self.protect_fraction <= 1.0:
             raise ValueError("protect_fraction must be in [0, 1]")
+        if self.enable_hierarchical_cache:
+            if self.hicache_ratio <= 0 and self.hicache_size <= 0:
+                raise ValueError("--hicache-ratio or --hicache-size must be positive")
+            if self.hicache_bandwidth_gbps <= 0:
+                raise ValueError("--hicache-bandwidth-gbps must be positive")
+            if self.hicache_write_policy not in WRITE_POLICIES:
+                raise ValueError(
+                    f"--hicache-write-policy {self.hicache_write_policy!r} is not modeled "
+                    f"(modeled: {', '.join(WRITE_POLICIES)})"
+                )
         policy_config = self.radix_eviction_policy_config
         if policy_config is not None and not isinstance(policy_config, dict):
             raise ValueError("radix_eviction_policy_config must be a JSON object")
@@ -99,6 +125,22 @@ class SimConfig:
                 f"--radix-eviction-policy-config {kwargs!r} does not fit "
                 f"--radix-eviction-policy {self.eviction!r}: {exc}"
             ) from None
+
+    def host_tier_config(self, profile: Profile) -> HostTierConfig | None:
+        """The host tier's settings (None unless `enable_hierarchical_cache`)."""
+        if not self.enable_hierarchical_cache:
+            return None
+        return HostTierConfig(
+            capacity_tokens=host_capacity_tokens(
+                profile.kv_capacity_tokens,
+                self.hicache_ratio,
+                self.hicache_size,
+                profile.kv_bytes_per_token,
+            ),
+            bytes_per_token=profile.kv_bytes_per_token,
+            bandwidth_bytes_per_s=self.hicache_bandwidth_gbps * 1e9,
+            write_policy=self.hicache_write_policy,
+        )
 
     def resolved_profile(self) -> Profile:
         profile = load_profile(self.profile).with_overrides(
@@ -165,6 +207,7 @@ class EngineCore:
     extension: Any
     scheduler: Scheduler
     finish_hooks: list[Callable[[SimRequest], None]]
+    host_tier: HostTier | None = None
 
     @classmethod
     def build(
@@ -190,6 +233,10 @@ class EngineCore:
         cache = RadixCache(strategy, clock=clock)
         if extension is not None:
             extension.attach(cache)
+        host_config = config.host_tier_config(profile)
+        # The device tree and its eviction order are untouched: DART (or any order)
+        # still picks what leaves the device; the host tier only keeps a copy.
+        host_tier = HostTier(host_config, cache) if host_config is not None else None
 
         def on_insert(req: SimRequest, cache: RadixCache, key: list[int]) -> None:
             for hook in hooks:
@@ -201,6 +248,7 @@ class EngineCore:
             cache,
             filler[shift:] + filler[:shift],
             insert_hook=on_insert if hooks else None,
+            host_tier=host_tier,
         )
         finish_hooks: list[Callable[[SimRequest], None]] = []
         ext_on_finish = getattr(extension, "on_finish", None)
@@ -212,7 +260,7 @@ class EngineCore:
                 hook(req)
 
         scheduler.on_finish = on_finish
-        return cls(profile, cache, extension, scheduler, finish_hooks)
+        return cls(profile, cache, extension, scheduler, finish_hooks, host_tier)
 
 
 class SimEngine:

@@ -72,6 +72,11 @@ class _SchedulerCollector(Collector):
         yield family
 
 
+def cached_tokens_details(req: SimRequest) -> dict[str, int]:
+    """SGLang's `cached_tokens_details`: the cached prefix split by where it was found."""
+    return {"device": req.cached_tokens - req.host_hit_tokens, "host": req.host_hit_tokens}
+
+
 class EngineMetrics:
     """The engine's registry: scrape-time gauges plus per-request counters and
     histograms, recorded when a request finishes (aborts included), as SGLang 0.5.23's
@@ -80,6 +85,9 @@ class EngineMetrics:
 
     def __init__(self, scheduler: Scheduler, model_name: str, now: Callable[[], float]):
         self.model_name = model_name
+        # With the host tier, cached tokens are counted by source (device, host) as
+        # SGLang does when a request has `cached_tokens_details`; without, "total".
+        self.by_cache_source = scheduler.host_tier is not None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_SchedulerCollector(scheduler, model_name, now))
         reg = self.registry
@@ -144,7 +152,11 @@ class EngineMetrics:
             return
         self.prompt_tokens.labels(name, streaming).inc(len(req.input_ids))
         self.generation_tokens.labels(name, streaming).inc(len(req.output_ids))
-        if req.cached_tokens > 0:
+        if req.cached_tokens > 0 and self.by_cache_source:
+            for source, value in cached_tokens_details(req).items():
+                if value > 0:
+                    self.cached_tokens.labels(name, source).inc(value)
+        elif req.cached_tokens > 0:
             self.cached_tokens.labels(name, "total").inc(req.cached_tokens)
         if not aborted:
             self.num_requests.labels(name, streaming).inc()

@@ -30,6 +30,7 @@ from prism_sim.http_common import (
     send_sse,
     start_request,
 )
+from prism_sim.metrics import cached_tokens_details
 from prism_sim.request import SimRequest
 from prism_sim.scheduler import Scheduler
 
@@ -46,6 +47,9 @@ def meta_info(engine: SimEngine, req: SimRequest) -> dict[str, Any]:
         "completion_tokens": len(req.output_ids),
         "cached_tokens": req.cached_tokens,
     }
+    if engine.scheduler.host_tier is not None and req.cached_tokens > 0:
+        # SGLang's split of cached_tokens by source (only with the host tier here)
+        meta["cached_tokens_details"] = cached_tokens_details(req)
     if req.finish_s is not None:
         meta["e2e_latency"] = req.finish_s - req.arrival_s
     return meta

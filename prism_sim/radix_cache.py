@@ -337,9 +337,11 @@ class RadixCache:
             node = node.parent
         return delta
 
-    def evict(self, num_tokens: int) -> EvictResult:
+    def evict(self, num_tokens: int, skip: Callable[[TreeNode], bool] | None = None) -> EvictResult:
         """Evict unlocked leaves, smallest `strategy.get_priority` first, until
-        `num_tokens` tokens went or nothing evictable is left."""
+        `num_tokens` tokens went or nothing evictable is left. A leaf for which
+        `skip(leaf)` is true stays (and so does its parent); the host tier skips
+        copies still on the device."""
         if num_tokens <= 0:
             return EvictResult(0, ())
         for begin in self.evict_begin_listeners:
@@ -351,6 +353,8 @@ class RadixCache:
         num_evicted = 0
         while num_evicted < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
+            if skip is not None and skip(leaf):
+                continue
             for listener in self.evict_listeners:
                 listener(leaf)
             num_evicted += len(leaf.key)

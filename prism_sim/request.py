@@ -50,6 +50,8 @@ class SimRequest:
     protected_len: int = 0  # leading tokens inserted in the tree and locked by us
     cache_inserted_len: int = 0  # longest key this request inserted (LFU hit counting)
     held_tokens: int = 0  # KV slots allocated to us outside the tree
+    host_hit_tokens: int = 0  # of `cached_tokens`, loaded back from the host tier
+    host_loading_tokens: int = 0  # held slots a load-back fills, until the first chunk
     last_node: TreeNode | None = None  # end of our locked path (None: no lock held)
     output_ids: list[int] = field(default_factory=list)
     arrival_processed_tokens: int = 0  # HRRN's token clock at arrival
@@ -78,7 +80,8 @@ class SimRequest:
     @property
     def unallocated_prompt_tokens(self) -> int:
         """Prompt tokens of a chunked request still to be allocated by later chunks."""
-        return max(0, len(self.input_ids) - self.fill_len - self.held_tokens)
+        held_for_prompt = self.held_tokens - self.host_loading_tokens
+        return max(0, len(self.input_ids) - self.fill_len - held_for_prompt)
 
     @property
     def finished(self) -> bool:

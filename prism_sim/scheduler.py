@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from prism_sim.batch import Batch, PrefillPart, SchedulerConfig, SchedulerStats
+from prism_sim.host_tier import HostTier
 from prism_sim.radix_cache import RadixCache
 from prism_sim.request import SimRequest, Status
 from prism_sim.schedule_policy import CACHE_AWARE_MAX_QUEUE, order_waiting
@@ -56,6 +57,7 @@ class Scheduler:
         cache: RadixCache,
         filler_ids: Sequence[int],
         insert_hook: InsertHook | None = None,
+        host_tier: HostTier | None = None,
     ) -> None:
         if not filler_ids:
             raise ValueError("filler_ids must not be empty")
@@ -64,6 +66,8 @@ class Scheduler:
         self.cache = cache
         self.filler_ids = list(filler_ids)
         self.insert_hook = insert_hook
+        # SGLang's hierarchical cache (`prism_sim.host_tier`); None: device only.
+        self.host_tier = host_tier
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.chunked: SimRequest | None = None
@@ -143,6 +147,8 @@ class Scheduler:
         if self.waiting or self.running or self.chunked is not None or self.inflight:
             return False
         self.cache.reset()
+        if self.host_tier is not None:
+            self.host_tier.host.reset()
         return True
 
     # ----- accounting ----------------------------------------------------------------
@@ -233,11 +239,19 @@ class Scheduler:
                 self.batch_is_full = True
                 break
             match = self.cache.match_prefix(req.input_ids[:-1])
-            extend = len(req.input_ids) - match.prefix_len
+            host_hit = 0
+            if self.host_tier is not None:
+                # SGLang's host_hit_length: host-only tokens past the device prefix,
+                # loaded back into device slots at admission (`init_load_back`)
+                host_len = self.host_tier.match(req.input_ids[:-1])
+                host_hit = max(0, host_len - match.prefix_len)
+            prefix_len = match.prefix_len + host_hit
+            extend = len(req.input_ids) - prefix_len
             self.cache.inc_lock_ref(match.last_node)
             take = min(extend, budget)
-            # The whole prompt must fit, not only this chunk (SGLang's PrefillAdder).
-            if extend + req.remaining_decode_tokens > self._available_tokens(reserved):
+            # The whole prompt must fit, not only this chunk (SGLang's PrefillAdder);
+            # a load-back needs device slots for what it loads as well.
+            if host_hit + extend + req.remaining_decode_tokens > self._available_tokens(reserved):
                 self.cache.dec_lock_ref(match.last_node)
                 # SGLang stops trying prefills until a running request leaves (if any).
                 self.batch_is_full = bool(parts or self.running)
@@ -246,17 +260,20 @@ class Scheduler:
             self.waiting.remove(req)
             req.status = Status.PREFILLING
             req.admitted_s = now
-            req.cached_tokens = match.prefix_len
-            req.fill_len = match.prefix_len
+            req.cached_tokens = prefix_len  # SGLang counts host hits in cached_tokens
+            req.host_hit_tokens = host_hit
+            req.host_loading_tokens = host_hit
+            req.fill_len = prefix_len
             req.protected_len = match.prefix_len
             req.last_node = match.last_node
-            self._alloc(req, take)
-            parts.append(PrefillPart(req, take))
+            self._alloc(req, host_hit + take)
+            parts.append(PrefillPart(req, take, host_hit))
             budget -= take
-            hit_tokens += match.prefix_len
+            hit_tokens += prefix_len
             new_prompt_tokens += len(req.input_ids)
             self.stats.prompt_tokens_total += len(req.input_ids)
-            self.stats.cached_tokens_total += match.prefix_len
+            self.stats.cached_tokens_total += prefix_len
+            self.stats.host_hit_tokens_total += host_hit
             if take < extend:
                 new_chunked = req
         if not parts:
@@ -266,7 +283,15 @@ class Scheduler:
         if new_chunked is not None:
             self.chunked = new_chunked
         items = [PrefillItem(p.extend_tokens, p.req.fill_len + p.extend_tokens) for p in parts]
-        return Batch("prefill", now, prefill_time_s(self.profile, items), parts=tuple(parts))
+        duration = prefill_time_s(self.profile, items)
+        load_tokens = sum(p.load_tokens for p in parts)
+        if load_tokens and self.host_tier is not None:
+            # the H2D copy of the host hits, charged before the forward (upper bound:
+            # SGLang overlaps it layer by layer, `prism_sim.host_tier`)
+            load_s = self.host_tier.load_time_s(load_tokens)
+            self.stats.host_load_s_total += load_s
+            duration += load_s
+        return Batch("prefill", now, duration, parts=tuple(parts))
 
     def _maybe_refresh_waiting_prefixes(self, arrived: list[SimRequest]) -> None:
         """SGLang 0.5.23's waiting-prefix refresh (FCFS order, LRU eviction): every 32nd
@@ -304,6 +329,7 @@ class Scheduler:
 
     def _complete_prefill(self, part: PrefillPart, now: float) -> None:
         req = part.req
+        req.host_loading_tokens = 0  # the loaded slots are filled now
         self.stats.processed_prefill_tokens += part.extend_tokens
         req.fill_len += part.extend_tokens
         if req.abort_requested:
@@ -361,6 +387,8 @@ class Scheduler:
         (SGLang's `_insert_cache(split_prompt=True)`, prompt priority + 1)."""
         priority = req.priority or 0
         self.cache.insert(key, priority, inserted_len=req.cache_inserted_len)
+        if self.host_tier is not None:
+            self.host_tier.backup(key)  # write_through: every new node goes to host
         req.cache_inserted_len = max(req.cache_inserted_len, len(key))
         prompt_len = len(req.input_ids)
         if 0 < prompt_len < len(key):

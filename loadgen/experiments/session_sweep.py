@@ -34,6 +34,11 @@ Lines (`LINES`), each one setup of the proxy (or none) and the engine:
                                and under a backlog (the oldest request waited 1 s) the
                                longest cached prefix first, within an age cap of 8 s
                                (`backlog_ms`, `age_cap_ms`); /cap16: a cap of 16 s
+    sglang-lru+host, prism+sessions+returns+host
+                               those lines with SGLang's hierarchical cache on at its
+                               defaults (`prism_sim.host_tier`); sglang-lru+host/ratio1:
+                               a host pool of 1 × the device pool; /8gbps: loads at
+                               8 GB/s instead of 25
 """
 
 from __future__ import annotations
@@ -109,6 +114,17 @@ def _lines(pool: int) -> dict[str, Line]:
         "prism+sessions/lru": (replace(prism, eviction="lru"), on),
         "prism+sessions+precedence": (replace(prism, qas=precedence), on),
         "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),
+        # SGLang's hierarchical cache at its defaults (host pool 2 × device, write
+        # through, PCIe 4.0 loads; `prism_sim.host_tier`) under the same lines
+        "sglang-lru+host": (replace(native, hicache=True), None),
+        "prism+sessions+returns+host": (replace(prism, hicache=True), returns),
+        # the same with a host pool only as large as the device pool, and with a third
+        # of the PCIe 4.0 rate (a Gen3 or shared link)
+        "sglang-lru+host/ratio1": (replace(native, hicache=True, hicache_ratio=1.0), None),
+        "sglang-lru+host/8gbps": (
+            replace(native, hicache=True, hicache_bandwidth_gbps=8.0),
+            None,
+        ),
     }
 
 

@@ -52,6 +52,7 @@ from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.residency import ResidentSegments, residency_source
 from prism_proxy.scheduling import admission_core, dart_resident_sets
 from prism_sim.engine import EngineCore, SimConfig
+from prism_sim.host_tier import DEFAULT_HICACHE_BANDWIDTH_GBPS, DEFAULT_HICACHE_RATIO
 from prism_sim.native_api import batch_limits
 from prism_sim.request import SimRequest
 from prism_sim.time_model import DEFAULT_PROFILE
@@ -81,6 +82,11 @@ class TwinSetup:
     # None: hinted requests; else plain chat with the documents in this layout, found
     # as the proxy finds them at its defaults (`conversation.chat_job`)
     layout: str | None = None
+    # SGLang's hierarchical cache (`prism_sim.host_tier`) when True: a host pool of
+    # `hicache_ratio` × the device pool, loads at `hicache_bandwidth_gbps` GB/s
+    hicache: bool = False
+    hicache_ratio: float = DEFAULT_HICACHE_RATIO
+    hicache_bandwidth_gbps: float = DEFAULT_HICACHE_BANDWIDTH_GBPS
 
     def sim_config(self) -> SimConfig:
         return SimConfig(
@@ -91,6 +97,9 @@ class TwinSetup:
             seed=self.seed,
             protect_fraction=self.protect_fraction,
             radix_eviction_policy_config=self.eviction_config,
+            enable_hierarchical_cache=self.hicache,
+            hicache_ratio=self.hicache_ratio,
+            hicache_bandwidth_gbps=self.hicache_bandwidth_gbps,
         )
 
     def proxy_config(self) -> ProxyConfig:
@@ -329,6 +338,30 @@ class Twin:
             "radix_eviction_policy": self.setup.eviction,
             "modeled_time_s": self.now,
             "dart": None if dart is None else dart.stats().as_dict(),
+            **self._host_tier_state(),
+        }
+
+    def _host_tier_state(self) -> dict[str, Any]:
+        """The host tier's counters (nothing without one, so device-only results keep
+        their keys)."""
+        host = self.engine.host_tier
+        if host is None:
+            return {}
+        stats = self.scheduler.stats
+        return {
+            "host_tier": {
+                "capacity_tokens": host.config.capacity_tokens,
+                "bandwidth_bytes_per_s": host.config.bandwidth_bytes_per_s,
+                "bytes_per_token": host.config.bytes_per_token,
+                "prompt_tokens_total": stats.prompt_tokens_total,
+                "cached_tokens_total": stats.cached_tokens_total,
+                "host_hit_tokens_total": stats.host_hit_tokens_total,
+                "host_load_s_total": stats.host_load_s_total,
+                "backed_up_tokens_total": host.backed_up_tokens_total,
+                "host_evicted_tokens_total": host.host_evicted_tokens_total,
+                "dropped_device_copies_tokens_total": host.failed_backup_tokens_total,
+                "host_size_tokens_final": host.size_tokens(),
+            }
         }
 
 

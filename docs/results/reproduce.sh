@@ -4,7 +4,7 @@
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
 #   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|
-#                                   real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|all]
+#                                   real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|all]
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
@@ -217,6 +217,39 @@ agent_returns() {
   python -m bench.return_predictor
 }
 
+agent_backlog() {
+  # Issue 37, program order where load needs it: the backlog rule's two lines beside the
+  # others, at the main point and at 1 and 2 sessions/s, five seeds each in the twin
+  # (~70 min on two busy cores); the pool as agent_returns sets it (histories counted
+  # per session)
+  local out=docs/results/agent-backlog
+  local new=prism+sessions+returns+backlog,prism+sessions+returns+backlog/cap16
+  local rest=sglang-lru,sglang-lpm,continuum-style,prism+sessions,prism+sessions+returns
+  rest=$rest,prism+sessions+returns/lpm-unpaced
+  local trace="--sessions 100 --tool-scale 1 --kv-fraction 0.5"
+  trace="$trace --trace-param tool_model=by_tool --trace-param pool_basis=histories"
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/main-point/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines sglang-lru,$new
+  done
+  for seed in 0 1; do  # their other lines: agent_returns' rates runs
+    prism-loadgen sessions --out $out/rates/seed$seed --seed $seed --rate 1,2 $trace \
+      --lines sglang-lru,$new
+  done
+  for seed in 2 3 4; do
+    prism-loadgen sessions --out $out/rates/seed$seed --seed $seed --rate 1,2 $trace \
+      --lines $rest,$new
+  done
+  local returns=docs/results/agent-returns
+  for line in prism+sessions+returns+backlog prism+sessions+returns+backlog/cap16; do
+    local name=${line//\//-}
+    python -m bench.sessions_over_seeds $returns/main-point/seed{0,1,2,3,4} \
+      $out/main-point/seed{0,1,2,3,4} --line $line > $out/main-point/over-seeds-${name#*+*+*+}.md
+    python -m bench.sessions_over_seeds $returns/rates/seed{0,1} $returns/rates-lpm-unpaced/seed{0,1} \
+      $out/rates/seed{0,1,2,3,4} --line $line > $out/rates/over-seeds-${name#*+*+*+}.md
+  done
+}
+
 contextpilot_rag() {
   # Issue 35: ContextPilot's documented RAG usage (the client asks its live index for
   # each request's document order, then sends to the engine) beside the proxy's lines,
@@ -238,13 +271,14 @@ case $what in
   scale-out) scale_out ;;
   agent-sessions) agent_sessions ;;
   agent-returns) agent_returns ;;
+  agent-backlog) agent_backlog ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
   all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine
-    contextpilot_rag; scale_out; agent_sessions; agent_returns ;;
-  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|all]" >&2
+    contextpilot_rag; scale_out; agent_sessions; agent_returns; agent_backlog ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|all]" >&2
     exit 2 ;;
 esac

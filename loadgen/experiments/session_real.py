@@ -12,6 +12,11 @@ Lines (a subset of the twin's `session_sweep.LINES`, same settings):
     sglang-lru        prism-sim alone, fcfs, LRU
     prism             proxy (QAS full) + prism-sim with DART and its control RPC
     prism+sessions    the same with `--set sessions=true`
+    prism+sessions+returns
+                      and `--set session_rank=predicted`
+    prism+sessions+returns+backlog
+                      and the backlog rule (`backlog_ms`, `age_cap_ms`: the twin's
+                      modeled milliseconds divided by `speed`)
     continuum-style   proxy `--policy continuum-style --set sessions=true
                       --set session_rank=program` + DART
 """
@@ -32,7 +37,16 @@ from loadgen.twin.session_twin import shared_tokens
 from loadgen.workloads.session_trace import SessionTrace, belady_bound
 from prism_tokens.tokenizer import Tokenizer
 
-REAL_LINES = ("sglang-lru", "prism", "prism+sessions", "continuum-style")
+REAL_LINES = (
+    "sglang-lru",
+    "prism",
+    "prism+sessions",
+    "prism+sessions+returns",
+    "prism+sessions+returns+backlog",
+    "continuum-style",
+)
+# The backlog line's thresholds in the twin's modeled time (session_sweep's `_lines`).
+BACKLOG_MS, AGE_CAP_MS = 1000.0, 8000.0
 WINDOW_MS = 10.0
 
 
@@ -54,6 +68,11 @@ def _stack(line: str, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
         settings |= {"policy": "prism", "qas": "full", "sessions": False}
     elif line == "prism+sessions":
         settings |= {"policy": "prism", "qas": "full", "sessions": True}
+    elif line in ("prism+sessions+returns", "prism+sessions+returns+backlog"):
+        settings |= {"policy": "prism", "qas": "full", "sessions": True}
+        settings |= {"session_rank": "predicted"}
+        if line.endswith("+backlog"):  # the proxy's clock is the wall's: modeled / speed
+            settings |= {"backlog_ms": BACKLOG_MS / speed, "age_cap_ms": AGE_CAP_MS / speed}
     elif line == "continuum-style":
         settings |= {"policy": "continuum-style", "sessions": True, "session_rank": "program"}
     else:

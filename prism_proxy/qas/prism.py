@@ -2,7 +2,9 @@
 heads included (`counters.head_priorities`).
 
 Beyond the paper (each switchable in `QasParams`): canonical tie-breaking,
-residency c_t in P_t, and a deadline lane at the head of the cold lane.
+residency c_t in P_t, a deadline lane at the head of the cold lane, precedence for
+continuations of agent sessions, and the backlog order: while the queue backs up, the
+longest cached prefix first within an age cap (`backlog_wave`).
 
 With residency on, a request's skeleton starts with its **cached path**: the longest
 run of its segments that the policy dispatched before in that order after the same
@@ -212,14 +214,10 @@ class PrismPolicy:
             *(WaveEntry(member.rid, Lane.HOT) for _, _, member in longest),
         ]
 
-    def backlogged(self, fifo: Sequence[QueuedRequest], now: float | None) -> bool:
-        """Whether the oldest queued request has waited `backlog_ms` (off at 0 or
-        without a clock)."""
+    def backlogged(self, fifo: Sequence[QueuedRequest], now: float) -> bool:
+        """Whether the oldest queued request has waited `backlog_ms` (0: never)."""
         wait_ms = self.params.backlog_ms
-        return (
-            bool(wait_ms > 0 and now is not None and fifo)
-            and (now - fifo[0].arrival) * 1000.0 >= wait_ms
-        )
+        return wait_ms > 0 and bool(fifo) and (now - fifo[0].arrival) * 1000.0 >= wait_ms
 
     def plan_round(
         self,

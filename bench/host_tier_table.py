@@ -2,10 +2,12 @@
 their hit rate counted with and without host hits, then each `X+host` line against `X`
 over seeds as geometric means of per-seed ratios.
 
-    python -m bench.host_tier_table DIR [DIR ...] [--also DIR [DIR ...]]
+    python -m bench.host_tier_table DIR [DIR ...]
 
-Each DIR is one seed's `prism-loadgen sessions --out DIR` (its `results.json`); `--also`
-adds, seed by seed in the same order, the rows of more lines run on the same seeds. A line
+Each DIR is one seed's `prism-loadgen sessions --out DIR` (its `results.json`); DIRs of
+the same name are one seed, read together (more lines run on the same seeds:
+`bench.sessions_over_seeds.load`). Ratios over seeds are geometric means with a 95 %
+interval on their logarithms (`sessions_over_seeds.geometric`). A line
 with the host tier carries `engine_state.host_tier`; its hit rate without host hits is
 the summary's hit rate less the share of prompt tokens loaded back from host.
 """
@@ -13,10 +15,10 @@ the summary's hit rate less the share of prompt tokens loaded back from host.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from pathlib import Path
 from typing import Any
+
+from bench.sessions_over_seeds import geometric, load
 
 
 def hit_without_host(row: dict[str, Any]) -> float:
@@ -26,10 +28,6 @@ def hit_without_host(row: dict[str, Any]) -> float:
     if not host:
         return hit
     return hit - host["host_hit_tokens_total"] / host["prompt_tokens_total"]
-
-
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def seed_table(name: str, rows: list[dict[str, Any]]) -> list[str]:
@@ -66,8 +64,8 @@ def pairs_table(runs: list[dict[str, dict[str, Any]]]) -> list[str]:
     out = [
         f"### Line against line, {len(runs)} seeds (geometric means of per-seed ratios)",
         "",
-        "| pair | JCT ratio per seed | JCT geo. mean | P99 TTFT ratio per seed | "
-        "P99 geo. mean | hit incl. host, difference (points, mean) |",
+        "| pair | JCT ratio per seed | JCT geo. mean [95 %] | P99 TTFT ratio per seed | "
+        "P99 geo. mean [95 %] | hit incl. host, difference (points, mean) |",
         "|---|---|---|---|---|---|",
     ]
     for a, b in pairs:
@@ -77,8 +75,8 @@ def pairs_table(runs: list[dict[str, dict[str, Any]]]) -> list[str]:
         p99 = [x["p99_ttft_ms"] / y["p99_ttft_ms"] for x, y in zip(sa, sb, strict=True)]
         hit = [100 * (x["hit_rate"] - y["hit_rate"]) for x, y in zip(sa, sb, strict=True)]
         out.append(
-            f"| {a} / {b} | {', '.join(f'{v:.3f}' for v in jct)} | {geometric_mean(jct):.3f} "
-            f"| {', '.join(f'{v:.2f}' for v in p99)} | {geometric_mean(p99):.2f} | "
+            f"| {a} / {b} | {', '.join(f'{v:.3f}' for v in jct)} | {geometric(jct, 3)} "
+            f"| {', '.join(f'{v:.2f}' for v in p99)} | {geometric(p99)} | "
             f"{sum(hit) / len(hit):+.1f} |"
         )
     return [*out, ""]
@@ -87,33 +85,16 @@ def pairs_table(runs: list[dict[str, dict[str, Any]]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path)
-    parser.add_argument("--also", nargs="+", type=Path, default=[])
     args = parser.parse_args()
-    if args.also and len(args.also) != len(args.dirs):
-        parser.error("--also needs one DIR per seed DIR")
-    # point (rate, tool scale, pool fraction) -> one {line: row} per seed
-    points: dict[tuple[float, float, float], list[dict[str, dict[str, Any]]]] = {}
-    tables: dict[tuple[float, float, float], list[str]] = {}
-    for n, d in enumerate(args.dirs):
-        rows = json.loads((d / "results.json").read_text())
-        if args.also:
-            rows += json.loads((args.also[n] / "results.json").read_text())
-        by_point: dict[tuple[float, float, float], list[dict[str, Any]]] = {}
-        for row in rows:
-            by_point.setdefault((row["rate"], row["tool_scale"], row["kv_fraction"]), []).append(
-                row
-            )
-        for point, group in by_point.items():
-            tables.setdefault(point, []).extend(seed_table(d.name, group))
-            points.setdefault(point, []).append({row["line"]: row for row in group})
     lines: list[str] = []
-    for point, runs in points.items():
-        rate, scale, fraction = point
+    for (rate, scale, fraction), seeds in load(args.dirs).items():
         lines += [
             f"## {rate:g} sessions/s, tool scale {scale:g}, pool {fraction:g} × live histories",
             "",
         ]
-        lines += tables[point] + pairs_table(runs)
+        for seed, rows in seeds.items():
+            lines += seed_table(seed, list(rows.values()))
+        lines += pairs_table(list(seeds.values()))
     print("\n".join(lines))
 
 

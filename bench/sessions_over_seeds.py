@@ -34,15 +34,15 @@ NATIVE_PREFIX = "sglang-"
 CONTINUUM = "continuum-style"
 
 
-def geometric(ratios: Sequence[float]) -> str:
+def geometric(ratios: Sequence[float], digits: int = 2) -> str:
     """Geometric mean [95 % interval on the logs]."""
     found = t_interval([math.log(r) for r in ratios if r > 0])
     if found is None:
         return "–"
     if found.half_width is None:
-        return f"{math.exp(found.mean):.2f}"
+        return f"{math.exp(found.mean):.{digits}f}"
     low, high = math.exp(found.mean - found.half_width), math.exp(found.mean + found.half_width)
-    return f"{math.exp(found.mean):.2f} [{low:.2f}, {high:.2f}]"
+    return f"{math.exp(found.mean):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def arithmetic(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> str:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from prism_proxy.qas.alignment import front_align, signature
-from prism_proxy.qas.buckets import Member, fill_wave, group_by_signature, scan_order
+from prism_proxy.qas.buckets import Bucket, Member, fill_wave, group_by_signature, scan_order
 from prism_proxy.qas.counters import SegmentCounters
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.residency import (
@@ -250,17 +250,20 @@ class PrismPolicy:
                     deadline=request.deadline,
                 )
             )
-        urgent = (
-            sorted((m for m in members if m.deadline <= now), key=lambda m: (m.deadline, m.rank))
-            if now is not None
-            else []
-        )
-        q_cold = params.cold_quota(wave_size, len(urgent)) if urgent else params.q_cold
-        hot_capacity = max(0, wave_size - q_cold)
-        scan = scan_order(group_by_signature(members), counters, hot_capacity)
+        scan: list[Bucket] = []  # no buckets while the backlog order decides
         if now is not None and self.backlogged(fifo, now):
             wave = self.backlog_wave(fifo, members, resident, wave_size, now)
         else:
+            urgent = (
+                sorted(
+                    (m for m in members if m.deadline <= now), key=lambda m: (m.deadline, m.rank)
+                )
+                if now is not None
+                else []
+            )
+            q_cold = params.cold_quota(wave_size, len(urgent)) if urgent else params.q_cold
+            hot_capacity = max(0, wave_size - q_cold)
+            scan = scan_order(group_by_signature(members), counters, hot_capacity)
             first = self.continuations(fifo, members, hot_capacity)
             wave = fill_wave(members, scan, wave_size, q_cold, urgent, first)
         skeletons = {m.rid: m.skeleton for m in members}

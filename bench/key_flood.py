@@ -55,6 +55,7 @@ from loadgen.stack.processes import engine_args, run_server
 WARM_UP = 5
 STEADY_KEY = "sk-steady-" + "0" * 16
 FLOOD_KEY = "sk-flood-" + "1" * 16
+UNKNOWN_KEY = "sk-unknown-" + "2" * 16
 WORDS = ("river", "delta", "basin", "bank", "ford", "weir", "lock", "estuary", "meander")
 
 
@@ -191,14 +192,37 @@ async def warm_up(url: str) -> None:
             await one_stream(client, url, STEADY_KEY, steady_body(), Tally())
 
 
-def flood_process(url: str, qps: float, args: argparse.Namespace, out: Connection) -> None:
+def flood_process(
+    url: str, key: str, qps: float, args: argparse.Namespace, out: Connection
+) -> None:
     """The flood key's open loop, in a process of its own; sends its tally to `out`."""
 
     def body_of(rng: random.Random) -> dict[str, Any]:
         return flood_body(rng, args.flood_words, args.flood_tokens)
 
-    tally = asyncio.run(open_loop(url, FLOOD_KEY, qps, args.seconds, args.seed + 2, body_of, 256))
+    tally = asyncio.run(open_loop(url, key, qps, args.seconds, args.seed + 2, body_of, 256))
     out.send(tally.as_json())
+
+
+def closed_flood_process(url: str, loops: int, args: argparse.Namespace, out: Connection) -> None:
+    """The flood as `loops` closed loops for `args.seconds` (a `direct:N` line), in a
+    process of its own; sends its tally to `out`."""
+
+    async def flood() -> Tally:
+        tally = Tally()
+        rng = random.Random(args.seed + 2)
+        until = time.monotonic() + args.seconds
+
+        async def loop(client: httpx.AsyncClient) -> None:
+            while time.monotonic() < until:
+                body = flood_body(rng, args.flood_words, args.flood_tokens)
+                await one_stream(client, url, FLOOD_KEY, body, tally)
+
+        async with httpx.AsyncClient(timeout=120.0) as client:
+            await asyncio.gather(*(loop(client) for _ in range(loops)))
+        return tally
+
+    out.send(asyncio.run(flood()).as_json())
 
 
 def proxy_holds_nothing(url: str) -> bool:
@@ -213,16 +237,32 @@ class Line:
     name: str
     fair_share: bool
     key_max_inflight: int
+    flood_key: str = FLOOD_KEY
+    direct: bool = False
 
 
 def parse_lines(text: str) -> list[Line]:
-    """`share:16,noshare:16,share:4`: fair share on/off and the per-key in-flight limit."""
+    """`share:16,noshare:16,share:4`: fair share on/off and the per-key in-flight limit.
+    `refused:N` sends the flood with a key the proxy does not know, so every flood
+    request is refused (401) from its headers and none reaches the engine: what the
+    flood costs the machine alone (its client and the proxy's refusals), the floor under
+    every admission rule. `direct:N` sends both keys straight to the engine, the flood as
+    N closed loops (N of its requests at the engine at all times, none queued): what the
+    engine's own batches cost the steady key when a gateway lets N flood requests
+    through and never holds a steady one, measured against the steady key alone
+    straight at the engine."""
     lines = []
     for item in text.split(","):
         mode, _, inflight = item.strip().partition(":")
-        if mode not in ("share", "noshare") or not inflight.isdigit():
-            raise SystemExit(f"--lines: expected share:N or noshare:N, got {item!r}")
-        lines.append(Line(item.strip(), mode == "share", int(inflight)))
+        if mode not in ("share", "noshare", "refused", "direct") or not inflight.isdigit():
+            raise SystemExit(
+                f"--lines: expected share:N, noshare:N, refused:N or direct:N, got {item!r}"
+            )
+        key = UNKNOWN_KEY if mode == "refused" else FLOOD_KEY
+        line = Line(item.strip(), mode != "noshare", int(inflight), key, mode == "direct")
+        if line.direct and line.key_max_inflight < 1:
+            raise SystemExit(f"--lines: direct:N needs N >= 1, got {item!r}")
+        lines.append(line)
     return lines
 
 
@@ -234,11 +274,18 @@ def steady_phase(url: str, args: argparse.Namespace, seed: int) -> Tally:
     )
 
 
-def flood_phase(url: str, args: argparse.Namespace, flood_qps: float) -> tuple[Tally, Tally]:
-    """The steady key here and the flood key from another process, at once."""
+def flood_phase(
+    url: str, line: Line, args: argparse.Namespace, flood_qps: float
+) -> tuple[Tally, Tally]:
+    """The steady key here and the flood from another process, at once: open loop at
+    `flood_qps` (sent with the line's key), or the line's closed loops when direct."""
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=flood_process, args=(url, flood_qps, args, send))
+    if line.direct:
+        target, head = closed_flood_process, (url, line.key_max_inflight)
+    else:
+        target, head = flood_process, (url, line.flood_key, flood_qps)
+    child = context.Process(target=target, args=(*head, args, send))
     child.start()
     beside = steady_phase(url, args, args.seed + 10)
     if not receive.poll(args.seconds + 300):
@@ -298,7 +345,16 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             solo: Tally | None = None
-            for index, line in enumerate(lines):
+            direct_solo: Tally | None = None
+            for line in (line for line in lines if line.direct):
+                if direct_solo is None:
+                    asyncio.run(warm_up(sim.url))
+                    direct_solo = steady_phase(sim.url, args, args.seed)
+                    print("straight to the engine, no proxy:", flush=True)
+                    report_solo(direct_solo)
+                beside, flood = flood_phase(sim.url, line, args, 0.0)
+                ok &= report_line(args, line, direct_solo, beside, flood, True)
+            for index, line in enumerate(line for line in lines if not line.direct):
                 env = env_of(line.fair_share, line.key_max_inflight, args.key_max_queued)
                 name = f"proxy-{index}"
                 with run_server("prism_proxy", serve, log_dir=work, name=name, env=env) as proxy:
@@ -308,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
                         solo = steady_phase(url, args, args.seed)
                         ok &= settle(url)
                         report_solo(solo)
-                    beside, flood = flood_phase(url, args, flood_qps)
+                    beside, flood = flood_phase(url, line, args, flood_qps)
                     idle = settle(url)
                     ok &= report_line(args, line, solo, beside, flood, idle)
     print(f"every request got exactly one response, every line: {'yes' if ok else 'NO'}")
@@ -337,9 +393,15 @@ def report_line(
     tallies = (solo, beside, flood)
     exact = all(t.answered == t.sent and t.lost == 0 for t in tallies) and idle
     others = {s: n for s, n in flood.statuses.items() if s != 429}
+    if line.direct:
+        setting = f"no proxy, {line.key_max_inflight} flood requests at the engine at a time"
+    else:
+        setting = (
+            f"fair share {share}, per-key max_inflight {line.key_max_inflight}, "
+            f"max_queued {args.key_max_queued}"
+        )
     print(
-        f"[{line.name}] fair share {share}, per-key max_inflight {line.key_max_inflight}, "
-        f"max_queued {args.key_max_queued}\n"
+        f"[{line.name}] {setting}\n"
         f"  steady beside flood: {beside.sent} sent, {beside.done} done "
         f"{beside.statuses or ''}, P50 {ms(percentile(beside.ttfts_s, 0.5))}, P99 "
         f"{ms(beside_p99)}; P99 ratio {ratio:.2f} (target <= 1.5: {verdict})\n"
@@ -368,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lines",
         default="share:16,noshare:16,share:4",
-        help="proxy lines for the flood phase: share|noshare:<per-key max_inflight>, ...",
+        help="lines for the flood phase: share|noshare|refused|direct:<per-key max_inflight>",
     )
     parser.add_argument("--key-max-queued", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

@@ -95,6 +95,7 @@ class ProxyConfig:
     session_ttl_quantile: float = 0.9
     session_max_ttl_s: float = 60.0
     session_rank: str = "recent"
+    session_retain_from: str = "end"
     backend_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
     health_interval_s: float = 5.0
@@ -227,6 +228,7 @@ class ProxyConfig:
             ttl_quantile=self.session_ttl_quantile,
             max_ttl_s=self.session_max_ttl_s,
             rank=self.session_rank,
+            retain_from=self.session_retain_from,
         )
 
     @property

@@ -153,6 +153,8 @@ _HELP = {
     "recent (the longest-paused), program (the youngest program; Continuum's order) or "
     "predicted (the one expected back last, by the return delays learned per agent type "
     "and tool)",
+    "session_retain_from": "when the proxy asks DART to keep a paused session: at its "
+    "answer's end, or at its tool call (as soon as the stream shows one)",
     "backend_timeout_s": "longest silence of the backend within one request",
     "connect_timeout_s": "time allowed to connect to the backend",
     "health_interval_s": "seconds between backend health probes (0: only at start)",

@@ -94,6 +94,39 @@ def test_ttl_is_the_quantile_of_observed_returns_late_ones_included() -> None:
     assert table.ttl("another head") == 3.0
 
 
+def test_retention_from_the_call_holds_the_path_until_the_end_says() -> None:
+    """With `retain_from` "call", the path is retained when the stream shows the tool
+    call, as its pause will be (score and TTL), and the end's word replaces it: retained,
+    discarded (no tool call after all), or undone (the request failed)."""
+    params = TableParams(min_tokens=0, default_ttl_s=7.0, retain_from="call")
+    table = SessionTable(params)
+    earned(table, "h")
+    table.arrive("r1", ["a", "b"], "h", 500, now=1.0)
+    assert table.calling("r1", now=1.5) == Push({"b": (1.5, 7.0, 500)})
+    assert not table.calling("r1", now=1.6)  # once
+    assert table.finish("r1", tool_call=True, now=2.0) == Push({"b": (2.0, 7.0, 500)})
+    table.arrive("r2", ["a", "b", "c"], "h", 600, now=3.0)
+    table.started("r2", now=3.1)
+    assert table.calling("r2", now=3.2) == Push({"c": (3.2, 7.0, 600)})
+    # a call seen, then an answer that did not end in one: its own pieces go first
+    assert table.finish("r2", tool_call=False, now=3.5) == Push(discard=("c",))
+    table.arrive("r3", ["x"], "h", 500, now=4.0)
+    table.calling("r3", now=4.1)
+    assert table.forget("r3", now=4.2) == Push(release=("x",))
+    # at the end (the default) a call changes nothing; nor for an account that could
+    # not retain now, or a prompt too short to keep
+    table = SessionTable(replace(params, retain_from="end"))
+    earned(table, "h")
+    table.arrive("e", ["k"], "h", 500, now=0.0)
+    assert not table.calling("e", now=0.1)
+    table = SessionTable(replace(params, min_tokens=300))
+    table.arrive("poor", ["p"], "h", 500, now=0.0)  # nothing came back for it yet
+    assert not table.calling("poor", now=0.1)
+    earned(table, "h")
+    table.arrive("short", ["s"], "h", 200, now=0.0)
+    assert not table.calling("short", now=0.1)
+
+
 def test_short_prompts_are_not_kept_and_everything_is_bounded() -> None:
     table = SessionTable(TableParams(min_tokens=300, max_sessions=3))
     earned(table, "h")
@@ -332,6 +365,60 @@ def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -
         assert 'prism:session_calls_total{kind="continued"} 2.0' in metrics
         assert 'prism:session_calls_total{kind="new"} 2.0' in metrics
         # released at its first token; its own answer ended without a tool call
+        wait_until(lambda: dart("retained") == 0)
+        client.close()
+
+
+def test_retention_from_the_call_is_asked_while_the_answer_streams(tmp_path) -> None:
+    """`--set session_retain_from=call` through the real proxy, DART's control RPC and
+    the `openai` client: once a client has earned retention, its session's path is
+    retained as soon as the stream shows the tool call's name, while the engine is still
+    generating the call's long argument (DART's own snapshot shows both: retained and
+    the request active; at the answer's end the request would be gone from it first);
+    when the client then leaves, the hold is released."""
+    text = {"type": "string", "default": "alpha beta gamma delta " * 40}
+    parameters = {"type": "object", "properties": {"text": text}, "required": ["text"]}
+    tools = [{"type": "function", "function": {"name": "write", "parameters": parameters}}]
+    system = {"role": "system", "content": "You are a careful agent. " * 40}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    serve = ["--set", "sessions=true", "--set", "session_retain_from=call"]
+    with dart_stack(tmp_path, TOKEN, serve, sim_args=("--speed", "1")) as (proxy, _, control):
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+
+        def stats() -> dict:
+            return httpx.get(control + "/prism/stats", headers=auth).json()
+
+        def dart(name: str) -> int:
+            return stats()[name]
+
+        # a first session pauses and comes back: the client has earned retention
+        messages: list[dict] = [system, {"role": "user", "content": "Find order 7. " * 100}]
+        answer = client.chat.completions.create(
+            model="m", messages=messages, tools=tools, tool_choice="required", max_tokens=2000
+        )
+        call = answer.choices[0].message.tool_calls[0]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "shipped " * 40},
+        ]
+        client.chat.completions.create(
+            model="m", messages=messages, tools=tools, tool_choice="auto", max_tokens=8
+        )
+        wait_until(lambda: dart("retained") == 0)
+        # a second session's call: retained while it streams
+        messages = [system, {"role": "user", "content": "Find order 8. " * 80}]
+        stream = client.chat.completions.create(
+            model="m", messages=messages, tools=tools, tool_choice="required", max_tokens=2000,
+            stream=True,
+        )  # fmt: skip
+        for chunk in stream:
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is not None and delta.tool_calls and delta.tool_calls[0].function.name:
+                break
+        seen: list[dict] = []
+        wait_until(lambda: seen.append(stats()) or seen[-1]["retained"] == 1)
+        assert seen[-1]["active_requests"] == 1  # held while the engine still generates
+        stream.close()  # the client leaves: no pause follows, the hold goes
         wait_until(lambda: dart("retained") == 0)
         client.close()
 

@@ -34,6 +34,8 @@ Lines (`LINES`), each one setup of the proxy (or none) and the engine:
                                and under a backlog (the oldest request waited 1 s) the
                                longest cached prefix first, within an age cap of 8 s
                                (`backlog_ms`, `age_cap_ms`); /cap16: a cap of 16 s
+    .../call                   retention asked when the stream shows the tool call,
+                               not at the answer's end (`retain_from` "call")
     sglang-lru+host, prism+sessions+returns+host
                                those lines with SGLang's hierarchical cache on at its
                                defaults (`prism_sim.host_tier`); sglang-lru+host/ratio1:
@@ -87,6 +89,7 @@ def _lines(pool: int) -> dict[str, Line]:
     on = SessionFeatures(detect=True, retain=True)
     native = TwinSetup(policy=None, eviction="lru", kv_capacity_tokens=pool)
     returns = replace(on, params=TableParams(rank="predicted"))
+    at_call = replace(on, params=TableParams(rank="predicted", retain_from="call"))
     return {
         "sglang-lru": (native, None),
         "sglang-lpm": (replace(native, schedule_policy="lpm"), None),
@@ -106,6 +109,8 @@ def _lines(pool: int) -> dict[str, Line]:
             replace(prism, qas=replace(backlog, age_cap_ms=16_000.0)),
             returns,
         ),
+        "prism+sessions+returns/call": (prism, at_call),
+        "prism+sessions+returns+backlog/call": (replace(prism, qas=backlog), at_call),
         # the engine's own longest-prefix-match order over every request (no pacing)
         "prism+sessions+returns/lpm-unpaced": (
             replace(prism, schedule_policy="lpm", prefill_batch=1024),

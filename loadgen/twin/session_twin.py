@@ -13,8 +13,10 @@ its tools and cut at its message ends (`find_turns`, with the last message a seg
 when the session features are on), queued in QAS with its program's start when it
 continues a paused session (`admission.sessions`). When the proxy learns that an answer
 ended in a tool call (a hop after the engine finished it), it asks DART to retain the
-session's path (applied inline, as the twin applies P̂_t); when a continuation arrives,
-it releases it. Without a policy it is native SGLang: the chat rendered and sent at once.
+session's path (applied inline, as the twin applies P̂_t); with `retain_from` "call", from
+when the stream shows the tool call (a hop after the answer's `TOOL_CALL_SEEN_TOKENS`th
+token). When a continuation arrives, it releases it. Without a policy it is native
+SGLang: the chat rendered and sent at once.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_sim.request import SimRequest
 from prism_tokens.chat import content_format, template_messages, template_tools
 from prism_tokens.tokenizer import Tokenizer
+
+# The answer's token at which the proxy's stream shows a tool call (its name): SGLang's
+# parsers emit a call's name once they have read it, a few tokens in (`<tool_call>`,
+# `{"name": "...`). An answer no longer than this shows it only with its end.
+TOOL_CALL_SEEN_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,15 @@ class SessionTwin(Twin):
         table = self.table
         if table is not None and (len(sim.output_ids) == 1 or sim.finished):
             self._send(lambda: self._retain(table.started(sim.rid, self.now)))
+        call = self.calls.get(sim.rid)
+        if (
+            table is not None
+            and call is not None
+            and call.number < len(call.session.steps)
+            and len(sim.output_ids) == TOOL_CALL_SEEN_TOKENS
+        ):
+            tools = (call.session.steps[call.number].tool,)
+            self._send(lambda: self._retain(table.calling(sim.rid, self.now, tools)))
         if sim.finished:
             self._send(lambda: self._answered(sim))
 

@@ -10,7 +10,9 @@ session table knew of its pause and what DART knew of its key:
     pause retained (asked and applied)?           --no-->   never_retained
       | yes
     key gone when the retention arrived?           --yes-->  late
-      | no         (below: an eviction of the pause's key between the pause and the prefill)
+      | no         (below: an eviction of the pause's key between its retention's start
+      |            and the prefill; it starts at the pause, or where the stream showed the
+      |            tool call with `retain_from` "call")
     key evicted while in R_t?                      --yes-->  evicted_while_retained
       | no
     key evicted while outside R_t's token cap?     --yes-->  over_cap
@@ -61,12 +63,19 @@ class Cause(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Pause:
     """A paused session as the table left it: the key DART was asked to keep, when it
-    paused, its time-to-live and whether its retention was applied."""
+    paused, its time-to-live, whether its retention was applied, and when that
+    retention was first asked (`held_at`: at the pause, or earlier, when the stream
+    showed the tool call; None: at the pause)."""
 
     key: str
     paused_at: float
     ttl_s: float
     retained: bool
+    held_at: float | None = None
+
+    @property
+    def retained_from(self) -> float:
+        return self.paused_at if self.held_at is None else min(self.held_at, self.paused_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +106,17 @@ def cause(call: Continuation) -> Cause:
     if pause is None or not pause.retained:
         return Cause.NEVER_RETAINED
 
-    def since_pause(at: float | None) -> bool:
-        return at is not None and pause.paused_at <= at <= call.prefilled_at
+    held = pause.retained_from
+
+    def since_held(at: float | None) -> bool:
+        return at is not None and held <= at <= call.prefilled_at
 
     absent = call.absent_at
-    if absent is not None and pause.paused_at <= absent < call.returned_at:
+    if absent is not None and held <= absent < call.returned_at:
         return Cause.LATE  # (its own hold, applied at the return, is not the pause's)
-    if since_pause(call.evicted_in_cap_at):
+    if since_held(call.evicted_in_cap_at):
         return Cause.EVICTED_WHILE_RETAINED
-    if since_pause(call.evicted_over_cap_at):
+    if since_held(call.evicted_over_cap_at):
         return Cause.OVER_CAP
     if call.returned_at - pause.paused_at > pause.ttl_s:
         return Cause.EXPIRED

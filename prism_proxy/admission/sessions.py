@@ -22,6 +22,11 @@ control RPC (owners to retain with a score and a time-to-live, to release, to di
 * `started(rid, now)`: the first token came back, so the engine has matched and
   extended the path: the hold is released (not at dispatch: in the engine's own queue
   nothing holds the path, and under pressure that is when it would be evicted).
+* `calling(rid, now, tools)`: the stream shows the answer becoming a tool call. With
+  `retain_from` "call" the request's own key is retained from here as its pause will
+  be: the engine frees a finished request's path at once, and under pressure evicts it
+  before the proxy has read the answer's end (a hop later), so retention asked at the
+  end can come too late. With "end" (the default) nothing happens here.
 * `finish(rid, tool_call, now, tools)`: an answer that ended in a tool call pauses the
   session under the request's last key: DART keeps the path ending there for the TTL,
   if the session's account has earned it (below). An answer without a tool call ends
@@ -83,6 +88,9 @@ QUEUED_SCORE = 1e15
 
 
 RANKS = ("recent", "program", "predicted")
+# When a paused session's retention is first asked: at the answer's `end`, or at its
+# tool `call` (when the stream first shows one; held until the end says how it went).
+RETAIN_FROM = ("call", "end")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,7 @@ class SessionParams:
     # one expected back soonest
     rank: str = "recent"
     credit_half_life_s: float = 60.0  # how long returns count towards retention (`credit`)
+    retain_from: str = "end"  # one of RETAIN_FROM
 
     def __post_init__(self) -> None:
         if not 0.0 < self.ttl_quantile <= 1.0:
@@ -110,6 +119,8 @@ class SessionParams:
             raise ValueError("max_sessions and min_samples must be >= 1")
         if self.credit_half_life_s <= 0:
             raise ValueError("credit_half_life_s must be > 0")
+        if self.retain_from not in RETAIN_FROM:
+            raise ValueError(f"retain_from: one of {', '.join(RETAIN_FROM)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +173,7 @@ class _InFlight:
     tokens: int
     own_from: int  # keys[own_from:] are the session's own (after its first call's)
     continued: str | None = None  # the paused key it continues, held while queued
+    calling_at: float | None = None  # when `calling` held its own key (its answer a call)
 
     @property
     def key(self) -> str | None:
@@ -190,6 +202,7 @@ class _Paused:
     grant: Grant | None  # None: the account had not earned its retention
     tool: str = ANY_TOOL  # the tools its answer called (`returns.tool_key`)
     expected_back: float = 0.0  # paused_at + the predicted return delay
+    held_at: float = 0.0  # when its retention was first asked (`calling`, else paused_at)
 
     @property
     def head(self) -> str:
@@ -244,8 +257,8 @@ class SessionTable:
             # a first call's pieces may be shared (sessions of one task start alike)
             flight = _InFlight(keys, account, now, tokens, len(keys))
             self._flight[rid] = flight
-            self._bound_flight()
-            return Arrival(now, False, self._unearned(flight, now))
+            dropped = self._bound_flight(now)
+            return Arrival(now, False, dropped + self._unearned(flight, now))
         # every return is observed, late ones too (paused sessions are remembered past
         # their TTL), or the quantile would only ever see delays below it
         delay = now - found.paused_at
@@ -256,10 +269,13 @@ class SessionTable:
         self.continued += 1
         flight = _InFlight(keys, account, found.program_start, tokens, found.own_from, continued)
         self._flight[rid] = flight
-        self._bound_flight()
+        dropped = self._bound_flight(now)
         hold = Push({continued: (QUEUED_SCORE, self.params.max_ttl_s, found.tokens)})
-        pause = Pause(continued, found.paused_at, found.ttl_s, found.grant is not None)
-        return Arrival(found.program_start, True, hold + self._unearned(flight, now), pause)
+        pause = Pause(
+            continued, found.paused_at, found.ttl_s, found.grant is not None, found.held_at
+        )
+        push = dropped + hold + self._unearned(flight, now)
+        return Arrival(found.program_start, True, push, pause)
 
     def started(self, rid: str, now: float) -> Push:
         """The request's first token came back: its path is the engine's again."""
@@ -269,6 +285,32 @@ class SessionTable:
             return NOTHING
         key, flight.continued = flight.continued, None
         return self._key_state(key, now)
+
+    def calling(self, rid: str, now: float, tools: Sequence[str] = ()) -> Push:
+        """The request's answer is becoming a tool call (the stream shows one; `tools`:
+        the names seen so far). With `retain_from` "call", its path is retained from now
+        as its pause will be (the same score and TTL), so that it is held when the engine
+        frees it, a hop before `finish` reaches the proxy; `finish` (or `forget`) then
+        says what becomes of it. Nothing for an account that could not retain the pause
+        now, or a prompt too short to keep."""
+        self.ledger.expire(now)
+        flight = self._flight.get(rid)
+        if (
+            self.params.retain_from != "call"
+            or flight is None
+            or flight.calling_at is not None
+            or flight.key is None
+            or flight.tokens < self.params.min_tokens
+            or not self.ledger.affords(flight.account, flight.tokens, now)
+        ):
+            return NOTHING
+        flight.calling_at = now
+        tool = tool_key(tools)
+        ttl = self.ttl(flight.head, tool)
+        would = _Paused(flight.account, flight.program_start, now, ttl, flight.tokens,
+                        flight.own_from, None, tool,
+                        now + self.returns.predict(flight.head, tool))  # fmt: skip
+        return Push({flight.key: (self._score(would), ttl, flight.tokens)})
 
     def finish(self, rid: str, tool_call: bool, now: float, tools: Sequence[str] = ()) -> Push:
         """The request's answer ended (`tool_call`: in a tool call; `tools`: the names of
@@ -281,14 +323,16 @@ class SessionTable:
         if flight.continued:
             push += self._key_state(flight.continued, now)
         if not tool_call or flight.key is None or flight.tokens < self.params.min_tokens:
-            # the session ended, or is too short to keep: its own pieces go first
+            # the session ended, or is too short to keep: its own pieces go first (a
+            # `calling` hold on its key with them)
             return push + self._discard(flight.own(), now)
         tool = tool_key(tools)
         ttl = self.ttl(flight.head, tool)
         grant = self.ledger.grant(flight.account, flight.key, flight.tokens, ttl, now)
         paused = _Paused(flight.account, flight.program_start, now, ttl, flight.tokens,
                          flight.own_from, grant, tool,
-                         now + self.returns.predict(flight.head, tool))  # fmt: skip
+                         now + self.returns.predict(flight.head, tool),
+                         now if flight.calling_at is None else flight.calling_at)  # fmt: skip
         sessions = self._paused.pop(flight.key, [])
         sessions.append(paused)
         self._paused[flight.key] = sessions  # the most recent pause last
@@ -306,9 +350,7 @@ class SessionTable:
         """The request failed or was withdrawn: no pause follows."""
         self.ledger.expire(now)
         flight = self._flight.pop(rid, None)
-        if flight is None or flight.continued is None:
-            return NOTHING
-        return self._key_state(flight.continued, now)
+        return NOTHING if flight is None else self._unhold(flight, now)
 
     def expire(self, now: float) -> None:
         """Forget paused sessions gone for `REMEMBER_TTLS` x the longest TTL (DART forgot
@@ -370,9 +412,23 @@ class SessionTable:
             return NOTHING
         return self._discard([k for k in flight.own() if k != flight.continued], now)
 
-    def _bound_flight(self) -> None:
+    def _unhold(self, flight: _InFlight, now: float) -> Push:
+        """Undo what a request in flight held: the paused key it continued, and its own
+        key from `calling`."""
+        push = NOTHING
+        if flight.continued is not None:
+            push += self._key_state(flight.continued, now)
+        if flight.calling_at is not None and flight.key is not None:
+            push += self._key_state(flight.key, now)
+        return push
+
+    def _bound_flight(self, now: float) -> Push:
+        """Forget the oldest requests in flight beyond `max_sessions`, with their holds."""
+        push = NOTHING
         while len(self._flight) > self.params.max_sessions:
-            self._flight.popitem(last=False)
+            _, flight = self._flight.popitem(last=False)
+            push += self._unhold(flight, now)
+        return push
 
     def _bound_paused(self) -> list[str]:
         """Drop the oldest paused sessions beyond `max_sessions`; the keys left empty."""
@@ -441,6 +497,9 @@ class SessionKeeper:
 
     def started(self, rid: str) -> None:
         self._push(self.table.started(rid, self.clock()))
+
+    def calling(self, rid: str, tools: Sequence[str] = ()) -> None:
+        self._push(self.table.calling(rid, self.clock(), tools))
 
     def finish(self, rid: str, tool_call: bool, tools: Sequence[str] = ()) -> None:
         self._push(self.table.finish(rid, tool_call, self.clock(), tools))

@@ -74,6 +74,16 @@ def tool_names(data: bytes, known: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _called(answer: OpenAIAnswer) -> tuple[str, ...]:
+    """The tool names an assembled answer has called so far (as `tool_names` bounds them)."""
+    return tuple(
+        str(call["name"])[:64]
+        for choice in answer.choices.values()
+        for call in choice.calls.values()
+        if call.get("name")
+    )[:MAX_TOOL_NAMES]
+
+
 class _ClientGone(Exception):
     """The client's connection broke while we relayed; not a backend failure.
 
@@ -280,6 +290,7 @@ async def _assemble_lines(
     backend = gateway.backend
     metrics = gateway.metrics
     first = True
+    calling = False  # the keeper was told the answer is becoming a tool call
     try:
         async for chunk in _sse_objects(upstream, rid, backend):
             if first:
@@ -290,6 +301,11 @@ async def _assemble_lines(
                 if keeper is not None:
                     keeper.started(rid)
             answer.feed(chunk)
+            if keeper is not None and not calling and isinstance(answer, OpenAIAnswer):
+                names = _called(answer)
+                if names:
+                    keeper.calling(rid, names)
+                    calling = True
     except AnswerTooLarge as exc:
         backend.abort(rid)
         if keeper is not None:
@@ -308,12 +324,7 @@ async def _assemble_lines(
         data = await asyncio.to_thread(answer.result) if big else answer.result()
         usage = TokenUsage.from_openai(answer.usage)
         tool_call = any(c.finish_reason == "tool_calls" for c in answer.choices.values())
-        names = tuple(
-            str(call["name"])[:64]
-            for choice in answer.choices.values()
-            for call in choice.calls.values()
-            if call.get("name")
-        )[:MAX_TOOL_NAMES]
+        names = _called(answer)
     else:
         result = answer.result()
         big = sum(p.size_bytes for p in answer.parts.values()) >= OFFLOAD_ANSWER_BYTES
@@ -373,7 +384,9 @@ async def _relay_lines(
             if b'"usage"' in line:
                 usage = _usage_of(line.strip()[5:]) or usage
             if keeper is not None:
-                names = tool_names(line, names)
+                seen, names = names, tool_names(line, names)
+                if names and not seen:
+                    keeper.calling(rid, names)
                 if b'"finish_reason"' in line:
                     tool_call = tool_call or TOOL_CALL_END.search(line) is not None
             await response.write(line)

@@ -96,18 +96,19 @@ def test_ttl_is_the_quantile_of_observed_returns_late_ones_included() -> None:
 
 def test_retention_from_the_call_holds_the_path_until_the_end_says() -> None:
     """With `retain_from` "call", the path is retained when the stream shows the tool
-    call, as its pause will be (score and TTL), and the end's word replaces it: retained,
+    call, with its pause's score, until the end's word replaces it (the longest TTL
+    until then: the rest of the answer may outlast the pause's own): retained,
     discarded (no tool call after all), or undone (the request failed)."""
     params = TableParams(min_tokens=0, default_ttl_s=7.0, retain_from="call")
     table = SessionTable(params)
     earned(table, "h")
     table.arrive("r1", ["a", "b"], "h", 500, now=1.0)
-    assert table.calling("r1", now=1.5) == Push({"b": (1.5, 7.0, 500)})
+    assert table.calling("r1", now=1.5) == Push({"b": (1.5, 60.0, 500)})
     assert not table.calling("r1", now=1.6)  # once
     assert table.finish("r1", tool_call=True, now=2.0) == Push({"b": (2.0, 7.0, 500)})
     table.arrive("r2", ["a", "b", "c"], "h", 600, now=3.0)
     table.started("r2", now=3.1)
-    assert table.calling("r2", now=3.2) == Push({"c": (3.2, 7.0, 600)})
+    assert table.calling("r2", now=3.2) == Push({"c": (3.2, 60.0, 600)})
     # a call seen, then an answer that did not end in one: its own pieces go first
     assert table.finish("r2", tool_call=False, now=3.5) == Push(discard=("c",))
     table.arrive("r3", ["x"], "h", 500, now=4.0)

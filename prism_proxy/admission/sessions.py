@@ -289,10 +289,11 @@ class SessionTable:
     def calling(self, rid: str, now: float, tools: Sequence[str] = ()) -> Push:
         """The request's answer is becoming a tool call (the stream shows one; `tools`:
         the names seen so far). With `retain_from` "call", its path is retained from now
-        as its pause will be (the same score and TTL), so that it is held when the engine
-        frees it, a hop before `finish` reaches the proxy; `finish` (or `forget`) then
-        says what becomes of it. Nothing for an account that could not retain the pause
-        now, or a prompt too short to keep."""
+        with the score its pause will have, so that it is held when the engine frees it,
+        a hop before `finish` reaches the proxy; `finish` (or `forget`) then says what
+        becomes of it and for how long. Until then it is held for `max_ttl_s`: the rest
+        of the answer may take longer than the pause's own TTL. Nothing for an account
+        that could not retain the pause now, or a prompt too short to keep."""
         self.ledger.expire(now)
         flight = self._flight.get(rid)
         if (
@@ -310,7 +311,7 @@ class SessionTable:
         would = _Paused(flight.account, flight.program_start, now, ttl, flight.tokens,
                         flight.own_from, None, tool,
                         now + self.returns.predict(flight.head, tool))  # fmt: skip
-        return Push({flight.key: (self._score(would), ttl, flight.tokens)})
+        return Push({flight.key: (self._score(would), self.params.max_ttl_s, flight.tokens)})
 
     def finish(self, rid: str, tool_call: bool, now: float, tools: Sequence[str] = ()) -> Push:
         """The request's answer ended (`tool_call`: in a tool call; `tools`: the names of

@@ -107,7 +107,7 @@ def find_turns(
 def turns_job(turns: Turns) -> TokenJob:
     """The token job of a cut chat: head = the first piece, segment ids for the later
     pieces (each the hash of every token up to its end), the rest private (a chat
-    without cuts is one private piece)."""
+    without cuts is one private piece: origin `none`)."""
     ids, cuts = turns.ids, turns.cuts
     anchors: list[dict[str, Any]] = []
     segments: list[str] = []
@@ -131,6 +131,8 @@ def turns_job(turns: Turns) -> TokenJob:
         head_tokens=cuts[0] if cuts else 0,
         segment_tokens=tuple(lengths) if cuts else None,
         build=lambda _order: dispatch,
+        origin="turns" if cuts else "none",
+        layout="messages" if cuts else "",
     )
 
 
@@ -143,16 +145,6 @@ def dispatch_check(dispatch: Dispatch) -> str:
 
 
 # --- a chat without hints -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class ChatJob:
-    """The token job of a chat without hints, and what was found in it for the metrics
-    (`outcome`: found, found-ordered, turns, none, off; `layout`)."""
-
-    job: TokenJob
-    outcome: str
-    layout: str = ""
-
-
 def _single_turn(given: Sequence[Mapping[str, Any]]) -> tuple[str | None, str] | None:
     """(system, user text) of a chat of one user message after at most one system (or
     developer) message, with string content and nothing else; None otherwise."""
@@ -172,17 +164,18 @@ def chat_job(
     layouts: Sequence[str],
     reorder: bool,
     evidence: BlockEvidence | ScopedEvidence,
-) -> ChatJob:
+) -> TokenJob:
     """How the proxy serves a text chat without hints (`messages` as forwarded):
     documents found in a single turn's user message, or else in its system message
     (`prompts.find_documents`); else the chat cut at its message ends; with no
-    `layouts` (segmentation off), one private piece. Raises `NotRenderable` (a
-    continuation of the assistant's last message) and `ChatTemplateError`."""
+    `layouts` (segmentation off), one private piece. The job's `origin` and `layout`
+    say which. Raises `NotRenderable` (a continuation of the assistant's last message)
+    and `ChatTemplateError`."""
     tokenizer = serializer.tokenizer
     given = template_messages(messages, content_format(tokenizer.chat_template))
     if not layouts:
         ids = tokenizer.encode_chat(tokenizer.render_chat(given))
-        return ChatJob(private_job({"input_ids": ids}, len(ids)), "off")
+        return private_job({"input_ids": ids}, len(ids), origin="off")
     turn = _single_turn(given)
     if turn is not None:
         system, text = turn
@@ -195,10 +188,8 @@ def chat_job(
                 system, system=None, layouts=layouts, reorder=reorder, evidence=evidence, user=text
             )
         if finding is not None:
-            job = segmented_job(serializer, finding.prompt, chat=True)
-            return ChatJob(job, finding.outcome, finding.layout)
-    job = turns_job(find_turns(tokenizer, given, None))
-    return ChatJob(job, "turns", "messages") if job.head_tokens else ChatJob(job, "none")
+            return segmented_job(serializer, finding, chat=True)
+    return turns_job(find_turns(tokenizer, given, None))
 
 
 class RenderingCheck:

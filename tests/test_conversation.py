@@ -201,9 +201,9 @@ def test_the_job_anchors_every_piece(tokenizer):
     turns = turns_of(tokenizer, [SYSTEM, USER, call(1, "Paris"), result(1, "sunny")], [WEATHER])
     job = turns_job(turns)
     dispatch = job.build(job.segments)
-    offsets = [a["offset"] for a in dispatch.anchors]
+    offsets = [a.offset for a in dispatch.anchors]
     assert offsets == [*turns.cuts, len(turns.ids)]
-    assert [a["kind"] for a in dispatch.anchors] == ["system", "segment", "segment", "private"]
+    assert [a.kind for a in dispatch.anchors] == ["system", "segment", "segment", "private"]
     assert job.head_tokens == turns.cuts[0]
     assert sum(job.segment_tokens) + job.head_tokens == turns.cuts[-1]
     queued = job.queued("r", 0.0)

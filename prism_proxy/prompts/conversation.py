@@ -32,7 +32,7 @@ from prism_proxy.prompts.jobs import Dispatch, TokenJob, find_documents, private
 from prism_proxy.prompts.serializer import Serializer, prefix_key_of
 from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import ChatTemplateError, Tokenizer
-from prism_wire import anchor_check
+from prism_wire import Anchor, AnchorKind, anchor_check
 
 MAX_CUTS = 16
 TURN_ID_PREFIX = "\x00turn:"
@@ -109,20 +109,21 @@ def turns_job(turns: Turns) -> TokenJob:
     pieces (each the hash of every token up to its end), the rest private (a chat
     without cuts is one private piece: origin `none`)."""
     ids, cuts = turns.ids, turns.cuts
-    anchors: list[dict[str, Any]] = []
+    anchors: list[Anchor] = []
     segments: list[str] = []
     lengths: list[int] = []
     head_key = ""
     if cuts:
         head_key = prefix_key_of(ids[: cuts[0]])
-        anchors.append({"kind": "system", "segment_id": head_key, "offset": cuts[0]})
+        anchors.append(Anchor(AnchorKind.SYSTEM, head_key, cuts[0]))
         running = hashlib.blake2b(array("I", ids[: cuts[0]]).tobytes(), digest_size=12)
         for start, end in itertools.pairwise(cuts):
             running.update(array("I", ids[start:end]).tobytes())
             segments.append(TURN_ID_PREFIX + running.copy().hexdigest())
             lengths.append(end - start)
-            anchors.append({"kind": "segment", "segment_id": segments[-1], "offset": end})
-    anchors.append({"kind": "private", "segment_id": None, "offset": len(ids)})
+            anchors.append(Anchor(AnchorKind.SEGMENT, segments[-1], end))
+    if ids:  # a piece with no tokens has no anchor
+        anchors.append(Anchor(AnchorKind.PRIVATE, None, len(ids)))
     dispatch = Dispatch({"input_ids": ids}, anchors)
     return TokenJob(
         segments=tuple(segments),
@@ -139,9 +140,7 @@ def turns_job(turns: Turns) -> TokenJob:
 def dispatch_check(dispatch: Dispatch) -> str:
     """The `anchor_check` of a dispatch's prompt and anchors (for an engine that renders
     and tokenizes the prompt itself)."""
-    return anchor_check(
-        dispatch.prompt_fields["input_ids"], [a["offset"] for a in dispatch.anchors]
-    )
+    return anchor_check(dispatch.prompt_fields["input_ids"], [a.offset for a in dispatch.anchors])
 
 
 # --- a chat without hints -------------------------------------------------------------------

@@ -25,7 +25,7 @@ from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
 from prism_proxy.prompts.extraction import extract
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.types import QueuedRequest
-from prism_wire import make_kv_hints
+from prism_wire import Anchor, AnchorKind, make_kv_hints
 
 
 class PromptError(ValueError):
@@ -41,7 +41,7 @@ class Dispatch:
     """`/generate` prompt fields (`input_ids` or `text`) and the anchors (SPEC §4)."""
 
     prompt_fields: dict[str, Any]
-    anchors: list[dict[str, Any]]
+    anchors: Sequence[Anchor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,7 @@ class TokenJob:
             # {"prism": ...} is a 400); the DART plugin and prism-sim read this form.
             payload["kv_hints"] = make_kv_hints(dispatch.anchors, priorities, message_id=rid)
         if see is not None:
-            offsets = [a["offset"] for a in dispatch.anchors if a.get("offset")]
+            offsets = [a.offset for a in dispatch.anchors]
             payload.update(see(payload.get("input_ids") or (), offsets))
         return payload
 
@@ -144,7 +144,7 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
         serialized = serializer.serialize(prompt, order, chat)
         if not serialized.input_ids:  # an empty prompt stops the engine
             raise PromptError("prism", "the prompt has no tokens")
-        return Dispatch({"input_ids": serialized.input_ids}, serialized.anchors_json())
+        return Dispatch({"input_ids": serialized.input_ids}, serialized.anchors)
 
     return TokenJob(
         segments=tuple(lengths),
@@ -167,7 +167,7 @@ def private_job(
     prompt_fields: dict[str, Any], num_tokens: int | None, origin: str = ""
 ) -> TokenJob:
     """A request without hints: its whole prompt is private (cold lane)."""
-    anchors = [{"kind": "private", "segment_id": None, "offset": num_tokens}] if num_tokens else []
+    anchors = [Anchor(AnchorKind.PRIVATE, None, num_tokens)] if num_tokens else []
     dispatch = Dispatch(prompt_fields, anchors)
     return TokenJob((), False, "", 0, None, lambda _order: dispatch, origin=origin)
 

@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 messages = chat_messages(request, layout)
                 job = chat_job(serializer, messages, layouts=ALL_LAYOUTS, reorder=True,
                                evidence=evidence)  # fmt: skip
-                found += job.outcome.startswith("found")
-                ids = job.job.build(job.job.segments).prompt_fields["input_ids"]
+                found += job.origin.startswith("found")
+                ids = job.build(job.segments).prompt_fields["input_ids"]
                 different, tokens = check.drift(messages, ids)
                 differ += different
                 diffs.append(tokens)

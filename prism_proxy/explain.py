@@ -160,16 +160,16 @@ def _documents(
 ) -> dict[str, Any] | None:
     from prism_proxy.prompts.evidence import BlockEvidence
     from prism_proxy.prompts.extraction import ALL_LAYOUTS
-    from prism_proxy.prompts.jobs import find_documents
+    from prism_proxy.prompts.jobs import find_documents, found_outcome
 
     evidence = BlockEvidence(1 << 20)
-    finding = find_documents(
+    prompt = find_documents(
         text, system=system, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence, user=user
     )
-    if finding is None:
+    if prompt is None:
         return None
-    prompt = finding.prompt
-    found: dict[str, Any] = {"outcome": finding.outcome, "layout": finding.layout}
+    outcome = found_outcome(prompt)
+    found: dict[str, Any] = {"outcome": outcome, "layout": prompt.layout}
     if where is not None:
         found["message"] = where
     return {
@@ -180,7 +180,7 @@ def _documents(
                 "id": segment.id.removeprefix("\x00"),
                 "label": prompt.label(position),
                 "text": segment.text,
-                "movable": finding.outcome == "found" and segment.id not in prompt.fixed,
+                "movable": outcome == "found" and segment.id not in prompt.fixed,
                 # travels with the document before it (one document's blocks)
                 "glued": segment.id in prompt.glued,
             }

@@ -201,9 +201,9 @@ def test_the_job_anchors_every_piece(tokenizer):
     turns = turns_of(tokenizer, [SYSTEM, USER, call(1, "Paris"), result(1, "sunny")], [WEATHER])
     job = turns_job(turns)
     dispatch = job.build(job.segments)
-    offsets = [a["offset"] for a in dispatch.anchors]
+    offsets = [a.offset for a in dispatch.anchors]
     assert offsets == [*turns.cuts, len(turns.ids)]
-    assert [a["kind"] for a in dispatch.anchors] == ["system", "segment", "segment", "private"]
+    assert [a.kind for a in dispatch.anchors] == ["system", "segment", "segment", "private"]
     assert job.head_tokens == turns.cuts[0]
     assert sum(job.segment_tokens) + job.head_tokens == turns.cuts[-1]
     queued = job.queued("r", 0.0)
@@ -268,11 +268,11 @@ def test_documents_in_the_system_message_are_found_and_served_exactly(tokenizer)
     found = chat_job(
         serializer, messages, layouts=ALL_LAYOUTS, reorder=True, evidence=BlockEvidence(1 << 20)
     )
-    assert (found.outcome, found.layout) == ("found-ordered", "xml")  # no evidence yet
-    assert len(found.job.segments) == 3
-    ids = found.job.build(found.job.segments).prompt_fields["input_ids"]
+    assert (found.origin, found.layout) == ("found-ordered", "xml")  # no evidence yet
+    assert len(found.segments) == 3
+    ids = found.build(found.segments).prompt_fields["input_ids"]
     assert tokenizer.decode(ids) == tokenizer.render_chat(messages)
-    head = tokenizer.decode(ids[: found.job.head_tokens])
+    head = tokenizer.decode(ids[: found.head_tokens])
     assert head.endswith("<context>\n") and head.startswith("<|im_start|>system\n")
 
 
@@ -286,11 +286,11 @@ def test_a_chat_without_documents_goes_by_its_turns_and_off_is_one_piece(tokeniz
     ]
     evidence = BlockEvidence(1 << 20)
     found = chat_job(serializer, messages, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence)
-    assert (found.outcome, found.layout) == ("turns", "messages") and len(found.job.segments) == 2
+    assert (found.origin, found.layout) == ("turns", "messages") and len(found.segments) == 2
     off = chat_job(serializer, messages, layouts=(), reorder=True, evidence=evidence)
-    assert off.outcome == "off" and off.job.segments == () and off.job.head_tokens == 0
+    assert off.origin == "off" and off.segments == () and off.head_tokens == 0
     whole = tokenizer.encode(tokenizer.render_chat(messages))
-    for job in (found.job, off.job):
+    for job in (found, off):
         assert job.build(job.segments).prompt_fields["input_ids"] == whole
     with pytest.raises(NotRenderable):  # continuing the assistant's message
         chat_job(serializer, [USER, {"role": "assistant", "content": "Par"}], layouts=ALL_LAYOUTS,

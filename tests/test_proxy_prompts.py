@@ -11,6 +11,7 @@ from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.prompts.jobs import PromptError, hinted_job, private_job
 from prism_proxy.prompts.serializer import Serializer
 from prism_tokens.tokenizer import load_tokenizer
+from prism_wire import Anchor, AnchorKind
 
 HINT = {
     "system": "Answer from the documents.",
@@ -46,9 +47,9 @@ def test_hinted_job_chat_default_and_release_order(
     for order in (["a", "b"], ["b", "a"]):
         dispatch = job.build(order)
         assert dispatch.prompt_fields == {"input_ids": _expected(serializer, order, chat)}
-        segment_anchors = [a["segment_id"] for a in dispatch.anchors if a["kind"] == "segment"]
+        segment_anchors = [a.segment_id for a in dispatch.anchors if a.kind == "segment"]
         assert segment_anchors == order
-        assert dispatch.anchors[-1]["offset"] == len(dispatch.prompt_fields["input_ids"])
+        assert dispatch.anchors[-1].offset == len(dispatch.prompt_fields["input_ids"])
     rendered = serializer.tokenizer.decode(job.build(["a", "b"]).prompt_fields["input_ids"])
     assert ("<|im_start|>" in rendered) is chat
 
@@ -70,5 +71,5 @@ def test_private_job_is_one_private_piece() -> None:
     job = private_job({"input_ids": [5, 6, 7]}, 3)
     assert (job.segments, job.reorder, job.segment_tokens) == ((), False, None)
     dispatch = job.build(())
-    assert dispatch.anchors == [{"kind": "private", "segment_id": None, "offset": 3}]
+    assert dispatch.anchors == [Anchor(AnchorKind.PRIVATE, None, 3)]
     assert private_job({"text": "hi"}, None).build(()).anchors == []

@@ -23,6 +23,7 @@ from prism_proxy.prompts.serializer import (
     prefix_key_of,
 )
 from prism_tokens.tokenizer import ChatTemplateError, Tokenizer, load_model_dir, load_tokenizer
+from prism_wire import Anchor, AnchorKind
 
 TEST_SENTINEL = "\x00test-sentinel\x00"
 
@@ -211,11 +212,7 @@ def test_builtin_serialization_decodes_to_the_rendered_chat(
     assert tok.decode(out.input_ids) == tok.render_chat(messages)
     assert [a.kind for a in out.anchors] == ["system", "segment", "segment", "private"]
     assert out.anchors[-1].offset == len(out.input_ids)
-    assert out.anchors_json()[1] == {
-        "kind": "segment",
-        "segment_id": "d2",
-        "offset": out.anchors[1].offset,
-    }
+    assert out.anchors[1] == Anchor(AnchorKind.SEGMENT, "d2", out.anchors[1].offset)
 
 
 def test_extracted_layouts_serialize_to_the_clients_own_text(

@@ -205,7 +205,7 @@ class Twin:
                 layouts=PROXY_DEFAULTS.extraction_layouts,
                 reorder=PROXY_DEFAULTS.extraction_reorder,
                 evidence=self.evidence,
-            ).job
+            )
         self.core.arrive(tracked.job.queued(request.rid, request.arrival), self.now)
 
     def _release(self, wave: Wave) -> None:

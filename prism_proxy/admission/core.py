@@ -1,6 +1,6 @@
 """The admission core: queue, rounds, waves and prefill pacing, with no I/O (SPEC §2).
 
-    arrive ──► queue (rid → waiting, arrival order) ──round──► wave ──► released
+    arrive ──► queue (rid → request, arrival order) ──round──► wave ──► released
                   ▲                                                      │
                   └── withdraw (client gone)              pending prefill (no token yet)
                                                                          │ first_token
@@ -123,12 +123,6 @@ class Wave:
         return self.plan.dispatch_priorities
 
 
-@dataclass(slots=True)
-class _Waiting:
-    request: QueuedRequest
-    enqueued: float
-
-
 class AdmissionCore:
     """Queue, active set and pending-prefill set around one scheduling policy."""
 
@@ -153,7 +147,7 @@ class AdmissionCore:
         self.window_s = window_s
         self.max_queue = max_queue
         self.cold_deadline_s = cold_deadline_s
-        self._queue: dict[str, _Waiting] = {}
+        self._queue: dict[str, QueuedRequest] = {}  # each with its deadline and enqueued
         self._active: dict[str, ActiveRequest] = {}
         self._pending: dict[str, float] = {}  # released, no first token yet (⊆ _active)
         # Released, no first token yet, holding no place in the engine (a pieced
@@ -198,10 +192,8 @@ class AdmissionCore:
             raise DuplicateRidError(f"rid {request.rid!r} is already in use")
         if not self._queue and self.room > 0:
             self._run_now = True  # SPEC §2: a round runs at once on an idle backend
-        deadline = self.deadline_for(request, now)
-        if deadline != request.deadline:
-            request = replace(request, deadline=deadline)
-        self._queue[request.rid] = _Waiting(request, now)
+        request = replace(request, deadline=self.deadline_for(request, now), enqueued=now)
+        self._queue[request.rid] = request
         self._by_account[request.account] = self._by_account.get(request.account, 0) + 1
 
     def deadline_for(self, request: QueuedRequest, now: float) -> float:
@@ -218,10 +210,10 @@ class AdmissionCore:
 
     def withdraw(self, rid: str) -> bool:
         """Remove a request that is still queued; False if it is not queued."""
-        waiting = self._queue.pop(rid, None)
-        if waiting is None:
+        request = self._queue.pop(rid, None)
+        if request is None:
             return False
-        self._left_queue(waiting.request.account)
+        self._left_queue(request.account)
         return True
 
     def _left_queue(self, account: str) -> None:
@@ -291,7 +283,7 @@ class AdmissionCore:
             return None
         self._run_now = False
         self._last_round = now
-        queue = [waiting.request for waiting in self._queue.values()]
+        queue = list(self._queue.values())
         shares = None
         if self.share_accounts and len(self._by_account) > 1:
             waiting = self._by_account
@@ -327,17 +319,16 @@ class AdmissionCore:
         released: list[Released] = []
         table = plan.dispatch_priorities
         for entry in plan.wave[: round_input.wave_size]:
-            waiting = self._queue.pop(entry.rid, None)
-            if waiting is None:
+            request = self._queue.pop(entry.rid, None)
+            if request is None:
                 continue
-            self._left_queue(waiting.request.account)
-            skeleton = tuple(plan.skeletons.get(entry.rid, waiting.request.segments))
-            head = waiting.request.head
-            self._active[entry.rid] = ActiveRequest(entry.rid, skeleton, head)
+            self._left_queue(request.account)
+            skeleton = tuple(plan.skeletons.get(entry.rid, request.segments))
+            self._active[entry.rid] = ActiveRequest(entry.rid, skeleton, request.head)
             self._pending[entry.rid] = now
             priorities = {s: table[s] for s in skeleton if s in table}
             released.append(
-                Released(entry.rid, entry.lane, skeleton, priorities, now - waiting.enqueued)
+                Released(entry.rid, entry.lane, skeleton, priorities, now - request.enqueued)
             )
         return Wave(released, plan)
 

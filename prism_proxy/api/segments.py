@@ -115,7 +115,8 @@ class SegmentedPrompt(BaseModel):
     one document: served right after it, never split from it).
     `user`, when set (chat mode, no `system`), says the segments are in the system
     message (`preamble` and `suffix` its text before and after them), and is the user
-    message that follows.
+    message that follows. `layout` names the layout the segments were found in
+    (`prompts.extraction`: "xml", "numbered", ...; None: the client's hints).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -132,6 +133,7 @@ class SegmentedPrompt(BaseModel):
     pinned: frozenset[str] = frozenset()
     glued: frozenset[str] = frozenset()
     user: str | None = None
+    layout: str | None = None
 
     _check_system = field_validator("system", "suffix", "preamble", "user")(_check_piece)
 

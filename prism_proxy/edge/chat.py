@@ -21,7 +21,7 @@ from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
     count_origin,
-    hint_prompt,
+    hinted_build,
     token_path_open,
 )
 from prism_proxy.edge.structured import GrammarShare
@@ -32,7 +32,6 @@ from prism_proxy.prompts.jobs import (
     chat_defaults,
     message_text,
     private_job,
-    segmented_job,
 )
 from prism_proxy.prompts.tool_results import arrange_tool_messages
 from prism_tokens.chat import NotRenderable, content_format, template_messages, template_tools
@@ -154,14 +153,14 @@ async def _chat_token_path(
     hinted = None
     if body.prism is not None:
         system, suffix = chat_defaults(body.messages)
-        hinted = hint_prompt(body.prism, system=system, suffix=suffix, chat=True)
+        hinted = hinted_build(serializer, body.prism, system=system, suffix=suffix, chat=True)
 
     def build() -> TokenJob:
         if hinted is not None:
-            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
+            return hinted()
         messages = body.forwarded(raw)["messages"]
         try:
-            found = chat_job(
+            job = chat_job(
                 serializer,
                 messages,
                 layouts=finder.layouts,
@@ -172,16 +171,15 @@ async def _chat_token_path(
             messages = [{"role": m.role, "content": message_text(m)} for m in body.messages]
             ids = tokenizer.encode_chat(tokenizer.render_chat(messages))
             return private_job({"input_ids": ids}, len(ids))
-        finder.outcome, finder.layout = found.outcome, found.layout
         if rendering.sampled():
-            ids = found.job.build(found.job.segments).prompt_fields.get("input_ids")
+            ids = job.build(job.segments).prompt_fields.get("input_ids")
             if ids is not None:
                 drifts.append(rendering.drift(messages, ids))
-        return found.job
+        return job
 
     try:
         job = await make_job(size, build)
-        finder.count(request)
+        finder.count(request, job)
         for differs, tokens in drifts:
             metrics = gateway.metrics
             metrics.child(metrics.rendering_checks, "differs" if differs else "same").inc()

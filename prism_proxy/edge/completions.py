@@ -17,7 +17,7 @@ from prism_proxy.edge.openai_format import CompletionFormat, answer_format
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
     engine_instead,
-    hint_prompt,
+    hinted_build,
     serve_one_prompt,
 )
 from prism_proxy.edge.token_path import token_path
@@ -48,19 +48,19 @@ async def _completions(
     hinted = None
     if body.prism is not None:
         text = prompt if isinstance(prompt, str) else None
-        hinted = hint_prompt(body.prism, system=None, suffix=text, chat=False)
+        hinted = hinted_build(serializer, body.prism, system=None, suffix=text, chat=False)
 
     def build() -> TokenJob:
         if hinted is not None:
-            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
+            return hinted()
         if isinstance(prompt, str):
-            if (finding := finder.find(prompt, None)) is not None:
-                return segmented_job(serializer, finding.prompt, chat=False)
+            if (found := finder.find(prompt, None)) is not None:
+                return segmented_job(serializer, found, chat=False)
             return private_job({"text": prompt}, None)
         return private_job({"input_ids": prompt}, len(prompt))  # checked in read_body
 
     job = await make_job(size, build)
-    finder.count(request)
+    finder.count(request, job)
     rid = new_rid()
     return await token_path(
         request,

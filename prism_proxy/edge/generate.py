@@ -17,7 +17,7 @@ from prism_proxy.edge.openai_format import GenerateFormat, answer_format
 from prism_proxy.edge.prompt_origin import (
     DocumentFinder,
     engine_instead,
-    hint_prompt,
+    hinted_build,
     serve_one_prompt,
 )
 from prism_proxy.edge.token_path import token_path
@@ -44,21 +44,21 @@ async def _generate(
     hinted = None
     if body.prism is not None:
         text = body.text if isinstance(body.text, str) else None
-        hinted = hint_prompt(body.prism, system=None, suffix=text, chat=False)
+        hinted = hinted_build(serializer, body.prism, system=None, suffix=text, chat=False)
 
     def build() -> TokenJob:
         if hinted is not None:
-            return segmented_job(serializer, hinted.prompt, chat=hinted.chat)
+            return hinted()
         if body.input_ids is not None:  # checked in read_body
             return private_job({"input_ids": body.input_ids}, len(body.input_ids))
         if isinstance(body.text, str):
-            if (finding := finder.find(body.text, None)) is not None:
-                return segmented_job(serializer, finding.prompt, chat=False)
+            if (found := finder.find(body.text, None)) is not None:
+                return segmented_job(serializer, found, chat=False)
             return private_job({"text": body.text}, None)
         raise PromptError("text", "either text or input_ids is required")
 
     job = await make_job(size, build)
-    finder.count(request)
+    finder.count(request, job)
     rid = new_rid()
     return await token_path(
         request,

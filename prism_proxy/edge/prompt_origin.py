@@ -1,5 +1,5 @@
 """Where a request's prompt comes from, for the token-path endpoints: its hints
-(`hint_prompt`), documents found in its text (`DocumentFinder`, as the deployment and
+(`hinted_build`), documents found in its text (`DocumentFinder`, as the deployment and
 the `x-prism-extract` header allow), or the engine's own endpoint when the token path is
 closed to it (`token_path_open`); each request counted by origin (`count_origin`).
 `serve_one_prompt`: what `/v1/completions` and `/generate` share, from the body read to
@@ -9,7 +9,7 @@ the shares it holds while served.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -25,7 +25,14 @@ from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.structured import GrammarShare
 from prism_proxy.metrics import ProxyMetrics
-from prism_proxy.prompts.jobs import Finding, PromptError, find_documents, hinted_prompt
+from prism_proxy.prompts.jobs import (
+    PromptError,
+    TokenJob,
+    find_documents,
+    hinted_prompt,
+    segmented_job,
+)
+from prism_proxy.prompts.serializer import Serializer
 
 EXTRACT_HEADER = "x-prism-extract"
 
@@ -39,10 +46,11 @@ def count_origin(
 
 class DocumentFinder:
     """Documents in a request without hints (`prompts.find_documents`), as the
-    deployment's settings and the request's `x-prism-extract` header allow; remembers
-    what it found for the metrics. `find` may run in a worker thread."""
+    deployment's settings and the request's `x-prism-extract` header allow, and the
+    request counted by where its job's segments came from. `find` may run in a worker
+    thread."""
 
-    __slots__ = ("evidence", "hinted", "layout", "layouts", "metrics", "outcome", "reorder")
+    __slots__ = ("evidence", "hinted", "layouts", "metrics", "reorder")
 
     def __init__(self, request: web.Request, gateway: Gateway, hinted: bool) -> None:
         config = gateway.config
@@ -61,24 +69,22 @@ class DocumentFinder:
             if opt == "off":
                 self.layouts = ()
         self.hinted = hinted
-        self.outcome = "hinted" if hinted else ("none" if self.layouts else "off")
-        self.layout = ""
 
     @property
     def searching(self) -> bool:
         """Whether this request may be segmented (no hints, extraction on for it)."""
         return not self.hinted and bool(self.layouts)
 
-    def find(self, text: str, system: str | None) -> Finding | None:
-        finding = find_documents(
+    def find(self, text: str, system: str | None) -> SegmentedPrompt | None:
+        return find_documents(
             text, system=system, layouts=self.layouts, reorder=self.reorder, evidence=self.evidence
         )
-        if finding is not None:
-            self.outcome, self.layout = finding.outcome, finding.layout
-        return finding
 
-    def count(self, request: web.Request) -> None:
-        count_origin(request, self.metrics, self.outcome, self.layout)
+    def count(self, request: web.Request, job: TokenJob) -> None:
+        """Count the request by its job's `origin`; a job the proxy did not look into
+        is `hinted`, or else `none` (nothing found) or `off` (extraction off for it)."""
+        origin = job.origin or ("hinted" if self.hinted else ("none" if self.layouts else "off"))
+        count_origin(request, self.metrics, origin, job.layout)
 
 
 async def token_path_open(request: web.Request, gateway: Gateway, hinted: bool) -> bool:
@@ -99,24 +105,20 @@ async def token_path_open(request: web.Request, gateway: Gateway, hinted: bool) 
     raise ApiError(503, guard.refusal(), kind="service_unavailable")
 
 
-class HintedPrompt(NamedTuple):
-    prompt: SegmentedPrompt
-    chat: bool  # serialized with the chat template
-
-
-def hint_prompt(
-    hint: PrismHint, *, system: str | None, suffix: str | None, chat: bool
-) -> HintedPrompt:
+def hinted_build(
+    serializer: Serializer, hint: PrismHint, *, system: str | None, suffix: str | None, chat: bool
+) -> Callable[[], TokenJob]:
     """A hinted request's prompt, checked here on the event loop (400 naming the field),
-    and whether it is serialized as a chat (the hint's `chat`, else the endpoint's
-    default `chat`). The checks are lengths and ids, O(segments), so a refused hint (a
-    1 MB segment over `max_piece_chars`) costs no worker thread's hop; only serializing
-    an accepted one (tokenization) leaves the loop (`make_job`)."""
+    and what builds its token job (serialized as a chat: the hint's `chat`, else the
+    endpoint's default `chat`). The checks are lengths and ids, O(segments), so a
+    refused hint (a 1 MB segment over `max_piece_chars`) costs no worker thread's hop;
+    only the build of an accepted one (tokenization) leaves the loop (`make_job`)."""
     try:
         prompt = hinted_prompt(hint, system=system, suffix=suffix)
     except PromptError as exc:
         raise prompt_error(exc) from None
-    return HintedPrompt(prompt, chat if hint.chat is None else hint.chat)
+    serialized_as_chat = chat if hint.chat is None else hint.chat
+    return lambda: segmented_job(serializer, prompt, chat=serialized_as_chat)
 
 
 class OnePromptBody(Protocol):

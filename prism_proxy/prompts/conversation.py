@@ -32,7 +32,7 @@ from prism_proxy.prompts.jobs import Dispatch, TokenJob, find_documents, private
 from prism_proxy.prompts.serializer import Serializer, prefix_key_of
 from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import ChatTemplateError, Tokenizer
-from prism_wire import anchor_check
+from prism_wire import Anchor, AnchorKind, anchor_check
 
 MAX_CUTS = 16
 TURN_ID_PREFIX = "\x00turn:"
@@ -107,22 +107,23 @@ def find_turns(
 def turns_job(turns: Turns) -> TokenJob:
     """The token job of a cut chat: head = the first piece, segment ids for the later
     pieces (each the hash of every token up to its end), the rest private (a chat
-    without cuts is one private piece)."""
+    without cuts is one private piece: origin `none`)."""
     ids, cuts = turns.ids, turns.cuts
-    anchors: list[dict[str, Any]] = []
+    anchors: list[Anchor] = []
     segments: list[str] = []
     lengths: list[int] = []
     head_key = ""
     if cuts:
         head_key = prefix_key_of(ids[: cuts[0]])
-        anchors.append({"kind": "system", "segment_id": head_key, "offset": cuts[0]})
+        anchors.append(Anchor(AnchorKind.SYSTEM, head_key, cuts[0]))
         running = hashlib.blake2b(array("I", ids[: cuts[0]]).tobytes(), digest_size=12)
         for start, end in itertools.pairwise(cuts):
             running.update(array("I", ids[start:end]).tobytes())
             segments.append(TURN_ID_PREFIX + running.copy().hexdigest())
             lengths.append(end - start)
-            anchors.append({"kind": "segment", "segment_id": segments[-1], "offset": end})
-    anchors.append({"kind": "private", "segment_id": None, "offset": len(ids)})
+            anchors.append(Anchor(AnchorKind.SEGMENT, segments[-1], end))
+    if ids:  # a piece with no tokens has no anchor
+        anchors.append(Anchor(AnchorKind.PRIVATE, None, len(ids)))
     dispatch = Dispatch({"input_ids": ids}, anchors)
     return TokenJob(
         segments=tuple(segments),
@@ -131,28 +132,18 @@ def turns_job(turns: Turns) -> TokenJob:
         head_tokens=cuts[0] if cuts else 0,
         segment_tokens=tuple(lengths) if cuts else None,
         build=lambda _order: dispatch,
+        origin="turns" if cuts else "none",
+        layout="messages" if cuts else "",
     )
 
 
 def dispatch_check(dispatch: Dispatch) -> str:
     """The `anchor_check` of a dispatch's prompt and anchors (for an engine that renders
     and tokenizes the prompt itself)."""
-    return anchor_check(
-        dispatch.prompt_fields["input_ids"], [a["offset"] for a in dispatch.anchors]
-    )
+    return anchor_check(dispatch.prompt_fields["input_ids"], [a.offset for a in dispatch.anchors])
 
 
 # --- a chat without hints -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class ChatJob:
-    """The token job of a chat without hints, and what was found in it for the metrics
-    (`outcome`: found, found-ordered, turns, none, off; `layout`)."""
-
-    job: TokenJob
-    outcome: str
-    layout: str = ""
-
-
 def _single_turn(given: Sequence[Mapping[str, Any]]) -> tuple[str | None, str] | None:
     """(system, user text) of a chat of one user message after at most one system (or
     developer) message, with string content and nothing else; None otherwise."""
@@ -172,17 +163,18 @@ def chat_job(
     layouts: Sequence[str],
     reorder: bool,
     evidence: BlockEvidence | ScopedEvidence,
-) -> ChatJob:
+) -> TokenJob:
     """How the proxy serves a text chat without hints (`messages` as forwarded):
     documents found in a single turn's user message, or else in its system message
     (`prompts.find_documents`); else the chat cut at its message ends; with no
-    `layouts` (segmentation off), one private piece. Raises `NotRenderable` (a
-    continuation of the assistant's last message) and `ChatTemplateError`."""
+    `layouts` (segmentation off), one private piece. The job's `origin` and `layout`
+    say which. Raises `NotRenderable` (a continuation of the assistant's last message)
+    and `ChatTemplateError`."""
     tokenizer = serializer.tokenizer
     given = template_messages(messages, content_format(tokenizer.chat_template))
     if not layouts:
         ids = tokenizer.encode_chat(tokenizer.render_chat(given))
-        return ChatJob(private_job({"input_ids": ids}, len(ids)), "off")
+        return private_job({"input_ids": ids}, len(ids), origin="off")
     turn = _single_turn(given)
     if turn is not None:
         system, text = turn
@@ -195,10 +187,8 @@ def chat_job(
                 system, system=None, layouts=layouts, reorder=reorder, evidence=evidence, user=text
             )
         if finding is not None:
-            job = segmented_job(serializer, finding.prompt, chat=True)
-            return ChatJob(job, finding.outcome, finding.layout)
-    job = turns_job(find_turns(tokenizer, given, None))
-    return ChatJob(job, "turns", "messages") if job.head_tokens else ChatJob(job, "none")
+            return segmented_job(serializer, finding, chat=True)
+    return turns_job(find_turns(tokenizer, given, None))
 
 
 class RenderingCheck:

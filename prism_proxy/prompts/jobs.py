@@ -25,7 +25,7 @@ from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
 from prism_proxy.prompts.extraction import extract
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.types import QueuedRequest
-from prism_wire import make_kv_hints
+from prism_wire import Anchor, AnchorKind, make_kv_hints
 
 
 class PromptError(ValueError):
@@ -41,11 +41,18 @@ class Dispatch:
     """`/generate` prompt fields (`input_ids` or `text`) and the anchors (SPEC §4)."""
 
     prompt_fields: dict[str, Any]
-    anchors: list[dict[str, Any]]
+    anchors: Sequence[Anchor]
 
 
 @dataclass(frozen=True, slots=True)
 class TokenJob:
+    """A request on the token path: the skeleton QAS schedules (`queued`) and `build`,
+    which serializes the prompt in a released order. `origin` and `layout` say where its
+    segments came from, for the metrics (`prism:extraction_total`): found in a layout
+    (`found`, or `found-ordered` when they may not move), the chat's `turns`
+    (`messages`), `none` found, extraction `off`; "" when the proxy did not look (its
+    caller knows why: hints, or a prompt it could not read)."""
+
     segments: tuple[str, ...]
     reorder: bool
     prefix_key: str
@@ -55,6 +62,8 @@ class TokenJob:
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
     glued: frozenset[str] = frozenset()
+    origin: str = ""
+    layout: str = ""
 
     def payload(
         self,
@@ -81,7 +90,7 @@ class TokenJob:
             # {"prism": ...} is a 400); the DART plugin and prism-sim read this form.
             payload["kv_hints"] = make_kv_hints(dispatch.anchors, priorities, message_id=rid)
         if see is not None:
-            offsets = [a["offset"] for a in dispatch.anchors if a.get("offset")]
+            offsets = [a.offset for a in dispatch.anchors]
             payload.update(see(payload.get("input_ids") or (), offsets))
         return payload
 
@@ -135,7 +144,7 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
         serialized = serializer.serialize(prompt, order, chat)
         if not serialized.input_ids:  # an empty prompt stops the engine
             raise PromptError("prism", "the prompt has no tokens")
-        return Dispatch({"input_ids": serialized.input_ids}, serialized.anchors_json())
+        return Dispatch({"input_ids": serialized.input_ids}, serialized.anchors)
 
     return TokenJob(
         segments=tuple(lengths),
@@ -149,14 +158,18 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
         head_tokens=head_tokens,
         segment_tokens=tuple(lengths.values()),
         build=build,
+        origin="" if prompt.layout is None else found_outcome(prompt),
+        layout=prompt.layout or "",
     )
 
 
-def private_job(prompt_fields: dict[str, Any], num_tokens: int | None) -> TokenJob:
+def private_job(
+    prompt_fields: dict[str, Any], num_tokens: int | None, origin: str = ""
+) -> TokenJob:
     """A request without hints: its whole prompt is private (cold lane)."""
-    anchors = [{"kind": "private", "segment_id": None, "offset": num_tokens}] if num_tokens else []
+    anchors = [Anchor(AnchorKind.PRIVATE, None, num_tokens)] if num_tokens else []
     dispatch = Dispatch(prompt_fields, anchors)
-    return TokenJob((), False, "", 0, None, lambda _order: dispatch)
+    return TokenJob((), False, "", 0, None, lambda _order: dispatch, origin=origin)
 
 
 def hinted_prompt(hint: PrismHint, *, system: str | None, suffix: str | None) -> SegmentedPrompt:
@@ -198,22 +211,12 @@ def chat_defaults(messages: Sequence[ChatMessage]) -> tuple[str | None, str | No
     return system, suffix
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """What the proxy found in a request without hints: the prompt it serializes, the
-    layout, and whether its documents may move (outcome `found` or `found-ordered`)."""
-
-    prompt: SegmentedPrompt
-    layout: str
-
-    @property
-    def outcome(self) -> str:
-        prompt = self.prompt
-        units = sum(
-            1 for s in prompt.segments if s.id not in prompt.fixed and s.id not in prompt.glued
-        )
-        movable = units > 1 or (units == 1 and bool(prompt.fixed))
-        return "found" if prompt.reorder and movable else "found-ordered"
+def found_outcome(prompt: SegmentedPrompt) -> str:
+    """`found` when QAS may move the documents found in a prompt (at least two units,
+    or one among fixed ones), else `found-ordered`."""
+    units = sum(1 for s in prompt.segments if s.id not in prompt.fixed and s.id not in prompt.glued)
+    movable = units > 1 or (units == 1 and bool(prompt.fixed))
+    return "found" if prompt.reorder and movable else "found-ordered"
 
 
 def document_id(text: str) -> str:
@@ -232,9 +235,10 @@ def find_documents(
     reorder: bool,
     evidence: BlockEvidence | ScopedEvidence,
     user: str | None = None,
-) -> Finding | None:
-    """The documents in one message's (or one prompt's) `text` as a `SegmentedPrompt`,
-    or None when none are found (the request then goes as before: one private piece).
+) -> SegmentedPrompt | None:
+    """The documents in one message's (or one prompt's) `text` as a `SegmentedPrompt`
+    (its `layout` the one they were found in), or None when none are found (the request
+    then goes as one private piece).
     `text` is the user message after `system`, or, with `user`, the system message
     before the user message `user`.
 
@@ -297,10 +301,11 @@ def find_documents(
             pinned=frozenset(pinned),
             glued=glued,
             user=user,
+            layout=found.layout,
         )
     except ValidationError:
         return None  # beyond the limits of a segmented prompt: served as one piece
-    return Finding(prompt, found.layout)
+    return prompt
 
 
 def single_turn(messages: Sequence[ChatMessage]) -> tuple[str | None, str] | None:

@@ -38,15 +38,14 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, Literal
 
 from prism_proxy.api.segments import SEGMENT_SEPARATOR, SegmentedPrompt
 from prism_tokens.byte_lru import ByteLRU
 from prism_tokens.tokenizer import Tokenizer
+from prism_wire import Anchor, AnchorKind
 
 SENTINEL = "PRISMSEGMENTSENTINEL0x5f3759df"
 USER_SENTINEL = "PRISMUSERSENTINEL0x1badb002"
-AnchorKind = Literal["system", "segment", "private"]
 
 
 class SerializationError(ValueError):
@@ -54,20 +53,9 @@ class SerializationError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Anchor:
-    """The token offset where a piece ends (SPEC §1)."""
-
-    kind: AnchorKind
-    segment_id: str | None
-    offset: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "segment_id": self.segment_id, "offset": self.offset}
-
-
-@dataclass(frozen=True, slots=True)
 class SerializedPrompt:
-    """Token ids of a request plus where each piece ends.
+    """Token ids of a request plus where each piece ends (`prism_wire.Anchor`, as the
+    wire carries them).
 
     ``segment_tokens`` maps each segment id to its token count, ``order`` is the segment
     order serialized, ``prefix_key`` a stable hash of the head's token ids (requests with
@@ -80,10 +68,6 @@ class SerializedPrompt:
     prefix_key: str
     order: tuple[str, ...] = ()
     tail_tokens: int = 0
-
-    def anchors_json(self) -> list[dict[str, Any]]:
-        """Anchors as sent in ``kv_hints["prism"]["anchors"]`` (SPEC §4)."""
-        return [a.to_json() for a in self.anchors]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +243,7 @@ class Serializer:
         if input_ids:
             # the head's id is its prefix_key: DART ranks each head as its own owner by
             # the demand the proxy pushes for it, never by its kind
-            anchors.append(Anchor("system", frame.prefix_key, len(input_ids)))
+            anchors.append(Anchor(AnchorKind.SYSTEM, frame.prefix_key, len(input_ids)))
         segment_tokens: dict[str, int] = {}
         for position, segment_id in enumerate(chosen, 1):
             start = len(input_ids)
@@ -269,14 +253,14 @@ class Serializer:
             input_ids.extend(self.segment_ids(segment_id, by_id[segment_id].text, prompt.separator))
             segment_tokens[segment_id] = len(input_ids) - start
             if len(input_ids) > start:
-                anchors.append(Anchor("segment", segment_id, len(input_ids)))
+                anchors.append(Anchor(AnchorKind.SEGMENT, segment_id, len(input_ids)))
         tail_text = prompt.suffix + frame.tail_text
         if prompt.user is not None:
             tail_text += prompt.user + frame.user_tail
         tail_ids = self.tokenizer.encode(tail_text) if tail_text else []
         input_ids.extend(tail_ids)
         if tail_ids:
-            anchors.append(Anchor("private", None, len(input_ids)))
+            anchors.append(Anchor(AnchorKind.PRIVATE, None, len(input_ids)))
         return SerializedPrompt(
             input_ids=input_ids,
             anchors=anchors,

@@ -31,7 +31,8 @@ class QueuedRequest:
     lengths; 1 each when unknown), `head_tokens` the head's. `ttft_slo_s` is the
     client's time-to-first-token target, if it sent one; `deadline` (same clock as
     `arrival`) is when its admission wait runs out: the admission core sets it from
-    the SLO or `cold_deadline_ms` (inf: none).
+    the SLO or `cold_deadline_ms` (inf: none), and `enqueued` to when it queued the
+    request (NaN until then): its admission wait counts from there.
 
     `fixed` (segments found in an unmodified client's text whose boundaries the proxy
     could not justify) keep their relative order, and a leading run of `pinned` ones
@@ -64,6 +65,7 @@ class QueuedRequest:
     segment_tokens: tuple[int, ...] | None = None
     ttft_slo_s: float | None = None
     deadline: float = math.inf
+    enqueued: float = math.nan
     fixed: frozenset[str] = frozenset()
     pinned: frozenset[str] = frozenset()
     glued: frozenset[str] = frozenset()

@@ -81,7 +81,7 @@ async def test_the_code_comes_back_from_the_engine_but_not_through_the_proxy(
     serializer = proxy.app[GATEWAY].serializer
     layouts = proxy.app[GATEWAY].config.extraction_layouts
     job = chat_job(serializer, victim_messages(), layouts=layouts, reorder=True,
-                   evidence=BlockEvidence(1 << 20)).job  # fmt: skip
+                   evidence=BlockEvidence(1 << 20))  # fmt: skip
     victim_ids = job.build(job.segments).prompt_fields["input_ids"]
     known_text = SYSTEM.split(CODE)[0].rstrip()
     cut = next(i for i in range(len(victim_ids), 0, -1)

@@ -22,8 +22,8 @@ import httpx
 
 from bench.fit_cpu_profile import Probe
 from loadgen.experiments.sweep import SweepConfig, sglang_cpu_command
+from loadgen.stack.lines import base_line
 from loadgen.stack.processes import free_port, run_server
-from loadgen.stack.variants import base_variant
 from prism_sim.time_model import PrefillItem, load_profile, prefill_time_s
 
 
@@ -54,19 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         f" s, {args.cached} cached {prefill_time_s(profile, [PrefillItem(new, args.prompt)]):.3f} s"
     )
     config = SweepConfig(
-        out=Path("/tmp"), variants=(), backend="sglang-cpu", model="smollm2",
+        out=Path("/tmp"), lines=(), backend="sglang-cpu", model="smollm2",
         sglang_python=args.sglang_python,
     )  # fmt: skip
     for label in ("fifo", "prism"):
         control, token = free_port(), secrets.token_hex(8)
-        serve = sglang_cpu_command(config, base_variant(label), control)
+        serve = sglang_cpu_command(config, base_line(label), control)
         with run_server(
             "sglang_cpu.serve", serve, python=args.sglang_python,
             startup_timeout_s=300.0, name=f"cached-prefill-{label}",
             env={"PRISM_CONTROL_TOKEN": token},
         ) as server:  # fmt: skip
             t = asyncio.run(_times(server.url, args.prompt, args.cached, args.repeats))
-        eviction = "stock" if base_variant(label).eviction == "lru" else "dart"
+        eviction = "stock" if base_line(label).eviction == "lru" else "dart"
         print(
             f"{label} server (--eviction {eviction}): uncached {t['uncached']:.3f} s, "
             f"{args.cached} cached {t['cached']:.3f} s (median of {args.repeats})",

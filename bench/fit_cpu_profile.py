@@ -44,8 +44,8 @@ import httpx
 
 from bench.profile_fit import LinearFit, fit_decode, fit_prefill, profile_fields
 from loadgen.experiments.sweep import SweepConfig, sglang_cpu_command
+from loadgen.stack.lines import base_line
 from loadgen.stack.processes import run_server
-from loadgen.stack.variants import base_variant
 from prism_sim.time_model import PrefillItem, Profile, decode_time_s, prefill_time_s
 
 LENGTHS = (32, 128, 256, 512, 768, 1024, 1536, 2048, 3072)
@@ -210,10 +210,10 @@ def _measure_server(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Start the server as the sweep would, measure, stop it."""
     config = SweepConfig(
-        out=Path("/tmp"), variants=(), backend="sglang-cpu", model="smollm2",
+        out=Path("/tmp"), lines=(), backend="sglang-cpu", model="smollm2",
         sglang_python=args.sglang_python,
     )  # fmt: skip
-    serve_args = sglang_cpu_command(config, base_variant("fifo"), 0)
+    serve_args = sglang_cpu_command(config, base_line("fifo"), 0)
     started = time.monotonic()
     load_before = _load()
     with run_server(

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     loads = [float(q) for q in args.qps.split(",")]
     work = Path(tempfile.mkdtemp(prefix="light-load-"))
     config = SweepConfig(
-        out=work, variants=(), qps=tuple(loads), num_requests=args.num_requests, seed=args.seed
+        out=work, lines=(), qps=tuple(loads), num_requests=args.num_requests, seed=args.seed
     )
     runs: dict[tuple[float, str], list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
     from pathlib import Path
 
-    config = SweepConfig(out=Path(tempfile.mkdtemp()), variants=(), qps=(40.0,),
+    config = SweepConfig(out=Path(tempfile.mkdtemp()), lines=(), qps=(40.0,),
                          num_requests=args.requests, seed=0)  # fmt: skip
     trace = read_trace(ensure_trace(config, 40.0))
     print(f"zipf_hotspot, {args.requests} requests, seed 0: the proxy's prompt vs the "

@@ -7,8 +7,10 @@ Each room imports only rooms listed above it here, never one below:
 * ``clients``: how a trace is sent to a target and read back: request bodies, the
   open-loop and closed-loop replays, routing keys, per-request records.
 * ``stack``: the servers a line runs as subprocesses (proxy, prism-sim, SGLang, peer
-  gateways) and the lines of a comparison (``variants``).
-* ``twin``: proxy admission and the simulated engine in modeled time.
+  gateways), and ``lines``: the one type of a line of a comparison, ``Line``, with the
+  real stack's settings of a line.
+* ``twin``: proxy admission and the simulated engine in modeled time, and a line's
+  twin setup (``line_setup``).
 * ``reports``: the sweep report (markdown table, plots, intervals).
 * ``experiments``: sweeps, demos and studies built from the rooms above.
 * ``quality``: answer quality by document order.

@@ -183,10 +183,10 @@ def session_params(args: argparse.Namespace) -> SessionParams:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from loadgen.experiments.session_real import REAL_LINES
-    from loadgen.experiments.session_sweep import LINE_NAMES, Point, sweep
+    from loadgen.experiments.session_lines import LINES, REAL_LINES
+    from loadgen.experiments.session_sweep import Point, sweep
 
-    known = REAL_LINES if args.real is not None else LINE_NAMES
+    known = tuple(REAL_LINES if args.real is not None else LINES)
     lines = tuple(args.lines.split(",")) if args.lines else known
     unknown = set(lines) - set(known)
     if unknown:

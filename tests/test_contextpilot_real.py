@@ -29,6 +29,7 @@ import loadgen.stack.peer_lines as peer_lines
 from loadgen.cli import main
 from loadgen.clients.apis import build_request, chat_messages
 from loadgen.clients.replay import contextpilot_order
+from loadgen.stack.lines import ALL_POLICIES, KNOWN_LINES, base_line
 from loadgen.stack.peer_lines import (
     CONTEXTPILOT_RAG,
     CONTEXTPILOT_REAL,
@@ -36,7 +37,6 @@ from loadgen.stack.peer_lines import (
     run_peer_server,
 )
 from loadgen.stack.processes import run_server
-from loadgen.stack.variants import ALL_POLICIES, KNOWN_LINES, base_variant
 from loadgen.workloads.trace_format import Segment, TraceRequest
 from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import load_tokenizer
@@ -146,9 +146,9 @@ def test_sweep_runs_contextpilot_real(tmp_path: Path) -> None:
 
 
 def test_the_line_is_named_and_not_a_default() -> None:
-    variant = base_variant("contextpilot-real")
-    assert variant.peer == "contextpilot-real" and variant.policy is None
-    assert (variant.eviction, variant.schedule_policy) == ("lru", "fcfs")
+    line = base_line("contextpilot-real")
+    assert line.peer == "contextpilot-real" and line.policy is None
+    assert (line.eviction, line.schedule_policy) == ("lru", "fcfs")
     assert "contextpilot-real" in KNOWN_LINES and "contextpilot-real" not in ALL_POLICIES
     assert "contextpilot-style" in ALL_POLICIES and "contextpilot" not in KNOWN_LINES
 

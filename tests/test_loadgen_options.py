@@ -12,8 +12,8 @@ import pytest
 
 from bench.loadgen_options import measure, subcommands
 from loadgen.cli import build_parser, main, session_params
-from loadgen.experiments.sweep import SweepConfig, line_qas, sweep_config_from_args
-from loadgen.stack.variants import line_variant
+from loadgen.experiments.sweep import SweepConfig, sweep_config_from_args
+from loadgen.stack.lines import line_qas, spec_line
 from prism_proxy.qas.params import qas_params
 
 
@@ -54,10 +54,11 @@ def test_a_qas_parameter_is_set_on_every_prism_line_only() -> None:
         "--set", "qas.cold_deadline_ms=1000", "--set", "qas.w_c=0",
     )  # fmt: skip
     assert config.qas_overrides == (("cold_deadline_ms", 1000.0), ("w_c", 0.0))
-    prism, paper = line_variant("prism"), line_variant("prism[qas=paper]")
-    assert line_qas(config, prism) == qas_params("full", {"cold_deadline_ms": 1000, "w_c": 0})
-    assert line_qas(config, paper) == qas_params("paper", {"cold_deadline_ms": 1000, "w_c": 0})
-    assert line_qas(config, line_variant("fifo")) == qas_params("full")
+    prism, paper, fifo = spec_line("prism"), spec_line("prism[qas=paper]"), spec_line("fifo")
+    overrides = {"cold_deadline_ms": 1000, "w_c": 0}
+    assert line_qas(prism, config.qas, config.qas_overrides) == qas_params("full", overrides)
+    assert line_qas(paper, config.qas, config.qas_overrides) == qas_params("paper", overrides)
+    assert line_qas(fifo, config.qas, config.qas_overrides) == qas_params("full")
 
 
 def test_a_wrong_setting_is_refused_naming_the_keys(

@@ -20,30 +20,30 @@ from loadgen.reports.report import (
     t_quantile_975,
     write_report,
 )
-from loadgen.stack.variants import make_variants
+from loadgen.stack.lines import spec_lines
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def test_variants() -> None:
+def test_line_specs() -> None:
     specs = "fifo,prism,sglang-lpm,prism[eviction=lru],prism[eviction=lru+active],"
     specs += "prism[q_cold=0],prism[q_cold=4],prism[qas=paper],"
     specs += "fifo[prefill_batch=16],prism[prefill_batch=16;q_cold=2]"
-    variants = make_variants(specs.split(","))
+    lines = spec_lines(specs.split(","))
     assert [
-        (v.label, v.policy, v.eviction, v.q_cold, v.schedule_policy, v.prefill_batch, v.qas)
-        for v in variants
+        (v.label, v.policy, v.eviction, v.qas_overrides, v.schedule_policy, v.prefill_batch, v.qas)
+        for v in lines
     ] == [
-        ("fifo", "fifo", "lru", None, "fcfs", None, None),
-        ("prism", "prism", "dart", None, "fcfs", None, None),
-        ("sglang-lpm", None, "lru", None, "lpm", None, None),  # native: no proxy
-        ("prism[eviction=lru]", "prism", "lru", None, "fcfs", None, None),
-        ("prism[eviction=lru+active]", "prism", "lru+active", None, "fcfs", None, None),
-        ("prism[q_cold=0]", "prism", "dart", 0, "fcfs", None, None),
-        ("prism[q_cold=4]", "prism", "dart", 4, "fcfs", None, None),
-        ("prism[qas=paper]", "prism", "dart", None, "fcfs", None, "paper"),
-        ("fifo[prefill_batch=16]", "fifo", "lru", None, "fcfs", 16, None),
-        ("prism[prefill_batch=16;q_cold=2]", "prism", "dart", 2, "fcfs", 16, None),
+        ("fifo", "fifo", "lru", (), "fcfs", None, None),
+        ("prism", "prism", "dart", (), "fcfs", None, None),
+        ("sglang-lpm", None, "lru", (), "lpm", None, None),  # native: no proxy
+        ("prism[eviction=lru]", "prism", "lru", (), "fcfs", None, None),
+        ("prism[eviction=lru+active]", "prism", "lru+active", (), "fcfs", None, None),
+        ("prism[q_cold=0]", "prism", "dart", (("q_cold", 0),), "fcfs", None, None),
+        ("prism[q_cold=4]", "prism", "dart", (("q_cold", 4),), "fcfs", None, None),
+        ("prism[qas=paper]", "prism", "dart", (), "fcfs", None, "paper"),
+        ("fifo[prefill_batch=16]", "fifo", "lru", (), "fcfs", 16, None),
+        ("prism[prefill_batch=16;q_cold=2]", "prism", "dart", (("q_cold", 2),), "fcfs", 16, None),
     ]
     for spec, error in [
         ("lifo", "unknown policy"),
@@ -54,7 +54,7 @@ def test_variants() -> None:
         ("prism[q_cold=4", "expected name"),
     ]:
         with pytest.raises(ValueError, match=error):
-            make_variants([spec])
+            spec_lines([spec])
 
 
 def _summary(p99_s: float, hit: float) -> dict:

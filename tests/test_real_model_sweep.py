@@ -11,24 +11,24 @@ import pytest
 from loadgen.experiments.sweep import SweepConfig, model_tokenizer, sglang_cpu_command
 from loadgen.experiments.twin_vs_real import comparison_table, point_metrics, tpot_ms
 from loadgen.stack.cpu_models import CPU_MODELS
-from loadgen.stack.variants import base_variant
+from loadgen.stack.lines import base_line
 
 
 def test_smollm2_server_gets_its_model_pool_and_memory_fraction() -> None:
-    config = SweepConfig(out=Path("x"), variants=(), backend="sglang-cpu", model="smollm2")
-    args = sglang_cpu_command(config, base_variant("fifo"), 0)
+    config = SweepConfig(out=Path("x"), lines=(), backend="sglang-cpu", model="smollm2")
+    args = sglang_cpu_command(config, base_line("fifo"), 0)
     assert args[:2] == ["--model", "smollm2"]
     assert "--sglang-arg=--mem-fraction-static 0.3" in args
     assert args[args.index("--max-total-tokens") + 1] == "131072"
     assert args[args.index("--eviction") + 1] == "stock"
-    prism = sglang_cpu_command(config, base_variant("prism"), 31001)
+    prism = sglang_cpu_command(config, base_line("prism"), 31001)
     assert prism[prism.index("--eviction") + 1] == "dart"
     assert prism[prism.index("--control-port") + 1] == "31001"
 
 
 def test_tiny_keeps_its_pool_and_the_builtin_tokenizer() -> None:
-    config = SweepConfig(out=Path("x"), variants=(), backend="sglang-cpu", kv_capacity_tokens=900)
-    args = sglang_cpu_command(config, base_variant("fifo"), 0)
+    config = SweepConfig(out=Path("x"), lines=(), backend="sglang-cpu", kv_capacity_tokens=900)
+    args = sglang_cpu_command(config, base_line("fifo"), 0)
     assert args[:2] == ["--model", "tiny"]
     assert args[args.index("--max-total-tokens") + 1] == "900"
     assert CPU_MODELS["tiny"].kv_tokens == 65536

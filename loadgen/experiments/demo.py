@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.experiments.sweep import SweepConfig, run_sweep
-from loadgen.stack.variants import base_variant
+from loadgen.stack.lines import base_line
 
 DEMO_QPS = (40.0, 60.0, 80.0)
 DEMO_POLICIES = ("fifo", "klpm", "contextpilot-style", "prism", "sglang-fcfs")
@@ -63,7 +63,7 @@ def run_demo(out: Path, speed: float | None = None, num_requests: int | None = N
     started = time.monotonic()
     twin = SweepConfig(
         out=out / "twin",
-        variants=tuple(base_variant(name) for name in DEMO_POLICIES),
+        lines=tuple(base_line(name) for name in DEMO_POLICIES),
         qps=DEMO_QPS,
         num_requests=num_requests or 2048,
         engine="twin",
@@ -79,7 +79,7 @@ def run_demo(out: Path, speed: float | None = None, num_requests: int | None = N
     real = replace(
         twin,
         out=out / "real",
-        variants=tuple(base_variant(name) for name in REAL_POLICIES),
+        lines=tuple(base_line(name) for name in REAL_POLICIES),
         qps=REAL_QPS,
         num_requests=REAL_REQUESTS,
         engine="sim",

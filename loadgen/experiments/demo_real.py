@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from loadgen.experiments.sweep import SweepConfig, model_tokenizer, parse_seeds, run_sweep
-from loadgen.stack.variants import base_variant
+from loadgen.stack.lines import base_line
 
 POLICIES = ("fifo", "prism", "sglang-fcfs")
 QPS = 1.5
@@ -51,7 +51,7 @@ def run_demo_real(
     started = time.monotonic()
     config = SweepConfig(
         out=out,
-        variants=tuple(base_variant(name) for name in POLICIES),
+        lines=tuple(base_line(name) for name in POLICIES),
         qps=(qps,),
         num_requests=num_requests,
         seed=seeds[0],

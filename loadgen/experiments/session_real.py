@@ -7,18 +7,10 @@ durations by the same factor; records come back in the trace's seconds. The prox
 QAS window is divided by `speed` too, so it stays 10 ms of modeled time; its learned
 session TTLs are in wall seconds, as is the engine's (DART's) clock, so they agree.
 
-Lines (a subset of the twin's `session_sweep.LINES`, same settings):
-
-    sglang-lru        prism-sim alone, fcfs, LRU
-    prism             proxy (QAS full) + prism-sim with DART and its control RPC
-    prism+sessions    the same with `--set sessions=true`
-    prism+sessions+returns
-                      and `--set session_rank=predicted`
-    prism+sessions+returns+backlog
-                      and the backlog rule (`backlog_ms`, `age_cap_ms`: the twin's
-                      modeled milliseconds divided by `speed`)
-    continuum-style   proxy `--policy continuum-style --set sessions=true
-                      --set session_rank=program` + DART
+Lines: `session_lines.REAL_LINES`, the twin's lines of the same names. The engine's and
+the proxy's settings come from the line (`loadgen.stack.lines`): its QAS times (the
+backlog line's `backlog_ms`, `age_cap_ms`) are the twin's modeled milliseconds, divided
+by `speed` here as the window is.
 """
 
 from __future__ import annotations
@@ -32,65 +24,60 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.clients.session_replay import SessionReplayConfig, replay_sessions
+from loadgen.stack.lines import Line, line_engine_settings, line_proxy_settings
 from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
 from loadgen.twin.session_twin import shared_tokens
 from loadgen.workloads.session_trace import SessionTrace, belady_bound
 from prism_tokens.tokenizer import Tokenizer
 
-REAL_LINES = (
-    "sglang-lru",
-    "prism",
-    "prism+sessions",
-    "prism+sessions+returns",
-    "prism+sessions+returns+backlog",
-    "continuum-style",
-)
-# The backlog line's thresholds in the twin's modeled time (session_sweep's `_lines`).
-BACKLOG_MS, AGE_CAP_MS = 1000.0, 8000.0
 WINDOW_MS = 10.0
 
 
+def stack_settings(
+    line: Line, pool: int, speed: float, control_port: int | None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """prism-sim's settings and the proxy's (None: the line has no proxy; its backend,
+    the engine's URL, is added once the engine runs) for `line` with a pool of `pool`
+    tokens at clock `speed`, DART's control RPC on `control_port` where the line uses it."""
+    sim: dict[str, Any] = {"kv_capacity_tokens": pool, "speed": speed, "log_level": "warning"}
+    sim |= line_engine_settings(line, at_defaults=False)
+    if line.policy is None:
+        return sim, None
+    proxy: dict[str, Any] = {}
+    if line.control_rpc:
+        sim["control_port"] = control_port
+        proxy["control_url"] = f"http://127.0.0.1:{control_port}"
+    proxy |= {"window_ms": WINDOW_MS / speed, "log_level": "warning"}
+    return sim, proxy | line_proxy_settings(line, speed=speed)
+
+
 @contextlib.contextmanager
-def _stack(line: str, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
+def _stack(line: Line, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
     """The servers of `line`; yields the URL the client talks to."""
     token = secrets.token_hex(8)
-    control_port = free_port()
-    sim: dict[str, Any] = {"kv_capacity_tokens": pool, "speed": speed, "log_level": "warning"}
-    if line == "sglang-lru":
+    control_port = free_port() if line.control_rpc else None
+    sim, proxy = stack_settings(line, pool, speed, control_port)
+    if proxy is None:
         with run_server("prism_sim", engine_args(sim), log_dir=log_dir, name="sim") as engine:
             yield engine.url
         return
-    sim |= {"eviction": "dart", "control_port": control_port}
-    settings: dict[str, Any] = {"control_url": f"http://127.0.0.1:{control_port}"}
-    settings |= {"window_ms": WINDOW_MS / speed, "log_level": "warning"}
     secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
-    if line == "prism":
-        settings |= {"policy": "prism", "qas": "full", "sessions": False}
-    elif line == "prism+sessions":
-        settings |= {"policy": "prism", "qas": "full", "sessions": True}
-    elif line in ("prism+sessions+returns", "prism+sessions+returns+backlog"):
-        settings |= {"policy": "prism", "qas": "full", "sessions": True}
-        settings |= {"session_rank": "predicted"}
-        if line.endswith("+backlog"):  # the proxy's clock is the wall's: modeled / speed
-            settings |= {"backlog_ms": BACKLOG_MS / speed, "age_cap_ms": AGE_CAP_MS / speed}
-    elif line == "continuum-style":
-        settings |= {"policy": "continuum-style", "sessions": True, "session_rank": "program"}
-    else:
-        raise ValueError(f"unknown real-stack line {line!r}; choose from {REAL_LINES}")
     with run_server(
         "prism_sim", engine_args(sim), log_dir=log_dir, name="sim", env=secret
     ) as engine:
-        args = proxy_args({**settings, "backend": engine.url})
-        with run_server("prism_proxy", args, log_dir=log_dir, name="proxy", env=secret) as proxy:
-            yield proxy.url
+        args = proxy_args({**proxy, "backend": engine.url})
+        with run_server("prism_proxy", args, log_dir=log_dir, name="proxy", env=secret) as server:
+            yield server.url
 
 
 def run_real_line(
-    line: str, trace: SessionTrace, pool: int, speed: float, tokenizer: Tokenizer, log_dir: Path
+    line: Line, trace: SessionTrace, pool: int, speed: float, tokenizer: Tokenizer, log_dir: Path
 ) -> dict[str, Any]:
+    """`line` on the real stack with a pool of `pool` tokens: its summary and Belady's
+    bound on its own calls."""
     shared = shared_tokens(trace, tokenizer)
     started = time.monotonic()
-    with _stack(line, pool, speed, log_dir / line) as url:
+    with _stack(line, pool, speed, log_dir / line.label) as url:
         config = SessionReplayConfig(target=url, time_scale=speed, shared_tokens=shared)
         results = asyncio.run(replay_sessions(trace, config))
     calls = [
@@ -101,7 +88,7 @@ def run_real_line(
     ]
     bound = belady_bound(trace, calls, shared, pool)
     return {
-        "line": line,
+        "line": line.label,
         "engine": "real",
         "speed": speed,
         "summary": results["summary"],

@@ -15,32 +15,9 @@ sets the pool from them again (to reproduce those runs).
 Each row's `summary.reprefill_tokens` says what the continuations re-prefilled of their
 own history and why (`prism_proxy.admission.reprefill`).
 
-Lines (`LINES`), each one setup of the proxy (or none) and the engine:
-
-    sglang-lru, sglang-lpm     SGLang's own scheduler (fcfs, lpm) and LRU, no proxy
-    sglang-slru, sglang-tlru   SGLang's other multi-turn eviction policies
-    fifo                       the proxy in arrival order
-    continuum-style            program-level FCFS, every paused session pinned for its
-                               TTL through DART (rank `program`), no P̂_t
-    prism                      QAS and DART without the session features
-    prism+sessions             with them at their defaults: continuations recognised,
-                               paused sessions retained (rank `recent`)
-    prism+sessions/lru         the same QAS with LRU in the engine (DART's half off)
-    prism+sessions+precedence  and continuations first in QAS's hot lane
-                               (`continuation_share` 0.5)
-    prism+precedence           precedence without retention
-    prism+sessions+returns     retention by predicted return (rank `predicted`)
-    prism+sessions+returns+backlog
-                               and under a backlog (the oldest request waited 1 s) the
-                               longest cached prefix first, within an age cap of 8 s
-                               (`backlog_ms`, `age_cap_ms`); /cap16: a cap of 16 s
-    .../call                   retention asked when the stream shows the tool call,
-                               not at the answer's end (`retain_from` "call")
-    sglang-lru+host, prism+sessions+returns+host
-                               those lines with SGLang's hierarchical cache on at its
-                               defaults (`prism_sim.host_tier`); sglang-lru+host/ratio1:
-                               a host pool of 1 × the device pool; /8gbps: loads at
-                               8 GB/s instead of 25
+The lines are `session_lines.LINES`, each a `Line` (`loadgen.stack.lines`) from which
+a run takes its twin setup and session features (`loadgen.twin.line_setup`) with the
+point's pool.
 """
 
 from __future__ import annotations
@@ -53,10 +30,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loadgen.experiments.session_lines import LINES, REAL_LINES
 from loadgen.experiments.session_real import run_real_line
 from loadgen.experiments.sweep import git_commit
-from loadgen.twin.session_twin import SessionFeatures, shared_tokens, simulate_sessions
-from loadgen.twin.twin import TwinSetup
+from loadgen.twin.line_setup import session_features, twin_setup
+from loadgen.twin.session_twin import shared_tokens, simulate_sessions
 from loadgen.workloads.session_trace import (
     SessionParams,
     SessionTrace,
@@ -68,73 +46,10 @@ from loadgen.workloads.session_trace import (
     summary as trace_summary,
 )
 from prism_proxy.admission.reprefill import Cause
-from prism_proxy.admission.sessions import SessionParams as TableParams
-from prism_proxy.qas.params import qas_params
 from prism_tokens.tokenizer import Tokenizer, load_tokenizer
 
 UNLIMITED_TOKENS = 50_000_000
-# T-LRU's budget: a conversation keeps only what holds its next prefill within this
-# many uncached tokens (SGLang's `threshold`), its next prompt estimated at the median
-# tool call plus tool output (`next_prompt_estimate`).
-TLRU_CONFIG = {"threshold": 2048, "next_prompt_estimate": 700}
-
-Line = tuple[TwinSetup, SessionFeatures | None]
-
-
-def _lines(pool: int) -> dict[str, Line]:
-    full = qas_params("full")
-    precedence = replace(full, continuation_share=0.5)
-    backlog = replace(full, backlog_ms=1000.0)  # age cap: QasParams' default, 8 s
-    prism = TwinSetup(policy="prism", eviction="dart", qas=full, kv_capacity_tokens=pool)
-    on = SessionFeatures(detect=True, retain=True)
-    native = TwinSetup(policy=None, eviction="lru", kv_capacity_tokens=pool)
-    returns = replace(on, params=TableParams(rank="predicted"))
-    at_call = replace(on, params=TableParams(rank="predicted", retain_from="call"))
-    return {
-        "sglang-lru": (native, None),
-        "sglang-lpm": (replace(native, schedule_policy="lpm"), None),
-        "sglang-slru": (replace(native, eviction="slru"), None),
-        "sglang-tlru": (replace(native, eviction="tlru", eviction_config=TLRU_CONFIG), None),
-        "fifo": (TwinSetup(policy="fifo", eviction="lru", kv_capacity_tokens=pool), None),
-        "continuum-style": (
-            TwinSetup(policy="continuum-style", eviction="dart", kv_capacity_tokens=pool),
-            replace(on, params=TableParams(rank="program")),
-        ),
-        "prism": (prism, None),
-        "prism+sessions": (prism, on),
-        "prism+sessions+returns": (prism, returns),
-        "prism+sessions+returns+precedence": (replace(prism, qas=precedence), returns),
-        "prism+sessions+returns+backlog": (replace(prism, qas=backlog), returns),
-        "prism+sessions+returns+backlog/cap16": (
-            replace(prism, qas=replace(backlog, age_cap_ms=16_000.0)),
-            returns,
-        ),
-        "prism+sessions+returns/call": (prism, at_call),
-        "prism+sessions+returns+backlog/call": (replace(prism, qas=backlog), at_call),
-        # the engine's own longest-prefix-match order over every request (no pacing)
-        "prism+sessions+returns/lpm-unpaced": (
-            replace(prism, schedule_policy="lpm", prefill_batch=1024),
-            returns,
-        ),
-        "prism+sessions/lru": (replace(prism, eviction="lru"), on),
-        "prism+sessions+precedence": (replace(prism, qas=precedence), on),
-        "prism+precedence": (replace(prism, qas=precedence), SessionFeatures(detect=True)),
-        # SGLang's hierarchical cache at its defaults (host pool 2 × device, write
-        # through, PCIe 4.0 loads; `prism_sim.host_tier`) under the same lines
-        "sglang-lru+host": (replace(native, hicache=True), None),
-        "prism+sessions+returns+host": (replace(prism, hicache=True), returns),
-        # the same with a host pool only as large as the device pool, and with a third
-        # of the PCIe 4.0 rate (a Gen3 or shared link)
-        "sglang-lru+host/ratio1": (replace(native, hicache=True, hicache_ratio=1.0), None),
-        "sglang-lru+host/8gbps": (
-            replace(native, hicache=True, hicache_bandwidth_gbps=8.0),
-            None,
-        ),
-    }
-
-
-LINE_NAMES = tuple(_lines(1))
-NATIVE = tuple(n for n in LINE_NAMES if n.startswith("sglang-"))
+NATIVE = tuple(name for name, line in LINES.items() if line.policy is None)  # no proxy
 
 
 @dataclass(frozen=True)
@@ -147,9 +62,10 @@ class Point:
 def run_line(name: str, trace: SessionTrace, pool: int, tokenizer: Tokenizer) -> dict[str, Any]:
     """One line on one trace with a pool of `pool` tokens: its summary and Belady's
     bound on its own calls."""
-    setup, features = _lines(pool)[name]
+    line = LINES[name]
     started = time.monotonic()
-    out = simulate_sessions(trace, setup, tokenizer, features)
+    setup = twin_setup(line, kv_capacity_tokens=pool)
+    out = simulate_sessions(trace, setup, tokenizer, session_features(line))
     calls = [
         (c["sid"], c["sent"] + c["ttft_s"], c["end"], c["prompt_tokens"])
         for r in out["sessions"]
@@ -222,8 +138,9 @@ def sweep(
                 results = pool_.map(_job, work)
             else:
                 trace = build_session_trace(params, tokenizer, seed)
+                logs = out / "logs"
                 results = (
-                    run_real_line(name, trace, pool, real_speed, tokenizer, out / "logs")
+                    run_real_line(REAL_LINES[name], trace, pool, real_speed, tokenizer, logs)
                     for name in lines
                 )
             for result in results:

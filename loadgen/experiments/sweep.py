@@ -1,11 +1,11 @@
-"""The paper's comparison: every variant × every QPS, each on a fresh engine.
+"""The paper's comparison: every line × every QPS, each on a fresh engine.
 
 Two engines run the same sweep and write the same results and report:
 
 * ``sweep`` — the real stack in real time: for each point a fresh simulated engine
-  (``python -m prism_sim``, empty cache, the variant's eviction and schedule policy; the
+  (``python -m prism_sim``, empty cache, the line's eviction and schedule policy; the
   control RPC for ``prism``), a fresh proxy (``python -m prism_proxy serve --policy …``)
-  unless the variant is native SGLang, and one open-loop replay (``--api prism``
+  unless the line is native SGLang, and one open-loop replay (``--api prism``
   through the proxy, ``--api native`` straight to the engine), then both are torn down.
 * ``simulate`` — the twin (``loadgen.twin.twin``): the same admission core, policies,
   serializer, scheduler, radix cache and DART in one deterministic modeled-time run.
@@ -42,6 +42,15 @@ from typing import Any
 
 from loadgen.clients.apis import CHAT_LAYOUTS
 from loadgen.stack.cpu_models import CPU_MODELS
+from loadgen.stack.lines import (
+    ALL_POLICIES,
+    LINE_KEYS,
+    Line,
+    line_engine_settings,
+    line_proxy_settings,
+    line_qas,
+    spec_lines,
+)
 from loadgen.stack.processes import (
     engine_args,
     free_port,
@@ -49,8 +58,7 @@ from loadgen.stack.processes import (
     proxy_args,
     run_server,
 )
-from loadgen.stack.variants import ALL_POLICIES, LINE_KEYS, Variant, make_variants
-from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
+from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS
 
 DEFAULT_QPS = (40.0, 50.0, 60.0, 70.0, 80.0)
 ENGINES = ("sim", "twin")
@@ -59,7 +67,7 @@ ENGINES = ("sim", "twin")
 @dataclass(frozen=True)
 class SweepConfig:
     out: Path
-    variants: tuple[Variant, ...]
+    lines: tuple[Line, ...]
     qps: tuple[float, ...] = DEFAULT_QPS
     workload: str = "rag"
     num_requests: int = 2048
@@ -106,11 +114,26 @@ def trace_path(config: SweepConfig, qps: float) -> Path:
     return config.out / "traces" / name
 
 
-def result_path(config: SweepConfig, variant: Variant, qps: float) -> Path:
-    safe = variant.label.replace("[", "-").replace("]", "").replace("=", "").replace("+", "p")
+def result_path(config: SweepConfig, line: Line, qps: float) -> Path:
+    safe = line.label.replace("[", "-").replace("]", "").replace("=", "").replace("+", "p")
     safe = safe.replace(";", "-")  # a spec's settings (`prism[q_cold=4;prefill_batch=8]`)
     seed = f"_seed{config.seed}" if len(config.seed_list) > 1 else ""
     return config.out / "results" / f"{safe}_qps{qps:g}{seed}.json"
+
+
+def line_record(line: Line) -> dict[str, Any]:
+    """A line as the sweep's results (`variant`) and `sweep.json` (`variants`) record it;
+    the report and `twin_vs_real` read them back."""
+    return {
+        "label": line.label,
+        "policy": line.policy,
+        "eviction": line.eviction,
+        "q_cold": dict(line.qas_overrides).get("q_cold"),
+        "schedule_policy": line.schedule_policy,
+        "prefill_batch": line.prefill_batch,
+        "qas": line.qas,
+        "peer": line.peer,
+    }
 
 
 def ensure_trace(config: SweepConfig, qps: float) -> Path:
@@ -145,62 +168,52 @@ def ensure_trace(config: SweepConfig, qps: float) -> Path:
     return path
 
 
-def sim_command(config: SweepConfig, variant: Variant, control_port: int) -> list[str]:
+def sim_command(config: SweepConfig, line: Line, control_port: int) -> list[str]:
     """Arguments of `prism_sim` (the control token goes in its environment, `run`)."""
     settings = {
         "profile": config.profile,
         "speed": config.speed,
-        "eviction": variant.eviction,
-        "schedule_policy": variant.schedule_policy,
+        **line_engine_settings(line),
         "seed": config.seed,
         "tokenizer": config.tokenizer,
         "kv_capacity_tokens": config.kv_capacity_tokens,
-        "control_port": control_port if has_control_rpc(config, variant) else None,
+        "control_port": control_port if has_control_rpc(config, line) else None,
     }
     return [*engine_args(settings), *config.sim_args]
 
 
-def has_control_rpc(config: SweepConfig, variant: Variant) -> bool:
+def has_control_rpc(config: SweepConfig, line: Line) -> bool:
     """Whether the line's engine serves DART's control RPC and the proxy pushes to it:
     `prism`'s lines, except on a real SGLang running its own LRU cache (no plugin)."""
-    stock = config.backend == "sglang-cpu" and variant.eviction == "lru"
-    return variant.pushes_priorities and not stock
+    stock = config.backend == "sglang-cpu" and line.eviction == "lru"
+    return line.pushes_priorities and not stock
 
 
-def line_qas(config: SweepConfig, variant: Variant) -> QasParams:
-    """The QAS parameters a line's proxy runs: its variant (the sweep's `--set qas=...`
-    unless the line names one), `--set qas.NAME=X` on prism lines, the line's `q_cold`."""
-    overrides: dict[str, Any] = dict(config.qas_overrides) if variant.policy == "prism" else {}
-    if variant.q_cold is not None:
-        overrides["q_cold"] = variant.q_cold
-    return qas_params(variant.qas or config.qas, overrides)
-
-
-def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
+def line_settings(config: SweepConfig, line: Line) -> dict[str, Any]:
     """The settings a line is run with, as the sweep sets them: for prism
     lines the QAS variant and its resolved parameters; the window (modeled ms), the
     prefill batch B (fixed, or "auto": the proxy's rule), the residency source prism
     will use, the eviction order, whether the control RPC is on, and how clients talk.
     `--proxy-arg`s may change them; each run records the proxy's own account."""
-    proxied, prism = variant.policy is not None, variant.policy == "prism"
-    qas = line_qas(config, variant) if prism else None
-    control = has_control_rpc(config, variant)
+    proxied, prism = line.policy is not None, line.policy == "prism"
+    qas = line_qas(line, config.qas, config.qas_overrides) if prism else None
+    control = has_control_rpc(config, line)
     residency = None
     if qas is not None:
         residency = "none" if qas.w_c <= 0 else ("dart" if control else "view")
     client_api = config.client_api if proxied else "native"
-    if variant.peer is not None:  # a third party's server, sent plain chat
+    if line.peer is not None:  # a third party's server, sent plain chat
         client_api = "openai"
     return {
-        "policy": variant.policy,
-        "peer": variant.peer,
-        "qas_variant": (variant.qas or config.qas) if prism else None,
+        "policy": line.policy,
+        "peer": line.peer,
+        "qas_variant": (line.qas or config.qas) if prism else None,
         "qas": asdict(qas) if qas is not None else None,
         "window_ms": config.window_ms if proxied else None,
-        "prefill_batch": (variant.prefill_batch or "auto") if proxied else None,
+        "prefill_batch": (line.prefill_batch or "auto") if proxied else None,
         "residency": residency,
-        "eviction": variant.eviction,
-        "schedule_policy": variant.schedule_policy,
+        "eviction": line.eviction,
+        "schedule_policy": line.schedule_policy,
         "control_rpc": control,
         "client_api": client_api,
         "layout": config.layout if client_api == "openai" else None,
@@ -208,44 +221,42 @@ def line_settings(config: SweepConfig, variant: Variant) -> dict[str, Any]:
     }
 
 
-def sglang_cpu_command(config: SweepConfig, variant: Variant, control_port: int) -> list[str]:
+def sglang_cpu_command(config: SweepConfig, line: Line, control_port: int) -> list[str]:
     """Arguments of `sglang_cpu.serve`: a real SGLang on this CPU.
 
     Lines on plain LRU (the baselines, native SGLang, `prism[eviction=lru]`) run SGLang's own
     radix cache (SPEC §5); the other orders run the DART plugin with that order."""
-    stock = variant.eviction == "lru"
+    stock = line.eviction == "lru"
     model = CPU_MODELS[config.model]
     settings = {
         "model": model.name,
-        "eviction": "stock" if stock else variant.eviction,
+        "eviction": "stock" if stock else line.eviction,
         "max_total_tokens": config.kv_capacity_tokens or model.kv_tokens,
         "seed": config.seed,
-        "control_port": control_port if has_control_rpc(config, variant) else None,
-        "sglang": {**model.sglang, "schedule_policy": variant.schedule_policy},
+        "control_port": control_port if has_control_rpc(config, line) else None,
+        "sglang": {**model.sglang, "schedule_policy": line.schedule_policy},
     }
     return [*engine_args(settings), *config.sim_args]
 
 
-def proxy_command(
-    config: SweepConfig, variant: Variant, backend: str, control_port: int
-) -> list[str]:
-    assert variant.policy is not None
-    prism = variant.policy == "prism"
+def proxy_command(config: SweepConfig, line: Line, backend: str, control_port: int) -> list[str]:
+    """Arguments of `prism-proxy serve` for `line` (the control token goes in its
+    environment, `run_point`): the run's settings, then the line's (`line_proxy_settings`
+    with the sweep's QAS variant and `--set qas.NAME=X`; `policy`, given again there,
+    keeps its place), then `--proxy-arg`s."""
     settings: dict[str, Any] = {
         "backend": backend,
-        "policy": variant.policy,
+        "policy": line.policy,
         "tokenizer": config.tokenizer,
         "window_ms": config.window_ms / config.speed,
         "log_level": "warning",
         "control_url": (
-            f"http://127.0.0.1:{control_port}" if has_control_rpc(config, variant) else None
+            f"http://127.0.0.1:{control_port}" if has_control_rpc(config, line) else None
         ),
     }
-    if prism:  # the QAS variant, then `--set qas.NAME=X`
-        settings |= {"qas": variant.qas or config.qas, **dict(config.qas_overrides)}
-    if variant.q_cold is not None:
-        settings["q_cold"] = variant.q_cold
-    settings["prefill_batch"] = variant.prefill_batch
+    settings |= line_proxy_settings(
+        line, qas=config.qas, qas_overrides=config.qas_overrides, speed=config.speed
+    )
     return [*proxy_args(settings), *config.proxy_args]
 
 
@@ -301,7 +312,7 @@ def metric_totals(text: str) -> dict[str, float]:
     return totals
 
 
-def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, Any]:
+def run_point(config: SweepConfig, line: Line, qps: float) -> dict[str, Any]:
     """One point on the real stack: fresh engine (+ proxy), one replay; the results."""
     from loadgen.clients.replay import ReplayConfig, replay
     from loadgen.workloads.trace_format import read_trace
@@ -314,14 +325,14 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
     control_port = free_port()
     if config.backend == "sglang-cpu":
         module, python, timeout_s = "sglang_cpu.serve", config.sglang_python, 300.0
-        sim_args = sglang_cpu_command(config, variant, control_port)
+        sim_args = sglang_cpu_command(config, line, control_port)
     else:
         module, python, timeout_s = "prism_sim", sys.executable, 60.0
-        sim_args = sim_command(config, variant, control_port)
+        sim_args = sim_command(config, line, control_port)
     proxy_args: list[str] = []
     settings: dict[str, Any] | None = None
     reorder_url: str | None = None
-    engine_name = f"{config.backend}-{variant.label}"
+    engine_name = f"{config.backend}-{line.label}"
     with (
         run_server(
             module, sim_args, log_dir=logs, name=engine_name, python=python,
@@ -330,24 +341,24 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         contextlib.ExitStack() as stack,
     ):  # fmt: skip
         target, api = sim.url, "native"
-        if variant.peer is not None:  # a third party's own server (loadgen.stack.peer_lines)
+        if line.peer is not None:  # a third party's own server (loadgen.stack.peer_lines)
             from loadgen.stack.peer_lines import PEER_SERVERS, run_peer_server
 
-            peer_server = PEER_SERVERS[variant.peer]
+            peer_server = PEER_SERVERS[line.peer]
             peer = stack.enter_context(run_peer_server(peer_server, sim.url, log_dir=logs))
             api = "openai"
             if peer_server.sends_to == "server":
                 target = peer.url
             else:  # the client asks the peer for an order, then sends to the engine
                 reorder_url = peer.url + (peer_server.reorder_path or "")
-        elif variant.policy is not None:
-            proxy_args = proxy_command(config, variant, sim.url, control_port)
+        elif line.policy is not None:
+            proxy_args = proxy_command(config, line, sim.url, control_port)
             proxy = stack.enter_context(
                 run_server(
                     "prism_proxy",
                     proxy_args,
                     log_dir=logs,
-                    name=f"proxy-{variant.label}",
+                    name=f"proxy-{line.label}",
                     env=secret,
                 )
             )
@@ -362,11 +373,11 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         )
         results = asyncio.run(replay(trace, replay_config))
         results["engine_state"] = engine_state(sim.url)
-        if variant.policy is not None:
+        if line.policy is not None:
             results["proxy_metrics"] = proxy_counters(target)
             settings = proxy_settings(target)
     results["variant"] = {
-        **asdict(variant),
+        **line_record(line),
         "qps": qps,
         "engine": config.backend,
         "speed": config.speed,
@@ -378,33 +389,31 @@ def run_point(config: SweepConfig, variant: Variant, qps: float) -> dict[str, An
         "seed": config.seed,
         "proxy_settings": settings,
     }
-    if variant.peer is not None:
+    if line.peer is not None:
         from loadgen.stack.peer_lines import peer_record
 
         results["variant"]["peer_server"] = peer_record(peer_server, sim.url, config.layout, peer)
     return results
 
 
-def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[str, Any]:
+def run_point_twin(config: SweepConfig, line: Line, qps: float) -> dict[str, Any]:
     """One point in the twin (modeled time, deterministic); the results."""
-    if variant.peer is not None:
+    if line.peer is not None:
         from loadgen.stack.peer_lines import TWIN_REFUSAL
 
         raise ValueError(TWIN_REFUSAL)
     if config.client_api not in ("prism", "openai"):
         raise ValueError("the twin replays hinted requests or plain chat (--set client_api=openai)")
-    from loadgen.twin.twin import TwinSetup, simulate
+    from loadgen.twin.line_setup import twin_setup
+    from loadgen.twin.twin import simulate
     from loadgen.workloads.trace_format import read_trace
     from prism_tokens.tokenizer import load_tokenizer
 
     trace = read_trace(ensure_trace(config, qps))
-    qas = line_qas(config, variant)
-    setup = TwinSetup(
-        policy=variant.policy,
-        eviction=variant.eviction,
-        schedule_policy=variant.schedule_policy,
-        qas=qas,
-        prefill_batch=variant.prefill_batch,
+    setup = twin_setup(
+        line,
+        qas=config.qas,
+        qas_overrides=config.qas_overrides,
         window_s=config.window_ms / 1000.0,
         profile=config.profile,
         kv_capacity_tokens=config.kv_capacity_tokens,
@@ -413,24 +422,24 @@ def run_point_twin(config: SweepConfig, variant: Variant, qps: float) -> dict[st
     )
     results = simulate(trace, setup, load_tokenizer(config.tokenizer))
     results["variant"] = {
-        **asdict(variant),
+        **line_record(line),
         "qps": qps,
         "engine": "twin",
         "profile": config.profile,
-        "client_api": config.client_api if variant.policy is not None else "native",
-        "layout": setup.layout if variant.policy is not None else None,
+        "client_api": config.client_api if line.policy is not None else "native",
+        "layout": setup.layout if line.policy is not None else None,
         "seed": config.seed,
         "twin_setup": asdict(setup),
     }
     return results
 
 
-PointRunner = Callable[[SweepConfig, Variant, float], dict[str, Any]]
+PointRunner = Callable[[SweepConfig, Line, float], dict[str, Any]]
 RUNNERS: dict[str, PointRunner] = {"sim": run_point, "twin": run_point_twin}
 
 
 def run_sweep(config: SweepConfig, command: str) -> list[Path]:
-    """Every variant at every QPS on `config.engine`, once per seed (each seed a full
+    """Every line at every QPS on `config.engine`, once per seed (each seed a full
     sweep on its own traces), writing each result as it comes; returns the result files
     (the report is the caller's)."""
     from loadgen.clients.replay import write_results
@@ -442,7 +451,7 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         "command": command,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "engine": config.engine if config.engine == "twin" else config.backend,
-        "variants": [asdict(v) for v in config.variants],
+        "variants": [line_record(line) for line in config.lines],
         "qps": list(config.qps),
         "speed": config.speed,
         "num_requests": config.num_requests,
@@ -461,7 +470,7 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         "qas_overrides": dict(config.qas_overrides),
         "sim_args": list(config.sim_args),
         "proxy_args": list(config.proxy_args),
-        "settings": {v.label: line_settings(config, v) for v in config.variants},
+        "settings": {line.label: line_settings(config, line) for line in config.lines},
         "git_commit": git_commit(),
     }
     (config.out / "sweep.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -472,15 +481,15 @@ def run_sweep(config: SweepConfig, command: str) -> list[Path]:
         seeded = replace(config, seed=seed)
         for qps in config.qps:
             ensure_trace(seeded, qps)
-        for variant in config.variants:
+        for line in config.lines:
             for qps in config.qps:
                 started = time.monotonic()
-                results = run(seeded, variant, qps)
-                path = result_path(seeded, variant, qps)
+                results = run(seeded, line, qps)
+                path = result_path(seeded, line, qps)
                 write_results(path, results)
                 summary = results["summary"]
                 print(
-                    f"{variant.label:>18} @ {qps:g} QPS{f' seed {seed}' if repeated else ''}: "
+                    f"{line.label:>18} @ {qps:g} QPS{f' seed {seed}' if repeated else ''}: "
                     f"p99 TTFT {_fmt_s(summary['p99_ttft_ms'])}, "
                     f"hit {_fmt_pct(summary['hit_rate'])}, "
                     f"{summary['request_throughput']:.1f} req/s, failed {summary['failed']}"
@@ -683,7 +692,7 @@ def sweep_config_from_args(args: argparse.Namespace, engine: str) -> SweepConfig
     model, sglang_python = settings["model"], settings["sglang_python"]
     return SweepConfig(
         out=Path(args.out),
-        variants=make_variants(_csv(args.policies)),
+        lines=spec_lines(_csv(args.policies)),
         qas=settings["qas"],
         qas_overrides=qas_overrides,
         qps=tuple(float(q) for q in _csv(args.qps)),
@@ -723,7 +732,7 @@ def run_sweep_from_args(args: argparse.Namespace, engine: str = "sim") -> int:
         raise ValueError("a real SGLang (backend sglang-cpu) runs in real time: --speed must be 1")
     from loadgen.stack.peer_lines import check_peer_lines
 
-    peers = [variant.label for variant in config.variants if variant.peer is not None]
+    peers = [line.label for line in config.lines if line.peer is not None]
     check_peer_lines(peers, engine=engine, client_api=config.client_api, layout=config.layout)
     command = "prism-loadgen " + shlex.join(sys.argv[1:])
     run_sweep(config, command)

@@ -25,7 +25,7 @@ from typing import Any
 
 from loadgen.experiments.sweep import SweepConfig, result_path, run_sweep
 from loadgen.reports.report import write_report
-from loadgen.stack.variants import base_variant
+from loadgen.stack.lines import base_line
 from prism_sim.time_model import PrefillItem, Profile, load_profile, prefill_time_s
 
 COLUMNS = ("P50 TTFT", "P90 TTFT", "P99 TTFT", "served", "hit rate", "TPOT")
@@ -106,7 +106,7 @@ def run(real_dir: Path, profile: str, twin_dir: Path) -> str:
     labels = [v["label"] for v in manifest["variants"]]
     config = SweepConfig(
         out=twin_dir,
-        variants=tuple(base_variant(label) for label in labels),
+        lines=tuple(base_line(label) for label in labels),
         qps=tuple(manifest["qps"]),
         workload=manifest["workload"],
         num_requests=manifest["num_requests"],
@@ -124,12 +124,12 @@ def run(real_dir: Path, profile: str, twin_dir: Path) -> str:
     run_sweep(config, command=command)
     write_report(twin_dir / "results", out_dir=twin_dir, title="The twin at the real points")
     rows, idle, model = [], [], load_profile(profile)
-    for variant in config.variants:
+    for line in config.lines:
         for qps in config.qps:
-            real = json.loads(result_path(replace(config, out=real_dir), variant, qps).read_text())
-            twin = json.loads(result_path(config, variant, qps).read_text())
-            rows.append((variant.label, qps, point_metrics(real), point_metrics(twin)))
-            idle.append((variant.label, qps, *idle_arrivals(real["requests"], model)))
+            real = json.loads(result_path(replace(config, out=real_dir), line, qps).read_text())
+            twin = json.loads(result_path(config, line, qps).read_text())
+            rows.append((line.label, qps, point_metrics(real), point_metrics(twin)))
+            idle.append((line.label, qps, *idle_arrivals(real["requests"], model)))
     lines = ["", "Real requests that arrived at an idle engine (nothing else in flight):", ""]
     lines += ["| policy | QPS | requests | median TTFT (s) | model prefill (s) |"]
     lines += ["|---|---|---|---|---|"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.stack.variants import ALL_POLICIES, BASELINES
+from loadgen.stack.lines import ALL_POLICIES, BASELINES
 
 # label -> QPS -> seed (None: not recorded) -> summary
 Runs = dict[str, dict[float, dict[int | None, dict[str, Any]]]]

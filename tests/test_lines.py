@@ -62,7 +62,9 @@ def test_the_real_stack_args_of_a_line_come_from_it() -> None:
         "--log-level", "warning", "--policy", "prism", "--qas", "full",
         "--set", "sessions=true", "--set", "session_rank=predicted",
         "--set", "backlog_ms=250", "--set", "age_cap_ms=2000",
+        "--set", "cold_deadline_ms=500",  # the variant's 2 s deadline, in the engine's time
     ]  # fmt: skip
+    assert "cold_deadline_ms" not in stack_settings(line, 5000, 1.0, 31001)[1]  # the variant's
     # another line, other args: each setting is the line's
     other = replace(line, eviction="lru", session_rank="recent", qas_overrides=())
     sim, proxy = stack_settings(other, 5000, 4.0, 31001)
@@ -140,5 +142,8 @@ def test_the_sweep_commands_of_a_spec_line() -> None:
         "serve", "--backend", "http://b", "--policy", "prism", "--tokenizer", "builtin",
         "--window-ms", "5", "--log-level", "warning",
         "--control-url", "http://127.0.0.1:31001", "--qas", "full",
-        "--set", "w_c=0", "--set", "q_cold=4", "--prefill-batch", "8",
+        "--set", "w_c=0", "--set", "q_cold=4",
+        # at speed 2 the QAS times in force are halved (the variant's 2 s deadline, the
+        # default 8 s age cap)
+        "--set", "cold_deadline_ms=1000", "--set", "age_cap_ms=4000", "--prefill-batch", "8",
     ]  # fmt: skip

@@ -15,9 +15,10 @@ from loadgen.workloads.session_trace import (
     build_session_trace,
     tool_kind,
 )
+from prism_proxy.admission.retention_push import Push
 from prism_proxy.admission.returns import ANY_TOOL, ReturnModel, tool_key
-from prism_proxy.admission.sessions import Push, SessionTable
 from prism_proxy.admission.sessions import SessionParams as TableParams
+from prism_proxy.admission.sessions import SessionTable
 from prism_tokens.tokenizer import load_tokenizer
 
 

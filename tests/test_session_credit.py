@@ -21,7 +21,8 @@ from backend_plugin.dart import DartCore, NodeMeta
 from backend_plugin.dart.priority import PriorityUpdate, RetainUpdate
 from loadgen.workloads.textgen import random_words
 from prism_proxy.admission.credit import RetentionLedger
-from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionParams, SessionTable
+from prism_proxy.admission.retention_push import Push
+from prism_proxy.admission.sessions import QUEUED_SCORE, SessionParams, SessionTable
 from prism_wire import MAX_RETAINED, AnchorKind
 
 

@@ -15,7 +15,8 @@ from proxy_support import dart_stack, running_proxy, sim_server, wait_until
 from loadgen.twin.session_twin import SessionFeatures, SessionTwin, shared_tokens, simulate_sessions
 from loadgen.twin.twin import TwinSetup
 from loadgen.workloads.session_trace import SessionParams, belady_bound, build_session_trace
-from prism_proxy.admission.sessions import QUEUED_SCORE, Push, SessionTable
+from prism_proxy.admission.retention_push import Push
+from prism_proxy.admission.sessions import QUEUED_SCORE, SessionTable
 from prism_proxy.admission.sessions import SessionParams as TableParams
 from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.conversation import find_turns, turns_job

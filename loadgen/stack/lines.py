@@ -39,7 +39,7 @@ agent_sessions' lines are `loadgen.experiments.session_lines`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from loadgen.stack.processes import parse_line
@@ -198,10 +198,12 @@ def line_proxy_settings(
     """The proxy's settings for `line` (its config keys; None: not set), in order: the
     policy, the QAS variant (the line's, else the experiment's `qas` on prism lines), the
     session features, the experiment's `qas_overrides` (on prism lines, as given), the
-    line's own QAS overrides, the prefill batch. The line's QAS times (`*_ms`) are in
-    modeled time and the proxy's clock is the wall's: they are divided by `speed`, the
-    engine's clock rate. ValueError for session features the proxy cannot set (it
-    detects and retains together, by `sessions`)."""
+    line's own QAS overrides, the prefill batch. QAS times (`*_ms`: the variant's, the
+    experiment's and the line's) are in modeled time and the proxy's clock is the
+    wall's: at a `speed` other than 1 (the engine's clock rate) every one in force on a
+    prism line is given, divided by `speed`, so that a deadline of 2 s means 2 s of the
+    engine's time, as in the twin. ValueError for session features the proxy cannot set
+    (it detects and retains together, by `sessions`)."""
     if line.policy is None:
         raise ValueError(f"line {line.label!r} has no proxy")
     prism = line.pushes_priorities
@@ -216,5 +218,10 @@ def line_proxy_settings(
         settings |= dict(qas_overrides)
     for name, value in line.qas_overrides:
         settings[name] = value / speed if name.endswith("_ms") else value
+    if prism and speed != 1.0:
+        params = asdict(line_qas(line, qas, qas_overrides))
+        for name, value in params.items():
+            if name.endswith("_ms") and value:
+                settings[name] = value / speed
     settings["prefill_batch"] = line.prefill_batch
     return settings

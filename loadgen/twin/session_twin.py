@@ -39,7 +39,8 @@ from loadgen.twin.twin import Twin, TwinSetup, _Tracked
 from loadgen.workloads.session_trace import Session, SessionTrace
 from loadgen.workloads.trace_format import Trace, TraceHeader, TraceRequest
 from prism_proxy.admission.reprefill import Continuation, Pause, reprefill_tokens
-from prism_proxy.admission.sessions import Push, SessionParams, SessionTable
+from prism_proxy.admission.retention_push import Push
+from prism_proxy.admission.sessions import SessionParams, SessionTable
 from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_sim.request import SimRequest
 from prism_tokens.chat import content_format, template_messages, template_tools

@@ -70,13 +70,13 @@ the ledger's `MAX_ACCOUNTS` accounts.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prism_proxy.admission.credit import Account, Grant, RetentionLedger
 from prism_proxy.admission.reprefill import Pause
+from prism_proxy.admission.retention_push import NOTHING, Push
 from prism_proxy.admission.returns import ANY_TOOL, HeadDelays, ReturnModel, tool_key
 from prism_wire import MAX_RETAIN_TTL_S, MAX_RETAINED
 
@@ -121,37 +121,6 @@ class SessionParams:
             raise ValueError("credit_half_life_s must be > 0")
         if self.retain_from not in RETAIN_FROM:
             raise ValueError(f"retain_from: one of {', '.join(RETAIN_FROM)}")
-
-
-@dataclass(frozen=True, slots=True)
-class Push:
-    """What to tell DART: owners to retain (`owner -> (score, ttl_s, path tokens)`), to
-    release, and to discard (evict with private pieces)."""
-
-    retain: dict[str, tuple[float, float, int]] = field(default_factory=dict)
-    release: tuple[str, ...] = ()
-    discard: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.retain or self.release or self.discard)
-
-    def __add__(self, later: Push) -> Push:
-        """Both pushes, `later`'s word winning for an owner named in both."""
-        if not self:
-            return later
-        if not later:
-            return self
-        named = {*later.retain, *later.release, *later.discard}
-        retain = {o: e for o, e in self.retain.items() if o not in named}
-        retain.update(later.retain)
-        return Push(
-            retain,
-            (*(o for o in self.release if o not in named), *later.release),
-            (*(o for o in self.discard if o not in named), *later.discard),
-        )
-
-
-NOTHING = Push()
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,49 +434,3 @@ class SessionTable:
             "unearned": self.unearned,
             "holding": self.ledger.live_grants,
         }
-
-
-RetainPush = Callable[[Push], None]
-
-
-class SessionKeeper:
-    """The proxy's session table with its pushes to DART (`push(retain, release)`, or
-    None without a control RPC: continuations are still recognised for QAS). Times come
-    from `clock`; every method returns at once."""
-
-    def __init__(
-        self,
-        params: SessionParams,
-        push: RetainPush | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.table = SessionTable(params)
-        self.push = push
-        self.clock = clock
-
-    def arrive(
-        self, rid: str, keys: Sequence[str], head: str, tokens: int, client: str = ""
-    ) -> float | None:
-        """A request from `client` with cut ids `keys`: its program's start if it
-        continues a paused session (None: a new program)."""
-        now = self.clock()
-        self.table.expire(now)
-        found = self.table.arrive(rid, keys, head, tokens, now, client)
-        self._push(found.push)
-        return found.program_start if found.continues else None
-
-    def started(self, rid: str) -> None:
-        self._push(self.table.started(rid, self.clock()))
-
-    def calling(self, rid: str, tools: Sequence[str] = ()) -> None:
-        self._push(self.table.calling(rid, self.clock(), tools))
-
-    def finish(self, rid: str, tool_call: bool, tools: Sequence[str] = ()) -> None:
-        self._push(self.table.finish(rid, tool_call, self.clock(), tools))
-
-    def forget(self, rid: str) -> None:
-        self._push(self.table.forget(rid, self.clock()))
-
-    def _push(self, push: Push) -> None:
-        if self.push is not None and push:
-            self.push(push)

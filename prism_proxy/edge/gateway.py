@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from prism_proxy.admission.driver import AdmissionController, PushFn
-from prism_proxy.admission.sessions import Push, RetainPush, SessionKeeper
+from prism_proxy.admission.retention_push import Push, RetainPush
+from prism_proxy.admission.session_keeper import SessionKeeper
 from prism_proxy.api.grammars.gate import GrammarGate
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient

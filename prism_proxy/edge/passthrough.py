@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from prism_proxy.admission.sessions import SessionKeeper
+from prism_proxy.admission.session_keeper import SessionKeeper
 from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import tracing
 from prism_proxy.edge.accounts import client_key

@@ -4,7 +4,8 @@
 # quiet machine; the twin's runs are deterministic and can run anywhere.
 #
 #   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|
-#                                   real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|all]
+#                                   real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|
+#                                   agent-call|all]
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
@@ -250,6 +251,34 @@ agent_backlog() {
   done
 }
 
+agent_call() {
+  # Issue 37: retention asked when the stream shows the tool call (`.../call` lines,
+  # session_retain_from=call) against the same lines asking at the answer's end, in the
+  # twin, five seeds at the main point and at 1 and 2 sessions/s (~15 min with 2 jobs)
+  local out=docs/results/agent-backlog/call
+  local lines=prism+sessions+returns,prism+sessions+returns/call
+  lines=$lines,prism+sessions+returns+backlog,prism+sessions+returns+backlog/call
+  local trace="--sessions 100 --tool-scale 1 --kv-fraction 0.5"
+  trace="$trace --trace-param tool_model=by_tool --trace-param pool_basis=histories"
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/main-point/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines $lines --jobs 2
+    prism-loadgen sessions --out $out/rates/seed$seed --seed $seed --rate 1,2 $trace \
+      --lines $lines --jobs 2
+  done
+  local returns=docs/results/agent-returns backlog=docs/results/agent-backlog
+  for name in call backlog-call; do
+    local line=prism+sessions+returns/call
+    [ $name = backlog-call ] && line=prism+sessions+returns+backlog/call
+    python -m bench.sessions_over_seeds $returns/main-point/seed{0,1,2,3,4} \
+      $backlog/main-point/seed{0,1,2,3,4} $out/main-point/seed{0,1,2,3,4} --line $line \
+      > $out/main-point/over-seeds-$name.md
+    python -m bench.sessions_over_seeds $returns/rates/seed{0,1} \
+      $returns/rates-lpm-unpaced/seed{0,1} $backlog/rates/seed{0,1,2,3,4} \
+      $out/rates/seed{0,1,2,3,4} --line $line > $out/rates/over-seeds-$name.md
+  done
+}
+
 contextpilot_rag() {
   # Issue 35: ContextPilot's documented RAG usage (the client asks its live index for
   # each request's document order, then sends to the engine) beside the proxy's lines,
@@ -272,13 +301,14 @@ case $what in
   agent-sessions) agent_sessions ;;
   agent-returns) agent_returns ;;
   agent-backlog) agent_backlog ;;
+  agent-call) agent_call ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
   all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine
-    contextpilot_rag; scale_out; agent_sessions; agent_returns; agent_backlog ;;
-  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|all]" >&2
+    contextpilot_rag; scale_out; agent_sessions; agent_returns; agent_backlog; agent_call ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|agent-call|all]" >&2
     exit 2 ;;
 esac

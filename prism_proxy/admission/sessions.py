@@ -23,10 +23,10 @@ control RPC (owners to retain with a score and a time-to-live, to release, to di
   extended the path: the hold is released (not at dispatch: in the engine's own queue
   nothing holds the path, and under pressure that is when it would be evicted).
 * `calling(rid, now, tools)`: the stream shows the answer becoming a tool call. With
-  `retain_from` "call" the request's own key is retained from here as its pause will
-  be: the engine frees a finished request's path at once, and under pressure evicts it
-  before the proxy has read the answer's end (a hop later), so retention asked at the
-  end can come too late. With "end" (the default) nothing happens here.
+  `retain_from` "call" the request's own key is retained from here, with the score its
+  pause will have, until `finish` says what becomes of it: the engine frees a finished
+  request's path at once, and under pressure evicts it before the proxy has read the
+  answer's end (a hop later). With "end" (the default) nothing happens here.
 * `finish(rid, tool_call, now, tools)`: an answer that ended in a tool call pauses the
   session under the request's last key: DART keeps the path ending there for the TTL,
   if the session's account has earned it (below). An answer without a tool call ends

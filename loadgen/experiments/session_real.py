@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.clients.session_replay import SessionReplayConfig, replay_sessions
+from loadgen.experiments.sweep import git_commit
 from loadgen.stack.lines import Line, line_engine_settings, line_proxy_settings
 from loadgen.stack.processes import engine_args, free_port, proxy_args, run_server
 from loadgen.twin.session_twin import shared_tokens
@@ -95,4 +96,5 @@ def run_real_line(
         "belady_hit_rate": bound.hit_rate,
         "belady_non_global_hit_rate": bound.non_global_hit_rate,
         "wall_s": time.monotonic() - started,
+        "git_commit": git_commit(),
     }

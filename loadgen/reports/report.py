@@ -475,9 +475,17 @@ def _qas_text(name: str | None, params: dict[str, Any] | None) -> str:
     changed = [
         f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
         for key, value in params.items()
-        if hasattr(preset, key) and getattr(preset, key) != value
+        if hasattr(preset, key) and not _same(getattr(preset, key), value)
     ]
     return ", ".join([name, *changed])
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, numbers up to rounding (a wall-clock time scaled back by the speed)."""
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
 
 
 def _span(mode: str | None, values: Sequence[int]) -> str:
@@ -515,7 +523,16 @@ def _doc_settings(doc: dict[str, Any], planned: dict[str, Any]) -> dict[str, Any
         return {**out, "qas": "no proxy", "control": "off"}
     if policy == "prism":
         name = ps.get("qas_variant") or planned.get("qas_variant") or variant.get("qas")
-        out["qas"] = _qas_text(name, ps.get("qas") or ts.get("qas") or planned.get("qas"))
+        params = ps.get("qas") or ts.get("qas") or planned.get("qas")
+        if ps.get("qas"):  # the proxy's account is in wall ms: the report's are modeled
+            speed = float(variant.get("speed") or 1.0)
+            params = {
+                key: value * speed
+                if key.endswith("_ms") and isinstance(value, float | int)
+                else value
+                for key, value in params.items()
+            }
+        out["qas"] = _qas_text(name, params)
     else:
         out["qas"] = "—"
     if ps:

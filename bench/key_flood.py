@@ -168,20 +168,31 @@ async def open_loop(
     return tally
 
 
-async def capacity(url: str, args: argparse.Namespace) -> float:
-    """Answers per second of the flood's shape from closed loops (the engine busy)."""
+async def closed_loops(
+    url: str, loops: int, seconds: float, seed: int, args: argparse.Namespace
+) -> Tally:
+    """`loops` closed loops of flood-shaped requests for `seconds`: each sends its next
+    request when its last one ends."""
     tally = Tally()
-    rng = random.Random(args.seed + 1)
-    until = time.monotonic() + args.calibrate_seconds
+    rng = random.Random(seed)
+    until = time.monotonic() + seconds
 
     async def loop(client: httpx.AsyncClient) -> None:
         while time.monotonic() < until:
             body = flood_body(rng, args.flood_words, args.flood_tokens)
             await one_stream(client, url, FLOOD_KEY, body, tally)
 
-    began = time.monotonic()
     async with httpx.AsyncClient(timeout=120.0) as client:
-        await asyncio.gather(*(loop(client) for _ in range(args.calibrate_loops)))
+        await asyncio.gather(*(loop(client) for _ in range(loops)))
+    return tally
+
+
+async def capacity(url: str, args: argparse.Namespace) -> float:
+    """Answers per second of the flood's shape from closed loops (the engine busy)."""
+    began = time.monotonic()
+    tally = await closed_loops(
+        url, args.calibrate_loops, args.calibrate_seconds, args.seed + 1, args
+    )
     return tally.done / (time.monotonic() - began)
 
 
@@ -207,22 +218,8 @@ def flood_process(
 def closed_flood_process(url: str, loops: int, args: argparse.Namespace, out: Connection) -> None:
     """The flood as `loops` closed loops for `args.seconds` (a `direct:N` line), in a
     process of its own; sends its tally to `out`."""
-
-    async def flood() -> Tally:
-        tally = Tally()
-        rng = random.Random(args.seed + 2)
-        until = time.monotonic() + args.seconds
-
-        async def loop(client: httpx.AsyncClient) -> None:
-            while time.monotonic() < until:
-                body = flood_body(rng, args.flood_words, args.flood_tokens)
-                await one_stream(client, url, FLOOD_KEY, body, tally)
-
-        async with httpx.AsyncClient(timeout=120.0) as client:
-            await asyncio.gather(*(loop(client) for _ in range(loops)))
-        return tally
-
-    out.send(asyncio.run(flood()).as_json())
+    tally = asyncio.run(closed_loops(url, loops, args.seconds, args.seed + 2, args))
+    out.send(tally.as_json())
 
 
 def proxy_holds_nothing(url: str) -> bool:

@@ -48,14 +48,14 @@ from pydantic import ValidationError
 from backend_plugin.config import ControlConfig
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import EvictionClass
-from backend_plugin.dart.priority import PriorityUpdate, RetainUpdate, StaleEpochError
+from backend_plugin.dart.priority import PriorityUpdate, StaleEpochError
 from prism_wire import (
     RPC_PRIORITIES,
     RPC_RESET,
     RPC_RESIDENCY,
     RPC_RETAIN,
     PriorityBody,
-    RetainBody,
+    Retention,
 )
 
 CORE_KEY = web.AppKey("prism_dart_core", DartCore)
@@ -101,15 +101,11 @@ async def _priorities(request: web.Request) -> web.Response:
 
 async def _retain(request: web.Request) -> web.Response:
     try:
-        body = RetainBody.model_validate(orjson.loads(await request.read()))
-    except (ValueError, ValidationError) as exc:
+        retention = Retention.from_json(await request.read())
+    except ValueError as exc:  # ValidationError and JSONDecodeError are ValueErrors
         return _error(400, "malformed retention update", detail=str(exc)[:2000])
     core = request.app[CORE_KEY]
-    retain = {
-        owner: (entry[0], entry[1], int(entry[2]) if len(entry) == 3 else None)
-        for owner, entry in body.retain.items()
-    }
-    core.inbox.submit_retain(RetainUpdate(retain, tuple(body.release), tuple(body.discard)))
+    core.inbox.submit_retain(retention)
     if request.app[INLINE_KEY]:
         core.apply_pending()
     return web.json_response({"accepted": True})

@@ -36,7 +36,7 @@ scheduler (read by attribute, so sglang is not imported).
     POST RPC_PRIORITIES  `PriorityBody` {epoch, table: {segment_id: score}, protect}
     POST RPC_RESET       forget the table and the epoch
     GET  RPC_RESIDENCY?generation=G&since=V   -> `ResidencySummary`
-    POST RPC_RETAIN      `RetainBody` {retain: {segment_id: [score, ttl_s, tokens]},
+    POST RPC_RETAIN      `Retention` {retain: {segment_id: [score, ttl_s(, tokens)]},
                          release: [id], discard: [id]}
 
 Epochs are integers in [0, MAX_EPOCH] (2**53 - 1: exact in every JSON parser) and
@@ -50,10 +50,12 @@ import json
 import math
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Annotated, Any, Self
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ACTION_TYPE = "prism.dart.anchors"
@@ -320,39 +322,110 @@ MAX_OWNER_CHARS = 256
 MAX_RETAIN_TTL_S = 3600.0
 
 
-class RetainBody(BaseModel):
-    """Body of `POST RPC_RETAIN`: keep the paths ending at these owners a while.
+# The most path tokens a retention entry may name.
+MAX_RETAIN_TOKENS = 2**40
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """What the proxy tells DART about paused agent sessions (`POST RPC_RETAIN`): keep the
+    paths ending at these owners a while, forget some entries, discard some owners.
 
     `retain` maps an owner (a segment id, normally the last piece of a paused agent
-    session's prompt) to `[score, ttl_s]` or `[score, ttl_s, tokens]` (the tokens its
-    path holds, for DART's cap on retention): DART evicts retained owners only after
-    every unretained one, lower scores first, and forgets each entry `ttl_s` seconds
-    after receiving it (its own clock: no clocks to agree on). `release` forgets entries at
-    once (the session came back). `discard` ranks resident owners with private pieces,
-    by last access, until they leave the tree (a finished session's own pieces, which
-    nobody will read again, and a paused one's whose retention was not earned).
-    A retained leaf holds its whole path, so one entry keeps one session's history
-    without keeping every path through a shared head.
+    session's prompt) to `(score, ttl_s, tokens)`, `tokens` being what its path holds (for
+    DART's cap on retention; None when not known): DART evicts retained owners only after
+    every unretained one, lower scores first, and forgets each entry `ttl_s` seconds after
+    receiving it (its own clock: no clocks to agree on). `release` forgets entries at once
+    (the session came back). `discard` ranks resident owners with private pieces, by last
+    access, until they leave the tree (a finished session's own pieces, which nobody will
+    read again, and a paused one's whose retention was not earned). A retained leaf holds
+    its whole path, so one entry keeps one session's history without keeping every path
+    through a shared head.
+
+    The one form of this word on both sides: the proxy's session table makes it, its
+    control client sends it (`as_dict`, the JSON body), the RPC reads it (`from_json`) and
+    DART applies it. Every bound is checked here, on construction, so a value that exists
+    is one DART accepts. `a + b` is both, `b`'s word winning for an owner named in both.
     """
+
+    retain: Mapping[str, tuple[float, float, int | None]] = field(default_factory=dict)
+    release: tuple[str, ...] = ()
+    discard: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        retain: dict[str, tuple[float, float, int | None]] = {}
+        for owner, (score, ttl_s, tokens) in self.retain.items():
+            if not math.isfinite(score):
+                raise ValueError(f"score of {owner!r} must be finite")
+            if not 0.0 <= ttl_s <= MAX_RETAIN_TTL_S:
+                raise ValueError(f"ttl_s of {owner!r} must be in [0, {MAX_RETAIN_TTL_S}]")
+            if tokens is not None:
+                if not 0 <= tokens <= MAX_RETAIN_TOKENS:
+                    raise ValueError(f"tokens of {owner!r} must be in [0, 2**40]")
+                tokens = int(tokens)  # JSON may spell a count as a float
+            retain[owner] = (score, ttl_s, tokens)
+        release, discard = tuple(self.release), tuple(self.discard)
+        if max(len(retain), len(release), len(discard)) > MAX_RETAINED:
+            raise ValueError(f"at most {MAX_RETAINED} owners to retain, release or discard")
+        if any(len(o) > MAX_OWNER_CHARS for o in (*retain, *release, *discard)):
+            raise ValueError(f"owner ids are at most {MAX_OWNER_CHARS} characters")
+        object.__setattr__(self, "retain", MappingProxyType(retain))
+        object.__setattr__(self, "release", release)
+        object.__setattr__(self, "discard", discard)
+
+    def __bool__(self) -> bool:
+        return bool(self.retain or self.release or self.discard)
+
+    def __add__(self, later: Retention) -> Retention:
+        """Both words, `later`'s winning for an owner named in both."""
+        if not self:
+            return later
+        if not later:
+            return self
+        named = {*later.retain, *later.release, *later.discard}
+        retain = {o: e for o, e in self.retain.items() if o not in named}
+        retain.update(later.retain)
+        return Retention(
+            retain,
+            (*(o for o in self.release if o not in named), *later.release),
+            (*(o for o in self.discard if o not in named), *later.discard),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON body: `{"retain": {owner: [score, ttl_s(, tokens)]}, "release": [owner],
+        "discard": [owner]}`."""
+        return {
+            "retain": {
+                o: [s, t] if k is None else [s, t, k] for o, (s, t, k) in self.retain.items()
+            },
+            "release": list(self.release),
+            "discard": list(self.discard),
+        }
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Retention:
+        """The retention in a body, checked strictly; raises `ValueError` (pydantic's
+        `ValidationError`, orjson's `JSONDecodeError`) when it is malformed."""
+        # orjson: strict JSON, nesting <= 1024 (no RecursionError on "[[[[...").
+        body = _RetainBody.model_validate(orjson.loads(data))
+        retain = {o: (e[0], e[1], e[2] if len(e) == 3 else None) for o, e in body.retain.items()}
+        return cls(retain, tuple(body.release), tuple(body.discard))  # type: ignore[arg-type]
+
+
+# The empty word: nothing to retain, release or discard.
+NO_RETENTION = Retention()
+
+
+class _RetainBody(BaseModel):
+    """The JSON shape of a `Retention` (whose bounds the type itself checks)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     retain: dict[str, Annotated[list[float], Field(min_length=2, max_length=3)]] = Field(
-        default_factory=dict, max_length=MAX_RETAINED
+        default_factory=dict
     )
-    release: list[str] = Field(default_factory=list, max_length=MAX_RETAINED)
-    discard: list[str] = Field(default_factory=list, max_length=MAX_RETAINED)
-
-    @model_validator(mode="after")
-    def _entries(self) -> Self:
-        for owner, entry in self.retain.items():
-            if not 0.0 <= entry[1] <= MAX_RETAIN_TTL_S:
-                raise ValueError(f"ttl_s of {owner!r} must be in [0, {MAX_RETAIN_TTL_S}]")
-            if len(entry) == 3 and not 0 <= entry[2] <= 2**40:
-                raise ValueError(f"tokens of {owner!r} must be in [0, 2**40]")
-        if any(len(o) > MAX_OWNER_CHARS for o in (*self.retain, *self.release, *self.discard)):
-            raise ValueError(f"owner ids are at most {MAX_OWNER_CHARS} characters")
-        return self
+    release: list[str] = Field(default_factory=list)
+    discard: list[str] = Field(default_factory=list)
 
 
 class _ResidencyBody(BaseModel):

@@ -4,15 +4,25 @@ thread the SGLang scheduler process uses."""
 
 from __future__ import annotations
 
+import math
+
 import httpx
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backend_plugin.config import ControlConfig, ControlConfigError, load_config
 from backend_plugin.control_rpc import ControlThread, start_control_site
 from backend_plugin.dart import DartCore, NodeMeta
-from backend_plugin.dart.priority import RetainUpdate
-from prism_wire import AnchorKind, system_owner
+from prism_wire import (
+    MAX_OWNER_CHARS,
+    MAX_RETAIN_TTL_S,
+    MAX_RETAINED,
+    NO_RETENTION,
+    AnchorKind,
+    Retention,
+    system_owner,
+)
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -119,6 +129,8 @@ async def test_retain_orders_after_unretained_and_expires(rpc):
     for bad in (
         {"retain": {"A": [1.0]}},  # not [score, ttl(, tokens)]
         {"retain": {"A": [1.0, 1.0, -5]}},  # negative tokens
+        {"retain": {"A": [1.0, 1.0, -0.5]}},  # checked before a float count is cut to int
+        {"release": [str(n) for n in range(MAX_RETAINED + 1)]},  # too many owners
         {"retain": {"A": [1.0, -1.0]}},  # negative ttl
         {"retain": {"A": [1.0, 1e9]}},  # past MAX_RETAIN_TTL_S
         {"retain": {"x" * 300: [1.0, 1.0]}},  # an id too long
@@ -128,6 +140,30 @@ async def test_retain_orders_after_unretained_and_expires(rpc):
         assert r.status_code == 400, bad
     r = await client.post("/prism/retain", json={"retain": {}})
     assert r.status_code == 401
+
+
+def test_a_retention_is_its_rpc_body_and_checks_its_bounds() -> None:
+    retention = Retention({"A": (1.0, 60.0, 500), "B": (2.0, 5.0, None)}, ("C",), ("D",))
+    body = {"retain": {"A": [1.0, 60.0, 500], "B": [2.0, 5.0]}, "release": ["C"], "discard": ["D"]}
+    assert retention.as_dict() == body
+    assert Retention.from_json(orjson.dumps(body)) == retention
+    # the later word about an owner wins; the empty word changes nothing
+    later = Retention(release=("A",))
+    assert retention + later == Retention({"B": (2.0, 5.0, None)}, ("C", "A"), ("D",))
+    assert retention + NO_RETENTION is retention and not NO_RETENTION
+    for bad in (
+        {"A": (math.inf, 1.0, None)},
+        {"A": (1.0, -1.0, None)},
+        {"A": (1.0, MAX_RETAIN_TTL_S + 1, None)},
+        {"A": (1.0, math.nan, None)},
+        {"A": (1.0, 1.0, -1)},
+        {"A": (1.0, 1.0, 2**40 + 1)},
+        {"x" * (MAX_OWNER_CHARS + 1): (1.0, 1.0, None)},
+    ):
+        with pytest.raises(ValueError):
+            Retention(bad)
+    with pytest.raises(ValueError):
+        Retention(discard=tuple(str(n) for n in range(MAX_RETAINED + 1)))
 
 
 async def test_stats_and_metrics_report_evictions_by_class(rpc):
@@ -176,7 +212,7 @@ async def test_metrics_count_retention_lost_over_the_cap_and_retention_too_late(
     core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "A", True), 6)
     core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
     core.inbox.submit_retain(
-        RetainUpdate({"A": (2.0, 60.0, 60), "B": (1.0, 60.0, 60), "Z": (3.0, 60.0, 10)})
+        Retention({"A": (2.0, 60.0, 60), "B": (1.0, 60.0, 60), "Z": (3.0, 60.0, 10)})
     )
     core.apply_pending()
     assert set(core.retained) == {"A", "Z"}

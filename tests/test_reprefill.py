@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from backend_plugin.dart.core import DartCore, RetainedLoss
-from backend_plugin.dart.priority import RetainUpdate
 from loadgen.twin.session_twin import SessionFeatures, SessionTwin, simulate_sessions
 from loadgen.twin.twin import TwinSetup
 from loadgen.workloads.session_trace import SessionParams, build_session_trace
@@ -24,6 +23,7 @@ from prism_proxy.admission.reprefill import (
 )
 from prism_proxy.admission.sessions import SessionParams as TableParams
 from prism_tokens.tokenizer import load_tokenizer
+from prism_wire import Retention
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +64,11 @@ def test_dart_records_what_became_of_a_retained_owner() -> None:
     evictions the twin drives are recorded through the scenarios below."""
     now = [5.0]
     core = DartCore("dart", capacity_tokens=1000, clock=lambda: now[0])
-    core.inbox.submit_retain(RetainUpdate({"gone": (1.0, 60.0, 100)}))
+    core.inbox.submit_retain(Retention({"gone": (1.0, 60.0, 100)}))
     core.apply_pending()
     assert core.retained_loss("gone") == RetainedLoss(absent_at=5.0)
     now[0] = 6.0  # the same entry again: no new absence (only a new entry is one)
-    core.inbox.submit_retain(RetainUpdate({"gone": (2.0, 60.0, 100)}))
+    core.inbox.submit_retain(Retention({"gone": (2.0, 60.0, 100)}))
     core.apply_pending()
     assert core.retained_loss("gone") == RetainedLoss(absent_at=5.0)
     assert core.retained_loss("never") == RetainedLoss()

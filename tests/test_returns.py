@@ -15,11 +15,11 @@ from loadgen.workloads.session_trace import (
     build_session_trace,
     tool_kind,
 )
-from prism_proxy.admission.retention_push import Push
 from prism_proxy.admission.returns import ANY_TOOL, ReturnModel, tool_key
 from prism_proxy.admission.sessions import SessionParams as TableParams
 from prism_proxy.admission.sessions import SessionTable
 from prism_tokens.tokenizer import load_tokenizer
+from prism_wire import Retention
 
 
 def test_the_model_learns_each_tools_median_and_falls_back_until_it_has() -> None:
@@ -67,7 +67,7 @@ def test_parallel_tool_calls_are_one_key_whatever_their_order() -> None:
     assert tool_key([]) == ANY_TOOL
 
 
-def _pause(table: SessionTable, rid: str, key: str, tool: str, now: float) -> Push:
+def _pause(table: SessionTable, rid: str, key: str, tool: str, now: float) -> Retention:
     table.arrive(rid, [key], "h", 500, now)
     return table.finish(rid, True, now, (tool,))
 

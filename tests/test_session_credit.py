@@ -18,12 +18,11 @@ import pytest
 from proxy_support import dart_sim, eventually, running_proxy, sim_metric
 
 from backend_plugin.dart import DartCore, NodeMeta
-from backend_plugin.dart.priority import PriorityUpdate, RetainUpdate
+from backend_plugin.dart.priority import PriorityUpdate
 from loadgen.workloads.textgen import random_words
 from prism_proxy.admission.credit import RetentionLedger
-from prism_proxy.admission.retention_push import Push
 from prism_proxy.admission.sessions import QUEUED_SCORE, SessionParams, SessionTable
-from prism_wire import MAX_RETAINED, AnchorKind
+from prism_wire import MAX_RETAINED, AnchorKind, Retention
 
 
 # ---- the ledger ---------------------------------------------------------------------------
@@ -77,9 +76,9 @@ def test_sessions_that_never_return_are_never_retained() -> None:
         now = n / 3
         arrival = table.arrive(f"f{n}", ["tools", f"f{n}"], "flood", 1200, now, "10.0.0.2")
         # discarded on arrival: never ranked as a segment, not even before its end
-        assert arrival.push == Push(discard=(f"f{n}",))
-        push = table.finish(f"f{n}", tool_call=True, now=now + 0.2)
-        assert not push.retain and f"f{n}" in push.discard, n
+        assert arrival.retention == Retention(discard=(f"f{n}",))
+        retention = table.finish(f"f{n}", tool_call=True, now=now + 0.2)
+        assert not retention.retain and f"f{n}" in retention.discard, n
     assert table.ledger.held(("10.0.0.2", "flood")) == 0
     assert table.stats()["unearned"] == 200 and table.stats()["retained"] == 0
 
@@ -87,25 +86,27 @@ def test_sessions_that_never_return_are_never_retained() -> None:
 def test_returns_earn_retention_for_their_client_and_agent_type_only() -> None:
     table = SessionTable(PARAMS)
     # A's first pause: nothing came back yet
-    assert table.arrive("a1", ["a1"], "h", 1000, 0.0, client="A").push == Push(discard=("a1",))
-    assert table.finish("a1", True, 1.0) == Push(discard=("a1",))
+    assert table.arrive("a1", ["a1"], "h", 1000, 0.0, client="A").retention == Retention(
+        discard=("a1",)
+    )
+    assert table.finish("a1", True, 1.0) == Retention(discard=("a1",))
     # it comes back 2 s later, within its 10 s TTL: A earns its 1,000 tokens; held while
     # queued; its own new piece is discarded at once (1,400 tokens > 1,000 earned)
     back = table.arrive("a2", ["a1", "a2"], "h", 1400, 3.0, client="A")
     assert back.continues
-    assert back.push == Push({"a1": (QUEUED_SCORE, 60.0, 1000)}, discard=("a2",))
+    assert back.retention == Retention({"a1": (QUEUED_SCORE, 60.0, 1000)}, discard=("a2",))
     table.started("a2", 3.1)
-    assert table.finish("a2", False, 4.0) == Push(discard=("a2",))  # ended: its own piece
+    assert table.finish("a2", False, 4.0) == Retention(discard=("a2",))  # ended: its own piece
     # A's next pauses are retained up to what came back (1,000 x 2^(-1/60) = 988.5)
     table.arrive("b1", ["b1"], "h", 600, 4.0, client="A")
-    assert table.finish("b1", True, 4.0) == Push({"b1": (4.0, 10.0, 600)})
+    assert table.finish("b1", True, 4.0) == Retention({"b1": (4.0, 10.0, 600)})
     table.arrive("c1", ["c1"], "h", 600, 4.0, client="A")
-    assert table.finish("c1", True, 4.0) == Push(discard=("c1",))  # 600 + 600 > 988.5
+    assert table.finish("c1", True, 4.0) == Retention(discard=("c1",))  # 600 + 600 > 988.5
     # another client on the same agent type, and A under another one, earned nothing
     table.arrive("d1", ["d1"], "h", 100, 4.0, client="B")
-    assert table.finish("d1", True, 4.0) == Push(discard=("d1",))
+    assert table.finish("d1", True, 4.0) == Retention(discard=("d1",))
     table.arrive("e1", ["e1"], "h2", 100, 4.0, client="A")
-    assert table.finish("e1", True, 4.0) == Push(discard=("e1",))
+    assert table.finish("e1", True, 4.0) == Retention(discard=("e1",))
     # b1 never comes back: DART forgets its retention at its TTL by itself, and A pays
     # its 600 tokens at the first event after that
     table.arrive("x", ["x"], "other", 10, 15.0, client="C")
@@ -120,16 +121,18 @@ def test_an_unearned_pause_never_takes_retention_from_an_earned_one() -> None:
     table = SessionTable(PARAMS)
     table.ledger.came_back(("A", "h"), 10_000, True, 0.0)
     table.arrive("a1", ["k"], "h", 700, 1.0, client="A")
-    assert table.finish("a1", True, 1.0) == Push({"k": (1.0, 10.0, 700)})
+    assert table.finish("a1", True, 1.0) == Retention({"k": (1.0, 10.0, 700)})
     # F's request is unearned: its pieces would be discarded, but k is A's retained key
-    assert table.arrive("f1", ["k"], "h", 700, 2.0, client="F").push == Push({"k": (1.0, 9.0, 700)})
-    assert table.finish("f1", True, 2.0) == Push({"k": (1.0, 9.0, 700)})  # still A's
+    assert table.arrive("f1", ["k"], "h", 700, 2.0, client="F").retention == Retention(
+        {"k": (1.0, 9.0, 700)}
+    )
+    assert table.finish("f1", True, 2.0) == Retention({"k": (1.0, 9.0, 700)})  # still A's
     back = table.arrive("a2", ["k", "a2"], "h", 900, 3.5, client="A")
     assert back.continues and back.program_start == 1.0  # A's own pause, not F's
-    assert table.started("a2", 4.5) == Push(discard=("k",))  # only F's is left there
+    assert table.started("a2", 4.5) == Retention(discard=("k",))  # only F's is left there
     back = table.arrive("f2", ["k", "f2"], "h", 900, 5.5, client="F")
     assert back.continues and back.program_start == 2.0
-    assert table.started("f2", 6.5) == Push(release=("k",))
+    assert table.started("f2", 6.5) == Retention(release=("k",))
     # a client that paused nowhere continues nothing
     table.arrive("g1", ["k"], "h", 700, 7.0, client="G")
     table.finish("g1", True, 7.0)
@@ -143,7 +146,7 @@ def test_discarded_owners_rank_with_private_pieces_until_they_leave_the_tree() -
     seg, later = NodeMeta(AnchorKind.SEGMENT, "S"), NodeMeta(AnchorKind.SEGMENT, "L")
     core.on_assign(None, seg, 100)
     # "L" is discarded before its request reaches the tree (the proxy says so early)
-    core.inbox.submit_retain(RetainUpdate({}, (), ("S", "L")))
+    core.inbox.submit_retain(Retention({}, (), ("S", "L")))
     core.begin_eviction()
     assert core.stats().discarded == 2 and core.stats().discards == 2
     assert core.key(seg, 5.0) == (0, 0.0, 5.0) == core.key(None, 5.0)
@@ -156,14 +159,14 @@ def test_discarded_owners_rank_with_private_pieces_until_they_leave_the_tree() -
     # ... and are forgotten when they leave: content that comes back later starts afresh
     core.on_evicted(seg, 100)
     assert core.stats().discarded == 1
-    core.inbox.submit_retain(RetainUpdate({}, (), ("S",)))
+    core.inbox.submit_retain(Retention({}, (), ("S",)))
     # retaining an owner takes it out of the discarded set
-    core.inbox.submit_retain(RetainUpdate({"S": (1.0, 60.0, 100)}))
+    core.inbox.submit_retain(Retention({"S": (1.0, 60.0, 100)}))
     core.on_assign(None, seg, 100)
     core.begin_eviction()
     assert core.stats().discarded == 1 and core.key(seg, 5.0) == (2, 1.0, 5.0)
     # the set is bounded, the oldest word dropped first
-    core.inbox.submit_retain(RetainUpdate({}, (), tuple(f"x{n}" for n in range(MAX_RETAINED))))
+    core.inbox.submit_retain(Retention({}, (), tuple(f"x{n}" for n in range(MAX_RETAINED))))
     core.begin_eviction()
     assert core.stats().discarded == MAX_RETAINED and core.key(later, 6.0) == (1, 0.0, 6.0)
 

@@ -15,7 +15,6 @@ from proxy_support import dart_stack, running_proxy, sim_server, wait_until
 from loadgen.twin.session_twin import SessionFeatures, SessionTwin, shared_tokens, simulate_sessions
 from loadgen.twin.twin import TwinSetup
 from loadgen.workloads.session_trace import SessionParams, belady_bound, build_session_trace
-from prism_proxy.admission.retention_push import Push
 from prism_proxy.admission.sessions import QUEUED_SCORE, SessionTable
 from prism_proxy.admission.sessions import SessionParams as TableParams
 from prism_proxy.edge.gateway import GATEWAY
@@ -25,6 +24,7 @@ from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.types import QueuedRequest
 from prism_tokens.chat import template_messages, template_tools
 from prism_tokens.tokenizer import load_tokenizer
+from prism_wire import Retention
 
 TOKEN = "session-test-token"
 
@@ -45,18 +45,18 @@ def test_a_continuation_is_found_by_the_key_of_the_call_before() -> None:
     table = SessionTable(TableParams(min_tokens=0, default_ttl_s=7.0))
     earned(table, "head")
     first = table.arrive("r1", ["a", "b"], "head", 500, now=1.0)
-    assert not first.continues and first.program_start == 1.0 and not first.push
-    assert table.finish("r1", tool_call=True, now=2.0) == Push({"b": (2.0, 7.0, 500)})
+    assert not first.continues and first.program_start == 1.0 and not first.retention
+    assert table.finish("r1", tool_call=True, now=2.0) == Retention({"b": (2.0, 7.0, 500)})
     again = table.arrive("r2", ["a", "b", "c", "d"], "head", 900, now=3.5)
     # the program's start carries over; its path is held above every paused one while
     # it waits, and released when its first token comes back
     assert again.continues and again.program_start == 1.0
-    assert again.push == Push({"b": (QUEUED_SCORE, 60.0, 500)})
-    assert table.started("r2", now=3.6) == Push(release=("b",))
+    assert again.retention == Retention({"b": (QUEUED_SCORE, 60.0, 500)})
+    assert table.started("r2", now=3.6) == Retention(release=("b",))
     assert not table.started("r2", now=3.7)
     # an answer without a tool call ends the session: its own pieces (after the first
     # call's, which sessions of one task share) go first
-    assert table.finish("r2", tool_call=False, now=4.0) == Push(discard=("c", "d"))
+    assert table.finish("r2", tool_call=False, now=4.0) == Retention(discard=("c", "d"))
     other = table.arrive("r3", ["a", "x"], "head", 500, now=5.0)
     assert not other.continues  # sharing the head is not continuing
 
@@ -72,10 +72,12 @@ def test_sessions_paused_on_one_prefix_are_told_apart() -> None:
     assert table.paused == 2
     back = table.arrive("x1", ["k", "kx"], "h", 700, 3.0)
     assert back.continues and back.program_start == 0.0  # the older one first
-    assert table.started("x1", 3.1) == Push({"k": (1.5, 1.5 + 10.0 - 3.1, 500)})  # y0 still out
+    assert table.started("x1", 3.1) == Retention(
+        {"k": (1.5, 1.5 + 10.0 - 3.1, 500)}
+    )  # y0 still out
     back = table.arrive("y1", ["k", "ky"], "h", 700, 4.0)
     assert back.continues and back.program_start == 0.5
-    assert table.started("y1", 4.1) == Push(release=("k",))
+    assert table.started("y1", 4.1) == Retention(release=("k",))
 
 
 def test_ttl_is_the_quantile_of_observed_returns_late_ones_included() -> None:
@@ -104,17 +106,17 @@ def test_retention_from_the_call_holds_the_path_until_the_end_says() -> None:
     table = SessionTable(params)
     earned(table, "h")
     table.arrive("r1", ["a", "b"], "h", 500, now=1.0)
-    assert table.calling("r1", now=1.5) == Push({"b": (1.5, 60.0, 500)})
+    assert table.calling("r1", now=1.5) == Retention({"b": (1.5, 60.0, 500)})
     assert not table.calling("r1", now=1.6)  # once
-    assert table.finish("r1", tool_call=True, now=2.0) == Push({"b": (2.0, 7.0, 500)})
+    assert table.finish("r1", tool_call=True, now=2.0) == Retention({"b": (2.0, 7.0, 500)})
     table.arrive("r2", ["a", "b", "c"], "h", 600, now=3.0)
     table.started("r2", now=3.1)
-    assert table.calling("r2", now=3.2) == Push({"c": (3.2, 60.0, 600)})
+    assert table.calling("r2", now=3.2) == Retention({"c": (3.2, 60.0, 600)})
     # a call seen, then an answer that did not end in one: its own pieces go first
-    assert table.finish("r2", tool_call=False, now=3.5) == Push(discard=("c",))
+    assert table.finish("r2", tool_call=False, now=3.5) == Retention(discard=("c",))
     table.arrive("r3", ["x"], "h", 500, now=4.0)
     table.calling("r3", now=4.1)
-    assert table.forget("r3", now=4.2) == Push(release=("x",))
+    assert table.forget("r3", now=4.2) == Retention(release=("x",))
     # at the end (the default) a call changes nothing; nor for an account that could
     # not retain now, or a prompt too short to keep
     table = SessionTable(replace(params, retain_from="end"))
@@ -134,13 +136,13 @@ def test_short_prompts_are_not_kept_and_everything_is_bounded() -> None:
     earned(table, "h")
     table.arrive("s", ["k"], "h", 200, 0.0)
     # cheaper to prefill than to hold: ranked as its private piece would be
-    assert table.finish("s", True, 1.0) == Push(discard=("k",))
+    assert table.finish("s", True, 1.0) == Retention(discard=("k",))
     released: list[str] = []
     for n in range(6):
         table.arrive(f"r{n}", [f"k{n}"], "h", 400, float(n))
-        push = table.finish(f"r{n}", True, float(n))
-        assert list(push.retain) == [f"k{n}"]
-        released += push.release
+        retention = table.finish(f"r{n}", True, float(n))
+        assert list(retention.retain) == [f"k{n}"]
+        released += retention.release
     assert table.paused == 3 and released == ["k0", "k1", "k2"]
     table.expire(1e9)
     assert table.paused == 0

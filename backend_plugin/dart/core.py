@@ -84,7 +84,6 @@ from backend_plugin.dart.priority import (
     DEFAULT_RETAIN_FRACTION,
     PriorityUpdate,
     Reset,
-    RetainUpdate,
     UpdateInbox,
 )
 from backend_plugin.dart.residency import ResidencyLog
@@ -92,6 +91,7 @@ from prism_wire import (
     MAX_RETAINED,
     AnchorHints,
     ResidencySummary,
+    Retention,
     display_owner,
     is_system_owner,
 )
@@ -257,7 +257,7 @@ class DartCore:
                 self._expiries.clear()
                 self._retaining = {}
                 self._discarded.clear()
-            elif isinstance(item, RetainUpdate):
+            elif isinstance(item, Retention):
                 self._retain(item)
             else:
                 self._apply(item)
@@ -270,18 +270,18 @@ class DartCore:
         self._table, self._epoch = dict(update.table), update.epoch
         self._protect = update.protect
 
-    def _retain(self, update: RetainUpdate) -> None:
-        for owner in update.release:
+    def _retain(self, retention: Retention) -> None:
+        for owner in retention.release:
             self._retained.pop(owner, None)
         now = self.clock()
-        for owner, (score, ttl, tokens) in update.retain.items():
+        for owner, (score, ttl, tokens) in retention.retain.items():
             if owner not in self._retained and owner not in self._resident_tokens:
                 self._lose(owner, "absent_at", now)  # nothing left to keep
                 self._late_retentions += 1
             self._retained[owner] = (score, now + ttl, tokens)
             heapq.heappush(self._expiries, (now + ttl, owner))
             self._discarded.pop(owner, None)
-        for owner in update.discard:
+        for owner in retention.discard:
             self._retained.pop(owner, None)
             self._discarded.pop(owner, None)
             self._discarded[owner] = now  # the latest last (the bound drops the oldest)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from prism_wire import DEFAULT_PROTECT, MAX_EPOCH
+from prism_wire import DEFAULT_PROTECT, MAX_EPOCH, Retention
 
 # F_t's resident tokens stay within this share of the KV pool. A quarter
 # leaves three quarters for the running batch (whose paths are locked anyway) and for
@@ -60,23 +60,6 @@ class PriorityUpdate:
 
 
 @dataclass(frozen=True, slots=True)
-class RetainUpdate:
-    """Retention entries to add (`owner -> (score, ttl_s, path tokens or None)`) and owners
-    to forget; no epoch: pushes from one proxy apply in the order they arrive."""
-
-    retain: Mapping[str, tuple[float, float, int | None]]
-    release: tuple[str, ...] = ()
-    discard: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for owner, (score, ttl, tokens) in self.retain.items():
-            if not (math.isfinite(score) and math.isfinite(ttl) and ttl >= 0):
-                raise ValueError(f"retention of {owner!r} needs a finite score and ttl >= 0")
-            if tokens is not None and tokens < 0:
-                raise ValueError(f"retention of {owner!r}: tokens must be >= 0")
-
-
-@dataclass(frozen=True, slots=True)
 class Reset:
     """Forget the table (DART then orders like LRU) and the epoch."""
 
@@ -86,7 +69,7 @@ class UpdateInbox:
     """Thread-safe queue of accepted updates, drained by the tree's owner thread."""
 
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _pending: list[PriorityUpdate | RetainUpdate | Reset] = field(default_factory=list)
+    _pending: list[PriorityUpdate | Retention | Reset] = field(default_factory=list)
     _accepted_epoch: int | None = None
 
     @property
@@ -102,16 +85,17 @@ class UpdateInbox:
             self._accepted_epoch = update.epoch
             self._pending.append(update)
 
-    def submit_retain(self, update: RetainUpdate) -> None:
+    def submit_retain(self, retention: Retention) -> None:
+        """Queue `retention` (no epoch: one proxy's words apply in the order they come)."""
         with self._lock:
-            self._pending.append(update)
+            self._pending.append(retention)
 
     def submit_reset(self) -> None:
         with self._lock:
             self._accepted_epoch = None
             self._pending.append(Reset())
 
-    def drain(self) -> list[PriorityUpdate | RetainUpdate | Reset]:
+    def drain(self) -> list[PriorityUpdate | Retention | Reset]:
         """Everything accepted since the last drain, oldest first."""
         with self._lock:
             pending, self._pending = self._pending, []

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from backend_plugin.dart.core import RetainedLoss
-from backend_plugin.dart.priority import RetainUpdate
 from loadgen.clients.session_replay import (
     CallRecord,
     SessionRecord,
@@ -39,12 +38,12 @@ from loadgen.twin.twin import Twin, TwinSetup, _Tracked
 from loadgen.workloads.session_trace import Session, SessionTrace
 from loadgen.workloads.trace_format import Trace, TraceHeader, TraceRequest
 from prism_proxy.admission.reprefill import Continuation, Pause, reprefill_tokens
-from prism_proxy.admission.retention_push import Push
 from prism_proxy.admission.sessions import SessionParams, SessionTable
 from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_sim.request import SimRequest
 from prism_tokens.chat import content_format, template_messages, template_tools
 from prism_tokens.tokenizer import Tokenizer
+from prism_wire import Retention
 
 # The answer's token at which the proxy's stream shows a tool call (its name): SGLang's
 # parsers emit a call's name once they have read it, a few tokens in (`<tool_call>`,
@@ -153,7 +152,7 @@ class SessionTwin(Twin):
         if self.table is not None:
             prompt = len(job.build(()).prompt_fields["input_ids"]) - job.head_tokens
             found = self.table.arrive(rid, job.segments, job.prefix_key, prompt, self.now)
-            self._retain(found.push)
+            self._retain(found.retention)
             pause = found.pause
             if pause is not None and self.retainer is None:
                 pause = replace(pause, retained=False)  # the table's word reached no DART
@@ -161,10 +160,9 @@ class SessionTwin(Twin):
             program_start = found.program_start if found.continues else None
         self.core.arrive(job.queued(rid, self.now, program_start=program_start), self.now)
 
-    def _retain(self, push: Push) -> None:
-        if self.retainer is not None and push:
-            update = RetainUpdate(push.retain, push.release, push.discard)
-            self.retainer.inbox.submit_retain(update)
+    def _retain(self, retention: Retention) -> None:
+        if self.retainer is not None and retention:
+            self.retainer.inbox.submit_retain(retention)
             self.retainer.apply_pending()
 
     def _on_progress(self, sim: SimRequest) -> None:

@@ -1,4 +1,4 @@
-"""The proxy's session table with its clock and its pushes to DART: the edge calls
+"""The proxy's session table with its clock and its retention words to DART: the edge calls
 it at each event of a chat with tools (`admission.sessions` says what the events mean)."""
 
 from __future__ import annotations
@@ -6,23 +6,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from prism_proxy.admission.retention_push import Push, RetainPush
 from prism_proxy.admission.sessions import SessionParams, SessionTable
+from prism_wire import Retention
+
+# Sends a retention to DART's control RPC (every replica's: `edge.gateway.retain_to_all`).
+SendRetention = Callable[[Retention], None]
 
 
 class SessionKeeper:
-    """The proxy's session table with its pushes to DART (`push(retain, release)`, or
-    None without a control RPC: continuations are still recognised for QAS). Times come
-    from `clock`; every method returns at once."""
+    """The proxy's session table with its retention words to DART (`send`, or None
+    without a control RPC: continuations are still recognised for QAS). Times come from
+    `clock`; every method returns at once."""
 
     def __init__(
         self,
         params: SessionParams,
-        push: RetainPush | None,
+        send: SendRetention | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.table = SessionTable(params)
-        self.push = push
+        self.send = send
         self.clock = clock
 
     def arrive(
@@ -33,21 +36,21 @@ class SessionKeeper:
         now = self.clock()
         self.table.expire(now)
         found = self.table.arrive(rid, keys, head, tokens, now, client)
-        self._push(found.push)
+        self._send(found.retention)
         return found.program_start if found.continues else None
 
     def started(self, rid: str) -> None:
-        self._push(self.table.started(rid, self.clock()))
+        self._send(self.table.started(rid, self.clock()))
 
     def calling(self, rid: str, tools: Sequence[str] = ()) -> None:
-        self._push(self.table.calling(rid, self.clock(), tools))
+        self._send(self.table.calling(rid, self.clock(), tools))
 
     def finish(self, rid: str, tool_call: bool, tools: Sequence[str] = ()) -> None:
-        self._push(self.table.finish(rid, tool_call, self.clock(), tools))
+        self._send(self.table.finish(rid, tool_call, self.clock(), tools))
 
     def forget(self, rid: str) -> None:
-        self._push(self.table.forget(rid, self.clock()))
+        self._send(self.table.forget(rid, self.clock()))
 
-    def _push(self, push: Push) -> None:
-        if self.push is not None and push:
-            self.push(push)
+    def _send(self, retention: Retention) -> None:
+        if self.send is not None and retention:
+            self.send(retention)

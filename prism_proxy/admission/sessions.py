@@ -10,8 +10,9 @@ id in call k + 1, which re-sends those messages. That id is the session's **key*
     call k + 1  [head | turn | ... | last message k | call k's tool call | tool output]<gen>
                                                    ^ key_k again: a continuation
 
-Events, in the order they happen to one request, each returning a `Push` for DART's
-control RPC (owners to retain with a score and a time-to-live, to release, to discard):
+Events, in the order they happen to one request, each returning the `prism_wire.Retention`
+to send DART's control RPC (owners to retain with a score and a time-to-live, to release,
+to discard):
 
 * `arrive(rid, keys, head, tokens, now)`: `keys` are the request's cut ids. If one of
   them is a paused session's key, the request continues that session: it inherits the
@@ -76,9 +77,8 @@ from dataclasses import dataclass, field
 
 from prism_proxy.admission.credit import Account, Grant, RetentionLedger
 from prism_proxy.admission.reprefill import Pause
-from prism_proxy.admission.retention_push import NOTHING, Push
 from prism_proxy.admission.returns import ANY_TOOL, HeadDelays, ReturnModel, tool_key
-from prism_wire import MAX_RETAIN_TTL_S, MAX_RETAINED
+from prism_wire import MAX_RETAIN_TTL_S, MAX_RETAINED, NO_RETENTION, Retention
 
 # Paused sessions are remembered this many longest TTLs, to observe late returns.
 REMEMBER_TTLS = 4
@@ -126,11 +126,11 @@ class SessionParams:
 @dataclass(frozen=True, slots=True)
 class Arrival:
     """What `arrive` found: the program's start, whether it continues a paused
-    session, what to push, and the pause it continues (for `reprefill`'s accounting)."""
+    session, what to tell DART, and the pause it continues (for `reprefill`'s accounting)."""
 
     program_start: float
     continues: bool
-    push: Push = NOTHING
+    retention: Retention = NO_RETENTION
     pause: Pause | None = None
 
 
@@ -239,23 +239,23 @@ class SessionTable:
         flight = _InFlight(keys, account, found.program_start, tokens, found.own_from, continued)
         self._flight[rid] = flight
         dropped = self._bound_flight(now)
-        hold = Push({continued: (QUEUED_SCORE, self.params.max_ttl_s, found.tokens)})
+        hold = Retention({continued: (QUEUED_SCORE, self.params.max_ttl_s, found.tokens)})
         pause = Pause(
             continued, found.paused_at, found.ttl_s, found.grant is not None, found.held_at
         )
-        push = dropped + hold + self._unearned(flight, now)
-        return Arrival(found.program_start, True, push, pause)
+        retention = dropped + hold + self._unearned(flight, now)
+        return Arrival(found.program_start, True, retention, pause)
 
-    def started(self, rid: str, now: float) -> Push:
+    def started(self, rid: str, now: float) -> Retention:
         """The request's first token came back: its path is the engine's again."""
         self.ledger.expire(now)
         flight = self._flight.get(rid)
         if flight is None or flight.continued is None:
-            return NOTHING
+            return NO_RETENTION
         key, flight.continued = flight.continued, None
         return self._key_state(key, now)
 
-    def calling(self, rid: str, now: float, tools: Sequence[str] = ()) -> Push:
+    def calling(self, rid: str, now: float, tools: Sequence[str] = ()) -> Retention:
         """The request's answer is becoming a tool call (the stream shows one; `tools`:
         the names seen so far). With `retain_from` "call", its path is retained from now
         with the score its pause will have, so that it is held when the engine frees it,
@@ -273,29 +273,29 @@ class SessionTable:
             or flight.tokens < self.params.min_tokens
             or not self.ledger.affords(flight.account, flight.tokens, now)
         ):
-            return NOTHING
+            return NO_RETENTION
         flight.calling_at = now
         tool = tool_key(tools)
         ttl = self.ttl(flight.head, tool)
         would = _Paused(flight.account, flight.program_start, now, ttl, flight.tokens,
                         flight.own_from, None, tool,
                         now + self.returns.predict(flight.head, tool))  # fmt: skip
-        return Push({flight.key: (self._score(would), self.params.max_ttl_s, flight.tokens)})
+        return Retention({flight.key: (self._score(would), self.params.max_ttl_s, flight.tokens)})
 
-    def finish(self, rid: str, tool_call: bool, now: float, tools: Sequence[str] = ()) -> Push:
+    def finish(self, rid: str, tool_call: bool, now: float, tools: Sequence[str] = ()) -> Retention:
         """The request's answer ended (`tool_call`: in a tool call; `tools`: the names of
         the tools it called, where known)."""
         self.ledger.expire(now)
-        push = NOTHING
+        retention = NO_RETENTION
         flight = self._flight.pop(rid, None)
         if flight is None:
-            return push
+            return retention
         if flight.continued:
-            push += self._key_state(flight.continued, now)
+            retention += self._key_state(flight.continued, now)
         if not tool_call or flight.key is None or flight.tokens < self.params.min_tokens:
             # the session ended, or is too short to keep: its own pieces go first (a
             # `calling` hold on its key with them)
-            return push + self._discard(flight.own(), now)
+            return retention + self._discard(flight.own(), now)
         tool = tool_key(tools)
         ttl = self.ttl(flight.head, tool)
         grant = self.ledger.grant(flight.account, flight.key, flight.tokens, ttl, now)
@@ -309,18 +309,18 @@ class SessionTable:
         self.paused += 1
         if grant is None:
             self.unearned += 1
-            push += self._discard(flight.own(), now)
+            retention += self._discard(flight.own(), now)
         else:
             self.retained += 1
-            push += self._key_state(flight.key, now)
+            retention += self._key_state(flight.key, now)
         dropped = self._bound_paused()
-        return push + Push(release=tuple(k for k in dropped if k != flight.key))
+        return retention + Retention(release=tuple(k for k in dropped if k != flight.key))
 
-    def forget(self, rid: str, now: float) -> Push:
+    def forget(self, rid: str, now: float) -> Retention:
         """The request failed or was withdrawn: no pause follows."""
         self.ledger.expire(now)
         flight = self._flight.pop(rid, None)
-        return NOTHING if flight is None else self._unhold(flight, now)
+        return NO_RETENTION if flight is None else self._unhold(flight, now)
 
     def expire(self, now: float) -> None:
         """Forget paused sessions gone for `REMEMBER_TTLS` x the longest TTL (DART forgot
@@ -350,55 +350,55 @@ class SessionTable:
             return -paused.expected_back
         return paused.paused_at
 
-    def _key_state(self, key: str, now: float) -> Push:
+    def _key_state(self, key: str, now: float) -> Retention:
         """What DART should do with `key` now: retain it while a session paused there
         holds a live grant, discard it while only unearned ones are paused there, else
         release it (a continuation's path: the engine's again)."""
         sessions = self._paused.get(key)
         if not sessions:
-            return Push(release=(key,))
+            return Retention(release=(key,))
         live = [p for p in sessions if p.grant is not None and p.grant.live(now)]
         if not live:
-            return Push(discard=(key,))
+            return Retention(discard=(key,))
         latest = live[-1]
         left = max(p.paused_at + p.ttl_s for p in live) - now
-        return Push({key: (self._score(latest), left, latest.tokens)})
+        return Retention({key: (self._score(latest), left, latest.tokens)})
 
-    def _discard(self, keys: Sequence[str], now: float) -> Push:
+    def _discard(self, keys: Sequence[str], now: float) -> Retention:
         """Discard `keys`, but leave a key that a session paused there with a live grant
         still holds (another session of the same task) as it is."""
         held = [k for k in keys if k in self._paused]
-        push = Push(discard=tuple(k for k in keys if k not in self._paused))
+        retention = Retention(discard=tuple(k for k in keys if k not in self._paused))
         for key in held:
-            push += self._key_state(key, now)
-        return push
+            retention += self._key_state(key, now)
+        return retention
 
-    def _unearned(self, flight: _InFlight, now: float) -> Push:
+    def _unearned(self, flight: _InFlight, now: float) -> Retention:
         """A request whose account could not retain its pause now: its own pieces are
         discarded at once, before the engine holds them (a word sent at its end would
         leave them ranked as segments until it arrives); a pause it earns meanwhile is
         retained at `finish` all the same."""
         if self.ledger.affords(flight.account, flight.tokens, now):
-            return NOTHING
+            return NO_RETENTION
         return self._discard([k for k in flight.own() if k != flight.continued], now)
 
-    def _unhold(self, flight: _InFlight, now: float) -> Push:
+    def _unhold(self, flight: _InFlight, now: float) -> Retention:
         """Undo what a request in flight held: the paused key it continued, and its own
         key from `calling`."""
-        push = NOTHING
+        retention = NO_RETENTION
         if flight.continued is not None:
-            push += self._key_state(flight.continued, now)
+            retention += self._key_state(flight.continued, now)
         if flight.calling_at is not None and flight.key is not None:
-            push += self._key_state(flight.key, now)
-        return push
+            retention += self._key_state(flight.key, now)
+        return retention
 
-    def _bound_flight(self, now: float) -> Push:
+    def _bound_flight(self, now: float) -> Retention:
         """Forget the oldest requests in flight beyond `max_sessions`, with their holds."""
-        push = NOTHING
+        retention = NO_RETENTION
         while len(self._flight) > self.params.max_sessions:
             _, flight = self._flight.popitem(last=False)
-            push += self._unhold(flight, now)
-        return push
+            retention += self._unhold(flight, now)
+        return retention
 
     def _bound_paused(self) -> list[str]:
         """Drop the oldest paused sessions beyond `max_sessions`; the keys left empty."""

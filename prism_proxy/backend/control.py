@@ -42,6 +42,7 @@ from prism_wire import (
     RPC_RESIDENCY,
     RPC_RETAIN,
     ResidencySummary,
+    Retention,
 )
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,8 @@ class ControlClient:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.epoch = int(time.time() * 1000)
         self._pending: dict[str, float] | None = None
-        # owner -> (score, ttl_s, path tokens), RELEASE or DISCARD
-        self._retention: dict[str, tuple[float, float, int] | str] = {}
+        # owner -> its latest word: (score, ttl_s, path tokens), RELEASE or DISCARD
+        self._retention: dict[str, tuple[float, float, int | None] | str] = {}
         self._wakeup = asyncio.Event()
         self._backoff_s = 0.0
         self._residency_ok = True
@@ -83,18 +84,14 @@ class ControlClient:
         self._pending = table
         self._wakeup.set()
 
-    def retain(
-        self,
-        entries: dict[str, tuple[float, float, int]],
-        release: tuple[str, ...] = (),
-        discard: tuple[str, ...] = (),
-    ) -> None:
-        """Queue retention changes (merged with unsent ones); returns at once."""
+    def retain(self, retention: Retention) -> None:
+        """Queue `retention` (merged with unsent words, the latest about an owner
+        winning); returns at once."""
         pending = self._retention
-        for owner in release:
+        for owner in retention.release:
             pending[owner] = RELEASE
-        pending.update(entries)
-        for owner in discard:
+        pending.update(retention.retain)
+        for owner in retention.discard:
             pending[owner] = DISCARD
         while len(pending) > MAX_RETAINED:  # an RPC down for long: the oldest words go
             del pending[next(iter(pending))]
@@ -106,13 +103,13 @@ class ControlClient:
             await self._wakeup.wait()
             self._wakeup.clear()
             table, self._pending = self._pending, None
-            retention, self._retention = self._retention, {}
+            words, self._retention = self._retention, {}
             ok = True
-            if retention:
-                ok = await self._send_retention(retention)
+            if words:
+                ok = await self._send_retention(words)
             if table is not None:
                 ok = await self._send(table) and ok
-            elif not retention:
+            elif not words:
                 continue
             if ok:
                 self._backoff_s = 0.0
@@ -134,13 +131,15 @@ class ControlClient:
             return True
         return False if status is None else self._failed(f"HTTP {status}")
 
-    async def _send_retention(self, retention: dict[str, tuple[float, float, int] | str]) -> bool:
-        body = {
-            "retain": {o: list(e) for o, e in retention.items() if not isinstance(e, str)},
-            "release": [o for o, e in retention.items() if e == RELEASE],
-            "discard": [o for o, e in retention.items() if e == DISCARD],
-        }
-        status, _ = await self._call(RPC_RETAIN, body)
+    async def _send_retention(
+        self, words: dict[str, tuple[float, float, int | None] | str]
+    ) -> bool:
+        retention = Retention(
+            {o: e for o, e in words.items() if not isinstance(e, str)},
+            tuple(o for o, e in words.items() if e == RELEASE),
+            tuple(o for o, e in words.items() if e == DISCARD),
+        )
+        status, _ = await self._call(RPC_RETAIN, retention.as_dict())
         if status == 200:
             return True
         return False if status is None else self._failed(f"retain: HTTP {status}")

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from prism_proxy.admission.driver import AdmissionController, PushFn
-from prism_proxy.admission.retention_push import Push, RetainPush
-from prism_proxy.admission.session_keeper import SessionKeeper
+from prism_proxy.admission.session_keeper import SendRetention, SessionKeeper
 from prism_proxy.api.grammars.gate import GrammarGate
 from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.control import ControlClient
@@ -40,6 +39,7 @@ from prism_proxy.prompts.tool_results import ToolResults
 from prism_proxy.qas.policies import SchedulingPolicy
 from prism_proxy.scheduling import admission_core, dart_resident_sets
 from prism_tokens.tokenizer import Tokenizer
+from prism_wire import Retention
 
 
 @dataclass(frozen=True)
@@ -109,16 +109,16 @@ def push_to_all(clients: list[ControlClient]) -> PushFn | None:
     return push
 
 
-def retain_to_all(clients: list[ControlClient]) -> RetainPush | None:
+def retain_to_all(clients: list[ControlClient]) -> SendRetention | None:
     """The session table's retention to every DART (None: no control RPC)."""
     if not clients:
         return None
 
-    def push(retention: Push) -> None:
+    def send(retention: Retention) -> None:
         for client in clients:
-            client.retain(retention.retain, retention.release, retention.discard)
+            client.retain(retention)
 
-    return push
+    return send
 
 
 def assemble(

@@ -344,8 +344,10 @@ class Retention:
 
     The one form of this word on both sides: the proxy's session table makes it, its
     control client sends it (`as_dict`, the JSON body), the RPC reads it (`from_json`) and
-    DART applies it. Every bound is checked here, on construction, so a value that exists
-    is one DART accepts. `a + b` is both, `b`'s word winning for an owner named in both.
+    DART applies it. Every entry's bounds are checked here, on construction; how many
+    entries one body may carry (`MAX_RETAINED` per list) is the wire's bound, checked by
+    `from_json` (the control client sends words in bodies of at most that many), so that
+    `a + b` (both, `b`'s word winning for an owner named in both) never fails.
     """
 
     retain: Mapping[str, tuple[float, float, int | None]] = field(default_factory=dict)
@@ -365,8 +367,6 @@ class Retention:
                 tokens = int(tokens)  # JSON may spell a count as a float
             retain[owner] = (score, ttl_s, tokens)
         release, discard = tuple(self.release), tuple(self.discard)
-        if max(len(retain), len(release), len(discard)) > MAX_RETAINED:
-            raise ValueError(f"at most {MAX_RETAINED} owners to retain, release or discard")
         if any(len(o) > MAX_OWNER_CHARS for o in (*retain, *release, *discard)):
             raise ValueError(f"owner ids are at most {MAX_OWNER_CHARS} characters")
         object.__setattr__(self, "retain", MappingProxyType(retain))
@@ -422,10 +422,10 @@ class _RetainBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     retain: dict[str, Annotated[list[float], Field(min_length=2, max_length=3)]] = Field(
-        default_factory=dict
+        default_factory=dict, max_length=MAX_RETAINED
     )
-    release: list[str] = Field(default_factory=list)
-    discard: list[str] = Field(default_factory=list)
+    release: list[str] = Field(default_factory=list, max_length=MAX_RETAINED)
+    discard: list[str] = Field(default_factory=list, max_length=MAX_RETAINED)
 
 
 class _ResidencyBody(BaseModel):

@@ -361,7 +361,7 @@ class SessionTable:
         if not live:
             return Retention(discard=(key,))
         latest = live[-1]
-        left = max(p.paused_at + p.ttl_s for p in live) - now
+        left = max(0.0, max(p.paused_at + p.ttl_s for p in live) - now)
         return Retention({key: (self._score(latest), left, latest.tokens)})
 
     def _discard(self, keys: Sequence[str], now: float) -> Retention:

@@ -23,7 +23,7 @@ from aiohttp import web
 from prism_proxy.config import ConfigError, ProxyConfig
 from prism_proxy.edge.account_limits import Limits, Refusal
 from prism_proxy.edge.errors import ENDPOINT, REFUSED_BY, ApiError
-from prism_proxy.edge.gateway import GATEWAY, Gateway
+from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.edge.keys import Account, KeyFileError, KeyTable, parse_env_keys, parse_key_file
 from prism_proxy.edge.keys import presented_key as _presented_key
 
@@ -116,14 +116,6 @@ def refused(request: web.Request, refusal: Refusal) -> ApiError:
         code="rate_limit_exceeded",
         headers={"Retry-After": str(refusal.retry_after_s)},
     )
-
-
-def charge(request: web.Request, gateway: Gateway, tokens: int) -> None:
-    """The request's answer used `tokens` (prompt + completion): its account's tokens
-    per minute, when limited."""
-    tokens_per_minute = limits_of(request, gateway.config).tokens_per_minute
-    if tokens_per_minute:
-        gateway.usage.charge(client_key(request), tokens, tokens_per_minute, time.monotonic())
 
 
 def _count_refusal(request: web.Request) -> None:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.costs import PromptSize
+from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import make_job, new_rid, off_loop
 from prism_proxy.edge.errors import ENDPOINT
 from prism_proxy.edge.gateway import Gateway
@@ -57,6 +58,7 @@ def _chat_turns(
 async def chat_relay(
     request: web.Request,
     gateway: Gateway,
+    client: str,
     body: ChatCompletionRequest,
     raw: dict[str, Any],
     size: PromptSize,
@@ -64,11 +66,12 @@ async def chat_relay(
     """A chat only the engine's own endpoint serves (tools and tool calls, `n`,
     logprobs, response formats...): it renders the prompt and parses the answer, so the
     client gets exactly the engine's answer. The proxy renders the same prompt to find
-    its turns: QAS schedules it and DART gets its anchors like any other request."""
+    its turns: QAS schedules it and DART gets its anchors like any other request.
+    Served within the request's decode and grammar shares (`serve_chat`)."""
     forwarded = body.forwarded(raw)
     tokenizer = gateway.tokenizer
     job = None
-    finder = DocumentFinder(request, gateway, hinted=False)
+    finder = DocumentFinder(request, gateway, client, hinted=False)
     policy = gateway.admission.core.policy
     if finder.searching and finder.reorder and policy.reorders:
         # documents in tool results, in the order of their first sighting
@@ -99,13 +102,9 @@ async def chat_relay(
     path = "/v1/chat/completions"
     set_rid = (body.n or 1) == 1
     group = body.prompt_cache_key or ""
-    async with (
-        DecodeShare(request, gateway, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, gateway, body, raw),
-    ):
-        return await passthrough(
-            request, gateway, path, forwarded, set_rid=set_rid, job=job, group=group
-        )
+    return await passthrough(
+        request, gateway, client, path, forwarded, set_rid=set_rid, job=job, group=group
+    )
 
 
 async def chat_completions(request: web.Request, gateway: Gateway) -> web.StreamResponse:
@@ -118,23 +117,27 @@ async def serve_chat(
     request: web.Request, gateway: Gateway, body: ChatCompletionRequest, raw: dict[str, Any]
 ) -> web.StreamResponse:
     """A checked chat request (`raw` its body as validated), from its size check to its
-    answer: the token path, or the engine's own chat endpoint (`chat_relay`)."""
+    answer: the token path, or the engine's own chat endpoint (`chat_relay`). The
+    caller's `accounts.client_key` is computed once here and carried."""
     size = body.prompt_size()
     check_prompt_size(gateway.config, size)
-    if body.passthrough_reason() is not None:
-        return await chat_relay(request, gateway, body, raw, size)
+    client = client_key(request)
     # the shares' block here rather than `serve_within_shares`: one file less on the
-    # request's await chain, which every resumption of its task walks again
+    # request's await chain, which every resumption of its task walks again; one block
+    # for both ways
     async with (
-        DecodeShare(request, gateway, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, gateway, body, raw),
+        DecodeShare(request, gateway, client, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, gateway, client, body, raw),
     ):
-        return await _chat_token_path(request, gateway, body, raw, size)
+        if body.passthrough_reason() is not None:
+            return await chat_relay(request, gateway, client, body, raw, size)
+        return await _chat_token_path(request, gateway, client, body, raw, size)
 
 
 async def _chat_token_path(
     request: web.Request,
     gateway: Gateway,
+    client: str,
     body: ChatCompletionRequest,
     raw: dict[str, Any],
     size: PromptSize,
@@ -143,13 +146,13 @@ async def _chat_token_path(
         forwarded = body.forwarded(raw)
         group = body.prompt_cache_key or ""
         return await passthrough(
-            request, gateway, "/v1/chat/completions", forwarded, set_rid=True, group=group
+            request, gateway, client, "/v1/chat/completions", forwarded, set_rid=True, group=group
         )
     tokenizer = gateway.tokenizer
     serializer = gateway.serializer
     rendering = gateway.rendering
     drifts: list[tuple[bool, int]] = []
-    finder = DocumentFinder(request, gateway, body.prism is not None)
+    finder = DocumentFinder(request, gateway, client, body.prism is not None)
     hinted = None
     if body.prism is not None:
         system, suffix = chat_defaults(body.messages)
@@ -188,7 +191,8 @@ async def _chat_token_path(
         # No usable chat template here: let the backend render the chat itself.
         count_origin(request, gateway.metrics, "forwarded")
         forwarded = body.forwarded(raw)
-        return await passthrough(request, gateway, "/v1/chat/completions", forwarded, set_rid=True)
+        path = "/v1/chat/completions"
+        return await passthrough(request, gateway, client, path, forwarded, set_rid=True)
     rid = new_rid()
     params = body.sampling_params(body.max_new_tokens)
     # unset: until the context ends, as SGLang's chat endpoint reads it (not /generate's 128)
@@ -197,6 +201,7 @@ async def _chat_token_path(
         request,
         gateway,
         job,
+        client=client,
         size=size,
         rid=rid,
         sampling_params=params,

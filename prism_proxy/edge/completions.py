@@ -31,6 +31,7 @@ async def completions(request: web.Request, gateway: Gateway) -> web.StreamRespo
 async def _completions(
     request: web.Request,
     gateway: Gateway,
+    client: str,
     body: CompletionRequest,
     raw: dict[str, Any],
     size: PromptSize,
@@ -38,13 +39,13 @@ async def _completions(
     group = body.prompt_cache_key or ""
     one_rid = (body.n or 1) == 1
     answer = await engine_instead(
-        request, gateway, body, raw, "/v1/completions", set_rid=one_rid, group=group
+        request, gateway, client, body, raw, "/v1/completions", set_rid=one_rid, group=group
     )
     if answer is not None:
         return answer
     prompt = body.single_prompt()
     serializer = gateway.serializer
-    finder = DocumentFinder(request, gateway, body.prism is not None)
+    finder = DocumentFinder(request, gateway, client, body.prism is not None)
     hinted = None
     if body.prism is not None:
         text = prompt if isinstance(prompt, str) else None
@@ -66,6 +67,7 @@ async def _completions(
         request,
         gateway,
         job,
+        client=client,
         size=size,
         rid=rid,
         sampling_params=body.sampling_params(body.max_tokens),

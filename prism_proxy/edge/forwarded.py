@@ -23,6 +23,7 @@ from prism_proxy.api.forwarded import (
     embedding_answer,
 )
 from prism_proxy.backend.errors import BackendError
+from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
 from prism_proxy.edge.gateway import Gateway, with_gateway
 from prism_proxy.edge.intake import check_prompt_size, read_body
@@ -38,7 +39,10 @@ async def embeddings(request: web.Request, gateway: Gateway) -> web.StreamRespon
     check_prompt_size(gateway.config, body.prompt_size())
     # a batch's rid would be a list of the engine's own: one rid names one input
     forwarded = body.forwarded(raw)
-    answer = await passthrough(request, gateway, EMBEDDINGS_PATH, forwarded, set_rid=not body.batch)
+    client = client_key(request)
+    answer = await passthrough(
+        request, gateway, client, EMBEDDINGS_PATH, forwarded, set_rid=not body.batch
+    )
     data = answer.body if isinstance(answer, web.Response) else None
     if answer.status != 200 or not isinstance(data, bytes):
         return answer  # the engine's own error, or a client gone

@@ -31,16 +31,17 @@ async def generate(request: web.Request, gateway: Gateway) -> web.StreamResponse
 async def _generate(
     request: web.Request,
     gateway: Gateway,
+    client: str,
     body: GenerateRequest,
     raw: dict[str, Any],
     size: PromptSize,
 ) -> web.StreamResponse:
     # the engine's own rids name a batch's prompts
-    answer = await engine_instead(request, gateway, body, raw, "/generate", set_rid=False)
+    answer = await engine_instead(request, gateway, client, body, raw, "/generate", set_rid=False)
     if answer is not None:
         return answer
     serializer = gateway.serializer
-    finder = DocumentFinder(request, gateway, body.prism is not None)
+    finder = DocumentFinder(request, gateway, client, body.prism is not None)
     hinted = None
     if body.prism is not None:
         text = body.text if isinstance(body.text, str) else None
@@ -64,6 +65,7 @@ async def _generate(
         request,
         gateway,
         job,
+        client=client,
         size=size,
         rid=rid,
         sampling_params=body.backend_sampling_params(),

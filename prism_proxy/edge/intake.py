@@ -19,7 +19,6 @@ from prism_proxy.api.grammars.gate import GrammarGate
 from prism_proxy.api.sglang_fields import MAX_PROMPT_LOGPROB_ENTRIES, REFUSED
 from prism_proxy.backend.tokenizer_guard import TokenizerGuard
 from prism_proxy.config import ProxyConfig
-from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.bodies import BodyError, Caps, check_counts
 from prism_proxy.edge.errors import REFUSED_BY, ApiError
 from prism_proxy.edge.gateway import Gateway
@@ -200,12 +199,12 @@ class DecodeShare:
     __slots__ = ("_client", "_reservations", "_tokens", "ask")
 
     def __init__(
-        self, request: web.Request, gateway: Gateway, ask: DecodeAsk, *, stream: bool
+        self, request: web.Request, gateway: Gateway, client: str, ask: DecodeAsk, *, stream: bool
     ) -> None:
         config = gateway.config
         engine = engine_size(gateway)
         self._reservations = gateway.reservations
-        self._client = client_key(request)
+        self._client = client
         self.ask = ask
         try:
             check_decode(ask, request_limit(config.max_decode_tokens, engine), engine)

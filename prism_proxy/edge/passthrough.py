@@ -6,11 +6,12 @@ assembled into one answer (`edge.assemble`).
 A client that leaves while queued is withdrawn; one that leaves after its request was
 sent triggers `/abort_request`.
 
-With the session features on, a chat with tools (passthrough with turns) tells the
-proxy's `SessionKeeper` when it arrives, from which client (`accounts.client_key`: what
-a client's sessions earn is its own), when its first chunk comes back, and how it ended:
-in a tool call (the session pauses, and DART keeps it if its account earned that) or
-not. A continuation of a paused session is queued with its program's start.
+With the session features on, a chat with tools (passthrough with turns) is followed by
+the proxy's `SessionKeeper` through its admission (`admit.Admitted`): when it arrives,
+from which client (`accounts.client_key`: what a client's sessions earn is its own),
+when its first chunk comes back, when it becomes a tool call, and how it ended: in a
+tool call (the session pauses, and DART keeps it if its account earned that) or not. A
+continuation of a paused session is queued with its program's start.
 """
 
 from __future__ import annotations
@@ -19,26 +20,22 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from prism_proxy.admission.session_keeper import SessionKeeper
 from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import tracing
-from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import Admitted, new_rid
 from prism_proxy.edge.assemble import AnswerTooLarge, GenerateAnswer, OpenAIAnswer
-from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS
+from prism_proxy.edge.errors import CLIENT_CLOSED, STATUS
 from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import SSE_DONE, TokenUsage, json_bytes, sse, stream_error
 from prism_proxy.edge.relay import (
     OFFLOAD_ANSWER_BYTES,
     ONE_CHUNK_AFTER_FIRST,
-    record_tokens,
     sse_response,
     too_large,
 )
@@ -94,6 +91,7 @@ class _ClientGone(Exception):
 async def passthrough(
     request: web.Request,
     gateway: Gateway,
+    client: str,
     path: str,
     body: dict[str, Any],
     *,
@@ -103,7 +101,8 @@ async def passthrough(
 ) -> web.StreamResponse:
     """Admit, then send `body` (the request's checked, served fields: its `forwarded`)
     to the backend's `path`, with a rid of the proxy's own when `set_rid`. The request
-    counts as pending prefill until the backend's first body byte (SPEC §2).
+    counts as pending prefill until the backend's first body byte (SPEC §2). `client`:
+    the caller's `accounts.client_key`.
 
     With a `job` (the turns the proxy found in a chat that the engine renders itself),
     QAS schedules its skeleton and the anchors ride in `custom_params`, with the
@@ -114,7 +113,7 @@ async def passthrough(
         body["rid"] = rid
     # the engine renders or tokenizes it: the proxy cannot name its prefixes, so it is
     # matched only against its own client's requests (`prompts.sharing`)
-    body["extra_key"] = tenant_key(client_key(request), body.get("extra_key"))
+    body["extra_key"] = tenant_key(client, body.get("extra_key"))
     arrival = time.monotonic()
     # agent sessions: chats that offer tools, whose answers may end in a tool call
     keeper = gateway.sessions if job is not None and body.get("tools") else None
@@ -122,31 +121,48 @@ async def passthrough(
         queued = QueuedRequest(rid=rid or new_rid(), arrival=arrival, group=group)
     else:
         queued = job.queued(rid or new_rid(), arrival, group)
-    if keeper is not None:
-        queued = _session_arrival(request, gateway, keeper, queued, job)
-    try:
-        return await _passthrough(request, gateway, path, body, queued, job, rid, keeper)
-    except BaseException:
-        if keeper is not None:
-            keeper.forget(queued.rid)
-        raise
-
-
-def _session_arrival(
-    request: web.Request,
-    gateway: Gateway,
-    keeper: SessionKeeper,
-    queued: QueuedRequest,
-    job: TokenJob | None,
-) -> QueuedRequest:
-    """Tell the keeper a chat with tools arrived; mark a continuation with its program's
-    start."""
-    assert job is not None
-    tokens = len(job.build(()).prompt_fields.get("input_ids", ())) - job.head_tokens
-    start = keeper.arrive(queued.rid, job.segments, job.prefix_key, tokens, client_key(request))
-    metrics = gateway.metrics
-    metrics.child(metrics.session_calls, "new" if start is None else "continued").inc()
-    return queued if start is None else replace(queued, program_start=start)
+    backend = gateway.backend
+    limit_bytes = gateway.config.max_answer_bytes
+    streams = bool(body.get("stream"))
+    answer = _assembly(path, body, limit_bytes)
+    lane = None if job else "passthrough"
+    admitted = Admitted(request, gateway, queued, client, lane=lane, keeper=keeper, job=job)
+    async with admitted as release:
+        if job is not None:
+            dispatch = job.build(release.skeleton)
+            hints = make_kv_hints(
+                dispatch.anchors,
+                release.priorities,
+                message_id=admitted.rid,
+                check=dispatch_check(dispatch),
+            )
+            body["custom_params"] = {CUSTOM_PARAMS_KEY: orjson.dumps(hints).decode()}
+        if answer is None and not streams:
+            admitted.unseen_first_token()  # it takes no place in prefill pacing
+        try:
+            async with backend.forward(path, body, tracing.engine_headers(request)) as upstream:
+                if upstream.content_type.startswith("text/event-stream"):
+                    if answer is not None:
+                        return await _assemble_lines(gateway, upstream, answer, admitted)
+                    return await _relay_lines(request, gateway, upstream, admitted)
+                data = await _read_bounded(upstream, limit_bytes, rid, backend)
+                admitted.first_token(timed=False)
+                called = (
+                    admitted.sessions
+                    and upstream.status == 200
+                    and TOOL_CALL_END.search(data) is not None
+                )
+                admitted.finish(_usage_of(data), called, tool_names(data) if called else ())
+                return web.Response(
+                    body=data, status=upstream.status, content_type=upstream.content_type
+                )
+        except (asyncio.CancelledError, _ClientGone) as exc:
+            if rid is not None:
+                backend.abort(rid)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            request[STATUS] = CLIENT_CLOSED
+            return web.StreamResponse()
 
 
 def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
@@ -175,63 +191,6 @@ def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     return OpenAIAnswer("chat" if path.endswith("chat/completions") else "completion", limit_bytes)
-
-
-async def _passthrough(
-    request: web.Request,
-    gateway: Gateway,
-    path: str,
-    body: dict[str, Any],
-    queued: QueuedRequest,
-    job: TokenJob | None,
-    rid: str | None,
-    keeper: SessionKeeper | None,
-) -> web.StreamResponse:
-    backend = gateway.backend
-    limit_bytes = gateway.config.max_answer_bytes
-    streams = bool(body.get("stream"))
-    answer = _assembly(path, body, limit_bytes)
-    async with Admitted(request, gateway, queued, lane=None if job else "passthrough") as release:
-        lane = release.lane.value if job else "passthrough"
-        if job is not None:
-            dispatch = job.build(release.skeleton)
-            hints = make_kv_hints(
-                dispatch.anchors,
-                release.priorities,
-                message_id=queued.rid,
-                check=dispatch_check(dispatch),
-            )
-            body["custom_params"] = {CUSTOM_PARAMS_KEY: orjson.dumps(hints).decode()}
-        if answer is None and not streams:
-            # its first token cannot be seen: it takes no place in prefill pacing
-            gateway.admission.first_token(queued.rid)
-        try:
-            async with backend.forward(path, body, tracing.engine_headers(request)) as upstream:
-                if upstream.content_type.startswith("text/event-stream"):
-                    if answer is not None:
-                        return await _assemble_lines(
-                            request, gateway, upstream, answer, queued.rid, lane, keeper
-                        )
-                    return await _relay_lines(request, gateway, upstream, queued.rid, lane, keeper)
-                data = await _read_bounded(upstream, limit_bytes, rid, backend)
-                gateway.admission.first_token(queued.rid)
-                tracing.first_token(request)
-                record_tokens(request, gateway, lane, _usage_of(data))
-                if keeper is not None:
-                    keeper.started(queued.rid)
-                    ok = upstream.status == 200
-                    called = ok and TOOL_CALL_END.search(data) is not None
-                    keeper.finish(queued.rid, called, tool_names(data) if called else ())
-                return web.Response(
-                    body=data, status=upstream.status, content_type=upstream.content_type
-                )
-        except (asyncio.CancelledError, _ClientGone) as exc:
-            if rid is not None:
-                backend.abort(rid)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            request[STATUS] = CLIENT_CLOSED
-            return web.StreamResponse()
 
 
 async def _read_bounded(upstream: Any, limit_bytes: int, rid: str | None, backend: Any) -> bytes:
@@ -277,48 +236,34 @@ async def _sse_objects(upstream: Any, rid: str, backend: Any) -> AsyncIterator[d
 
 
 async def _assemble_lines(
-    request: web.Request,
     gateway: Gateway,
     upstream: Any,
     answer: OpenAIAnswer | GenerateAnswer,
-    rid: str,
-    lane: str,
-    keeper: SessionKeeper | None,
+    admitted: Admitted,
 ) -> web.Response:
     """A stream the client did not ask for, assembled into one answer: the first object
     ends the request's pending prefill."""
     backend = gateway.backend
-    metrics = gateway.metrics
+    rid = admitted.rid
     first = True
-    calling = False  # the keeper was told the answer is becoming a tool call
+    # the answer the keeper watches until it becomes a tool call
+    watched = answer if admitted.sessions and isinstance(answer, OpenAIAnswer) else None
     try:
         async for chunk in _sse_objects(upstream, rid, backend):
             if first:
-                gateway.admission.first_token(rid)
-                tracing.first_token(request)
-                metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
+                admitted.first_token()
                 first = False
-                if keeper is not None:
-                    keeper.started(rid)
             answer.feed(chunk)
-            if keeper is not None and not calling and isinstance(answer, OpenAIAnswer):
-                names = _called(answer)
+            if watched is not None:
+                names = _called(watched)
                 if names:
-                    keeper.calling(rid, names)
-                    calling = True
+                    admitted.tool_call(names)
+                    watched = None
     except AnswerTooLarge as exc:
         backend.abort(rid)
-        if keeper is not None:
-            keeper.forget(rid)
         raise too_large(exc) from None
     except (aiohttp.ClientError, TimeoutError) as exc:
-        if keeper is not None:
-            keeper.forget(rid)
         raise BackendError(502, f"backend stream broke: {type(exc).__name__}") from None
-    except BackendError:
-        if keeper is not None:
-            keeper.forget(rid)
-        raise
     if isinstance(answer, OpenAIAnswer):
         big = answer.size_bytes >= OFFLOAD_ANSWER_BYTES
         data = await asyncio.to_thread(answer.result) if big else answer.result()
@@ -336,24 +281,17 @@ async def _assemble_lines(
             sum(int(m.get("cached_tokens") or 0) for m in metas),
         )
         tool_call, names = False, ()
-    if keeper is not None:
-        keeper.finish(rid, tool_call, names)
-    record_tokens(request, gateway, lane, usage)
+    admitted.finish(usage, tool_call, names)
     return web.Response(body=data, content_type="application/json")
 
 
 async def _relay_lines(
-    request: web.Request,
-    gateway: Gateway,
-    upstream: Any,
-    rid: str,
-    lane: str,
-    keeper: SessionKeeper | None,
+    request: web.Request, gateway: Gateway, upstream: Any, admitted: Admitted
 ) -> web.StreamResponse:
     """Copy an upstream SSE stream line by line as it comes."""
-    metrics = gateway.metrics
     response = sse_response(request, upstream.status)
     usage: TokenUsage | None = None
+    sessions = admitted.sessions
     first = True
     tool_call = False
     names: tuple[str, ...] = ()  # the tools called (`tool_names`), with sessions on
@@ -366,36 +304,28 @@ async def _relay_lines(
             except StopAsyncIteration:
                 break
             except (aiohttp.ClientError, TimeoutError) as exc:
-                # Headers are out: end the stream with an error event.
+                # Headers are out: end the stream with an error event (the block's
+                # exit without a finish tells the keeper no pause follows).
                 request[STATUS] = 502
                 message = f"backend stream broke: {exc!r}"
                 await response.write(sse(stream_error(message, 502)) + SSE_DONE)
-                if keeper is not None:
-                    keeper.forget(rid)  # no pause follows a broken answer
                 return response
             if first:
-                gateway.admission.first_token(rid)
-                tracing.first_token(request)
-                elapsed = time.monotonic() - request[STARTED]
-                metrics.child(metrics.ttft, lane).observe(elapsed)
+                admitted.first_token()
                 first = False
-                if keeper is not None:
-                    keeper.started(rid)
             if b'"usage"' in line:
                 usage = _usage_of(line.strip()[5:]) or usage
-            if keeper is not None:
+            if sessions:
                 seen, names = names, tool_names(line, names)
                 if names and not seen:
-                    keeper.calling(rid, names)
+                    admitted.tool_call(names)
                 if b'"finish_reason"' in line:
                     tool_call = tool_call or TOOL_CALL_END.search(line) is not None
             await response.write(line)
         await response.write_eof()
     except ConnectionResetError as exc:
         raise _ClientGone() from exc
-    if keeper is not None:
-        keeper.finish(rid, tool_call and upstream.status == 200, names)
-    record_tokens(request, gateway, lane, usage)
+    admitted.finish(usage, tool_call and upstream.status == 200, names)
     return response
 
 

@@ -52,11 +52,11 @@ class DocumentFinder:
 
     __slots__ = ("evidence", "hinted", "layouts", "metrics", "reorder")
 
-    def __init__(self, request: web.Request, gateway: Gateway, hinted: bool) -> None:
+    def __init__(self, request: web.Request, gateway: Gateway, client: str, hinted: bool) -> None:
         config = gateway.config
         self.metrics = gateway.metrics
         # one client's arrangements never cut another's documents
-        self.evidence = gateway.evidence.scoped(client_key(request))
+        self.evidence = gateway.evidence.scoped(client)
         self.reorder = config.extraction_reorder
         self.layouts = config.extraction_layouts
         opt = request.headers.get(EXTRACT_HEADER)
@@ -139,7 +139,7 @@ class OnePromptBody(Protocol):
 
 B = TypeVar("B", bound=OnePromptBody)
 Serve = Callable[
-    [web.Request, Gateway, B, dict[str, Any], PromptSize], Awaitable[web.StreamResponse]
+    [web.Request, Gateway, str, B, dict[str, Any], PromptSize], Awaitable[web.StreamResponse]
 ]
 
 
@@ -147,22 +147,25 @@ async def serve_one_prompt(
     request: web.Request, gateway: Gateway, endpoint: str, model: type[B], serve: Serve[B]
 ) -> web.StreamResponse:
     """A one-prompt endpoint: its body read and checked (`intake`), its prompt's size
-    checked, then `serve(request, gateway, body, raw, size)` within the request's decode
-    and grammar shares (`DecodeShare`, `GrammarShare`)."""
+    checked, then `serve(request, gateway, client, body, raw, size)` within the
+    request's decode and grammar shares (`DecodeShare`, `GrammarShare`); `client`: the
+    caller's `accounts.client_key`, computed once here."""
     request[ENDPOINT] = endpoint
     body, raw = await read_body(request, gateway, model)
     size = body.prompt_size()
     check_prompt_size(gateway.config, size)
+    client = client_key(request)
     async with (
-        DecodeShare(request, gateway, body.decode_ask(), stream=body.stream),
-        GrammarShare(request, gateway, body, raw),
+        DecodeShare(request, gateway, client, body.decode_ask(), stream=body.stream),
+        GrammarShare(request, gateway, client, body, raw),
     ):
-        return await serve(request, gateway, body, raw, size)
+        return await serve(request, gateway, client, body, raw, size)
 
 
 async def engine_instead(
     request: web.Request,
     gateway: Gateway,
+    client: str,
     body: OnePromptBody,
     raw: dict[str, Any],
     path: str,
@@ -177,9 +180,13 @@ async def engine_instead(
     if body.passthrough_reason() is not None:
         count_origin(request, gateway.metrics, "forwarded")
         forwarded = body.forwarded(raw)
-        return await passthrough(request, gateway, path, forwarded, set_rid=set_rid, group=group)
+        return await passthrough(
+            request, gateway, client, path, forwarded, set_rid=set_rid, group=group
+        )
     if not await token_path_open(request, gateway, body.prism is not None):
         # one prompt (batches went the first way), as the client wrote it
         forwarded = body.forwarded(raw)
-        return await passthrough(request, gateway, path, forwarded, set_rid=True, group=group)
+        return await passthrough(
+            request, gateway, client, path, forwarded, set_rid=True, group=group
+        )
     return None

@@ -1,6 +1,6 @@
 """What the token path (`edge.token_path`) and passthrough (`edge.passthrough`) share
-when they relay an answer back: the response a stream is written to, the tokens an
-answer is counted for, and the sizes that move work off the event loop.
+when they relay an answer back: the response a stream is written to and the sizes that
+move work off the event loop (an answer's tokens are counted by `admit.Admitted`).
 
 A chat stream may reach its client in another shape: `/v1/responses` sets a
 `StreamRewriter` (`REWRITER`) that every write of the stream passes through.
@@ -12,13 +12,8 @@ from typing import Protocol
 
 from aiohttp import web
 
-from prism_proxy.edge import tracing
-from prism_proxy.edge.account_metrics import count_tokens
-from prism_proxy.edge.accounts import charge
 from prism_proxy.edge.assemble import AnswerTooLarge
 from prism_proxy.edge.errors import ApiError
-from prism_proxy.edge.gateway import Gateway
-from prism_proxy.edge.openai_format import TokenUsage
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 # `stream_interval` of a request the proxy assembles: SGLang sends the first token at
@@ -70,17 +65,3 @@ def sse_response(request: web.Request, status: int) -> web.StreamResponse:
 
 def too_large(exc: AnswerTooLarge) -> ApiError:
     return ApiError(400, str(exc), param="stream")
-
-
-def record_tokens(
-    request: web.Request, gateway: Gateway, lane: str, usage: TokenUsage | None
-) -> None:
-    """An answer's tokens: on its trace, in the lane's counters, charged to its client."""
-    if usage is None:
-        return
-    tracing.tokens(request, usage.prompt_tokens, usage.completion_tokens)
-    metrics = gateway.metrics
-    metrics.child(metrics.prompt_tokens, lane).inc(usage.prompt_tokens)
-    metrics.child(metrics.cached_tokens, lane).inc(usage.cached_tokens)
-    charge(request, gateway, usage.prompt_tokens + usage.completion_tokens)
-    count_tokens(request, gateway.metrics, gateway.keys is not None, usage)

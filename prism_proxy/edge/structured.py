@@ -27,7 +27,6 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from prism_proxy.api.structured import EngineGrammar, engine_grammars
-from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.errors import REFUSED_BY, ApiError
 from prism_proxy.edge.gateway import Gateway
 
@@ -56,14 +55,16 @@ class GrammarShare:
 
     __slots__ = ("_client", "_compiled", "_keys", "_ledger", "_new", "_request", "_retry_after_s")
 
-    def __init__(self, request: web.Request, gateway: Gateway, body: BaseModel, raw: dict) -> None:
+    def __init__(
+        self, request: web.Request, gateway: Gateway, client: str, body: BaseModel, raw: dict
+    ) -> None:
         config = gateway.config
         grammars = engine_grammars(raw, type(body).model_fields)
         check_sizes(grammars, config.max_schema_bytes)
         self._keys = list(dict.fromkeys(grammar.key for grammar in grammars))
         self._ledger = gateway.structured
         self._compiled = gateway.compiled
-        self._client = client_key(request)
+        self._client = client
         self._retry_after_s = config.retry_after_s
         self._request = request
         self._new: list[bytes] = []

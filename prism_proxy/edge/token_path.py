@@ -20,16 +20,14 @@ from aiohttp import web
 from prism_proxy.api.costs import PromptSize
 from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import tracing
-from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import Admitted, off_loop
 from prism_proxy.edge.assemble import AnswerTooLarge
-from prism_proxy.edge.errors import CLIENT_CLOSED, STARTED, STATUS, json_answer
+from prism_proxy.edge.errors import CLIENT_CLOSED, STATUS, json_answer
 from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import SSE_DONE, ResponseFormat, TokenUsage, sse, stream_error
 from prism_proxy.edge.relay import (
     OFFLOAD_ANSWER_BYTES,
     ONE_CHUNK_AFTER_FIRST,
-    record_tokens,
     sse_response,
     too_large,
 )
@@ -42,6 +40,7 @@ async def token_path(
     gateway: Gateway,
     job: TokenJob,
     *,
+    client: str,
     size: PromptSize,
     rid: str,
     sampling_params: dict[str, Any],
@@ -51,7 +50,8 @@ async def token_path(
     group: str = "",
 ) -> web.StreamResponse:
     """Admit, serialize in the released order, stream from the backend's `/generate`.
-    `group`: the client's grouping hint (`prompt_cache_key`) for QAS.
+    `group`: the client's grouping hint (`prompt_cache_key`) for QAS; `client`: the
+    caller's `accounts.client_key`.
 
     The proxy always streams from the backend, also for clients that did not ask to:
     the first chunk is the moment the request stops pending prefill (SPEC §2 pacing).
@@ -61,9 +61,9 @@ async def token_path(
     limit_bytes = gateway.config.max_answer_bytes
     if not stream:
         sampling_params = {**sampling_params, "stream_interval": ONE_CHUNK_AFTER_FIRST}
-    sharing = _Sharing(request, gateway, fmt, extra_fields or {})
-    async with Admitted(request, gateway, job.queued(rid, time.monotonic(), group)) as release:
-        lane = release.lane.value
+    sharing = _Sharing(client, gateway, fmt, extra_fields or {})
+    admitted = Admitted(request, gateway, job.queued(rid, time.monotonic(), group), client)
+    async with admitted as release:
         payload = await off_loop(
             size,
             lambda: job.payload(
@@ -89,10 +89,10 @@ async def token_path(
                         turn.give_back()
                 if first is None:
                     raise BackendError(502, "backend stream ended without a chunk")
-                _first_token(request, gateway, rid, lane, first[0])
+                admitted.first_token(_uncached(first[0]))
                 sharing.first_token()
                 if stream:
-                    response = await _relay_stream(request, gateway, first, batches, fmt, lane, rid)
+                    response = await _relay_stream(request, admitted, backend, first, batches, fmt)
                     sharing.done()
                     return response
                 assembled = fmt.assembled
@@ -107,7 +107,7 @@ async def token_path(
             except asyncio.CancelledError:
                 backend.abort(rid)  # the client left while the backend was working
                 raise
-        record_tokens(request, gateway, lane, TokenUsage.from_meta(fmt.assembled.meta_info))
+        admitted.finish(TokenUsage.from_meta(fmt.assembled.meta_info))
         sharing.done()
         whole = fmt.whole()
         if fmt.assembled.size_bytes >= OFFLOAD_ANSWER_BYTES:
@@ -130,13 +130,9 @@ class _Sharing:
     )  # fmt: skip
 
     def __init__(
-        self,
-        request: web.Request,
-        gateway: Gateway,
-        fmt: ResponseFormat,
-        extra_fields: dict[str, Any],
+        self, client: str, gateway: Gateway, fmt: ResponseFormat, extra_fields: dict[str, Any]
     ) -> None:
-        self.client = client_key(request)
+        self.client = client
         self.shared = gateway.sharing
         self.own = gateway.own
         self.fmt = fmt
@@ -177,35 +173,27 @@ class _Sharing:
             self.own.record(self.client, [*self.ids, *generated])
 
 
-def _first_token(
-    request: web.Request, gateway: Gateway, rid: str, lane: str, chunk: dict[str, Any]
-) -> None:
-    """The backend's first chunk: the request leaves pending prefill; TTFT is observed."""
+def _uncached(chunk: dict[str, Any]) -> int | None:
+    """The prompt tokens the engine did not find cached, as its first chunk says."""
     meta_info = chunk.get("meta_info") or {}
-    uncached: int | None = None
     prompt, cached = meta_info.get("prompt_tokens"), meta_info.get("cached_tokens")
     if isinstance(prompt, int) and isinstance(cached, int):
-        uncached = prompt - cached
-    gateway.admission.first_token(rid, uncached)
-    tracing.first_token(request)
-    metrics = gateway.metrics
-    metrics.child(metrics.ttft, lane).observe(time.monotonic() - request[STARTED])
+        return prompt - cached
+    return None
 
 
 async def _relay_stream(
     request: web.Request,
-    gateway: Gateway,
+    admitted: Admitted,
+    backend: Any,
     first: list[dict[str, Any]],
     batches: AsyncIterator[list[dict[str, Any]]],
     fmt: ResponseFormat,
-    lane: str,
-    rid: str,
 ) -> web.StreamResponse:
     """Relay `/generate` chunks as they come, one write per batch the backend's socket
     delivered (a chunk is never held back for a later one). Headers go out with the
     first chunk, so a backend that fails before answering still gets a proper 502/503
     status; a failure after that ends the stream with an error event."""
-    backend = gateway.backend
     response = sse_response(request, 200)
     meta_info: dict[str, Any] = {}
     try:
@@ -226,9 +214,9 @@ async def _relay_stream(
         request[STATUS] = exc.status
         await response.write(sse(stream_error(exc.message, exc.status)) + SSE_DONE)
     except ConnectionResetError:  # the client went away mid-stream
-        backend.abort(rid)
+        backend.abort(admitted.rid)
         request[STATUS] = CLIENT_CLOSED
         return response
-    record_tokens(request, gateway, lane, TokenUsage.from_meta(meta_info) if meta_info else None)
+    admitted.finish(TokenUsage.from_meta(meta_info) if meta_info else None)
     await response.write_eof()
     return response

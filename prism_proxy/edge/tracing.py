@@ -21,8 +21,8 @@
   or an SDK provider); none when none is.
 
 The hooks are called from few places: `tracing_middleware` (arrival and end),
-`admit.Admitted` (queued, released), `relay` (first token, token counts, the engine's
-headers). Nothing here blocks or raises into a request.
+`admit.Admitted` (queued, released, first token, token counts), the token path and
+passthrough (the engine's headers). Nothing here blocks or raises into a request.
 """
 
 from __future__ import annotations

@@ -55,17 +55,17 @@ def instrument(stages: dict[str, list[float]]) -> None:
     generate_batches = backend_client.BackendClient.generate_batches
     submit = admission.AdmissionController.admit  # what the edge's `Admitted` calls
 
-    async def timed_token_path(request, job, **kwargs):
+    async def timed_token_path(*args, **kwargs):
         current["start"] = started = time.perf_counter()
-        response = await token_path(request, job, **kwargs)
+        response = await token_path(*args, **kwargs)
         stages["token path, in all"].append(time.perf_counter() - started)
         return response
 
-    async def timed_batches(self, body):
+    async def timed_batches(self, *args, **kwargs):
         started = time.perf_counter()
         stages["handler start -> backend call"].append(started - current["start"])
         first = True
-        async for batch in generate_batches(self, body):
+        async for batch in generate_batches(self, *args, **kwargs):
             if first:
                 stages["backend call -> first chunk"].append(time.perf_counter() - started)
                 first = False

@@ -1,168 +1,155 @@
-"""`edge.admit.Admitted`: one admitted request's life, each event told once."""
+"""`edge.admit.Admitted`: one admitted request's life, each event told once, with the
+proxy's real admission loop, session keeper and account usage."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from prism_proxy.admission.core import Released
+from prism_proxy.admission.driver import AdmissionController
+from prism_proxy.admission.session_keeper import SessionKeeper
+from prism_proxy.admission.sessions import SessionParams
 from prism_proxy.config import ProxyConfig
-from prism_proxy.edge.account_limits import AccountUsage
+from prism_proxy.edge.account_limits import AccountUsage, Limits
 from prism_proxy.edge.admit import Admitted
 from prism_proxy.edge.errors import STARTED
 from prism_proxy.edge.openai_format import TokenUsage
 from prism_proxy.metrics import ProxyMetrics
-from prism_proxy.prompts.jobs import private_job
-from prism_proxy.qas.types import Lane, QueuedRequest
+from prism_proxy.prompts.conversation import Turns, turns_job
+from prism_proxy.scheduling import admission_core
+from prism_wire import Retention
+
+TOKENS_PER_MINUTE = 20  # one answer of 14 tokens fits; charged twice, the key is refused
 
 
-class _Admission:
-    """Releases every request at once; records what the edge tells it."""
+@dataclass
+class _Proxy:
+    """The parts of a gateway `Admitted` uses, each the proxy's own."""
 
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-
-    def admit(self, queued: QueuedRequest) -> asyncio.Future[Released]:
-        self.events.append(("admit", queued.rid))
-        future: asyncio.Future[Released] = asyncio.get_running_loop().create_future()
-        future.set_result(Released(queued.rid, Lane.COLD, (), {}, 0.0))
-        return future
-
-    def first_token(self, rid: str, uncached: int | None = None) -> None:
-        self.events.append(("first_token", rid, uncached))
-
-    def withdraw(self, rid: str) -> None:
-        self.events.append(("withdraw", rid))
-
-    def finish(self, rid: str) -> None:
-        self.events.append(("finish", rid))
+    gateway: Any
+    admission: AdmissionController
+    keeper: SessionKeeper
+    words: list[Retention]  # what the keeper sent DART's control RPC
 
 
-class _Keeper:
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-
-    def arrive(self, rid: str, keys: Any, head: str, tokens: int, client: str = "") -> None:
-        self.events.append(("arrive", rid, client))
-
-    def started(self, rid: str) -> None:
-        self.events.append(("started", rid))
-
-    def calling(self, rid: str, tools: Any = ()) -> None:
-        self.events.append(("calling", rid, tuple(tools)))
-
-    def finish(self, rid: str, tool_call: bool, tools: Any = ()) -> None:
-        self.events.append(("finish", rid, tool_call, tuple(tools)))
-
-    def forget(self, rid: str) -> None:
-        self.events.append(("forget", rid))
-
-
-class _Usage(AccountUsage):
-    def __init__(self) -> None:
-        super().__init__()
-        self.charged: list[tuple[str, int, int]] = []
-
-    def charge(self, account: str, tokens: int, tokens_per_minute: int, now: float) -> None:
-        self.charged.append((account, tokens, tokens_per_minute))
-        super().charge(account, tokens, tokens_per_minute, now)
-
-
-def _setup(tokens_per_minute: int = 0) -> tuple[Any, Any, _Admission, _Keeper]:
-    config = ProxyConfig(backend="http://engine", key_tokens_per_minute=tokens_per_minute)
-    admission = _Admission()
-    gateway = SimpleNamespace(
-        admission=admission,
-        usage=_Usage(),
-        config=config,
-        metrics=ProxyMetrics.create(),
-        keys=None,
+@pytest.fixture
+async def proxy() -> AsyncIterator[_Proxy]:
+    config = ProxyConfig(
+        backend="http://engine", policy="fifo", key_tokens_per_minute=TOKENS_PER_MINUTE
     )
-    request = make_mocked_request("POST", "/v1/chat/completions")
+    metrics = ProxyMetrics.create()
+    admission = AdmissionController(admission_core(config), metrics=metrics)
+    task = asyncio.create_task(admission.run())
+    words: list[Retention] = []
+    keeper = SessionKeeper(SessionParams(min_tokens=0, retain_from="call"), words.append)
+    gateway = SimpleNamespace(
+        admission=admission, usage=AccountUsage(), config=config, metrics=metrics, keys=None
+    )
+    try:
+        yield _Proxy(gateway, admission, keeper, words)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _request(**headers: str) -> Any:
+    request = make_mocked_request("POST", "/v1/chat/completions", headers=headers)
     request[STARTED] = time.monotonic()
-    return request, gateway, admission, _Keeper()
+    return request
 
 
-def _admitted(request: Any, gateway: Any, keeper: _Keeper | None) -> Admitted:
-    job = private_job({"input_ids": [1, 2, 3]}, 3)
-    queued = QueuedRequest(rid="r1", arrival=time.monotonic())
-    return Admitted(request, gateway, queued, "client-a", keeper=keeper, job=job)  # type: ignore[arg-type]
+def _admitted(proxy: _Proxy, request: Any, sessions: bool = True) -> Admitted:
+    """A chat with tools of three turns (a real token job), from client-a."""
+    job = turns_job(Turns(list(range(900)), (100, 400, 700)))
+    queued = job.queued("r1", time.monotonic())
+    keeper = proxy.keeper if sessions else None
+    return Admitted(request, proxy.gateway, queued, "client-a", keeper=keeper, job=job)
 
 
-def _sample(gateway: Any, name: str, labels: dict[str, str]) -> float | None:
-    return gateway.metrics.registry.get_sample_value(name, labels)
+def _sample(proxy: _Proxy, name: str, labels: dict[str, str]) -> float | None:
+    return proxy.gateway.metrics.registry.get_sample_value(name, labels)
 
 
-async def test_each_event_is_told_once_in_order() -> None:
-    request, gateway, admission, keeper = _setup(tokens_per_minute=1000)
-    admitted = _admitted(request, gateway, keeper)
+def _refused_now(proxy: _Proxy) -> bool:
+    """Whether client-a's next request is over its tokens per minute."""
+    limits = Limits(tokens_per_minute=TOKENS_PER_MINUTE)
+    return proxy.gateway.usage.open("client-a", limits, time.monotonic()) is not None
+
+
+async def test_each_event_is_told_once(proxy: _Proxy) -> None:
+    admitted = _admitted(proxy, _request())
     async with admitted:
-        assert admitted.lane == "cold" and admitted.sessions
+        assert admitted.lane is not None and admitted.sessions
+        assert proxy.keeper.table.stats()["in_flight"] == 1
+        assert proxy.admission.pending_prefill == 1
         admitted.first_token(5)
         admitted.first_token(7)  # a second call changes nothing
+        assert proxy.admission.pending_prefill == 0
         admitted.tool_call(("search",))
         admitted.tool_call(("search", "fetch"))
         usage = TokenUsage(10, 4, 0)
         admitted.finish(usage, True, ("search",))
         admitted.finish(usage, True, ("search",))
-    assert admission.events == [
-        ("admit", "r1"),
-        ("first_token", "r1", 5),
-        ("finish", "r1"),
-    ]
-    assert keeper.events == [
-        ("arrive", "r1", "client-a"),
-        ("started", "r1"),
-        ("calling", "r1", ("search",)),
-        ("finish", "r1", True, ("search",)),
-    ]
-    assert _sample(gateway, "prism:ttft_seconds_count", {"lane": "cold"}) == 1
-    assert _sample(gateway, "prism:prompt_tokens_total", {"lane": "cold"}) == 10
-    # the tokens are charged once, to the key carried (not derived again)
-    assert gateway.usage.charged == [("client-a", 14, 1000)]
+    stats = proxy.keeper.table.stats()
+    assert stats["in_flight"] == 0 and stats["paused"] == 1
+    assert proxy.admission.inflight == 0
+    lane = {"lane": admitted.lane}
+    assert _sample(proxy, "prism:ttft_seconds_count", lane) == 1
+    assert _sample(proxy, "prism:prompt_tokens_total", lane) == 10
+    # charged once, to the key carried: 14 of its 20 tokens a minute are used
+    assert not _refused_now(proxy)
 
 
-async def test_leaving_without_finish_forgets_the_session() -> None:
-    request, gateway, admission, keeper = _setup()
-    admitted = _admitted(request, gateway, keeper)
+async def test_a_second_charge_would_refuse_the_key(proxy: _Proxy) -> None:
+    """The check above can fail: the same answer charged twice uses up the minute."""
+    usage = proxy.gateway.usage
+    for _ in range(2):
+        usage.charge("client-a", 14, TOKENS_PER_MINUTE, time.monotonic())
+    assert _refused_now(proxy)
+
+
+async def test_leaving_without_finish_forgets_the_session(proxy: _Proxy) -> None:
+    admitted = _admitted(proxy, _request())
     with pytest.raises(RuntimeError):
         async with admitted:
             admitted.first_token()
             raise RuntimeError("the stream broke")
-    assert keeper.events == [("arrive", "r1", "client-a"), ("started", "r1"), ("forget", "r1")]
-    assert admission.events[-1] == ("finish", "r1")
+    stats = proxy.keeper.table.stats()
+    assert stats["in_flight"] == 0 and stats["paused"] == 0
+    assert proxy.admission.inflight == 0
 
 
-async def test_a_broken_answer_returned_normally_is_forgotten_too() -> None:
-    request, gateway, _, keeper = _setup()
-    async with _admitted(request, gateway, keeper):
+async def test_a_broken_answer_returned_normally_is_forgotten_too(proxy: _Proxy) -> None:
+    async with _admitted(proxy, _request()):
         pass  # e.g. a relayed stream that ended in an error event
-    assert keeper.events == [("arrive", "r1", "client-a"), ("forget", "r1")]
+    stats = proxy.keeper.table.stats()
+    assert stats["in_flight"] == 0 and stats["paused"] == 0
 
 
-async def test_a_refused_request_leaves_no_session() -> None:
-    _, gateway, admission, keeper = _setup()
-    bad = make_mocked_request("POST", "/v1/chat/completions", headers={"x-prism-ttft-slo-ms": "x"})
-    admitted = _admitted(bad, gateway, keeper)
+async def test_a_refused_request_leaves_no_session(proxy: _Proxy) -> None:
+    admitted = _admitted(proxy, _request(**{"x-prism-ttft-slo-ms": "x"}))
     with pytest.raises(Exception, match="x-prism-ttft-slo-ms"):
         async with admitted:
             pass
-    assert keeper.events == [("arrive", "r1", "client-a"), ("forget", "r1")]
-    assert admission.events == []
+    assert proxy.keeper.table.stats()["in_flight"] == 0
+    assert proxy.admission.inflight == 0 and proxy.admission.queue_depth == 0
 
 
-async def test_without_a_keeper_only_admission_and_accounting_are_told() -> None:
-    request, gateway, admission, _ = _setup()
-    admitted = _admitted(request, gateway, None)
+async def test_without_a_keeper_only_admission_and_accounting_are_told(proxy: _Proxy) -> None:
+    admitted = _admitted(proxy, _request(), sessions=False)
     async with admitted:
         assert not admitted.sessions
         admitted.first_token()
         admitted.tool_call(("search",))
         admitted.finish(None)
-    assert admission.events == [("admit", "r1"), ("first_token", "r1", None), ("finish", "r1")]
-    assert _sample(gateway, "prism:prompt_tokens_total", {"lane": "cold"}) is None
+    assert proxy.keeper.table.stats()["in_flight"] == 0 and proxy.words == []
+    assert proxy.admission.inflight == 0
+    assert _sample(proxy, "prism:ttft_seconds_count", {"lane": admitted.lane}) == 1
+    assert _sample(proxy, "prism:prompt_tokens_total", {"lane": admitted.lane}) is None

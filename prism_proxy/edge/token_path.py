@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from prism_proxy.api.costs import PromptSize
+from prism_proxy.backend.client import BackendClient
 from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge import tracing
 from prism_proxy.edge.admit import Admitted, off_loop
@@ -185,7 +186,7 @@ def _uncached(chunk: dict[str, Any]) -> int | None:
 async def _relay_stream(
     request: web.Request,
     admitted: Admitted,
-    backend: Any,
+    backend: BackendClient,
     first: list[dict[str, Any]],
     batches: AsyncIterator[list[dict[str, Any]]],
     fmt: ResponseFormat,

@@ -5,7 +5,7 @@ same chats, on the zipf_hotspot trace as unmodified clients send it.
 
 For each request of the sweep's trace (seed 0) and each chat layout of the load
 generator (`blank`, `xml`, `numbered`, `markdown`, `dashed`), the chat goes through the
-proxy's own job builder (`prompts.conversation.chat_job`: the documents it finds, cut
+proxy's own job builder (`prompts.plan.text_chat`: the documents it finds, cut
 and tokenized piece by piece) and through the template rendered whole and tokenized at
 once (what SGLang does with `/v1/chat/completions`). Printed per tokenizer and layout:
 the share of prompts whose ids differ, the mean and largest difference in length
@@ -23,9 +23,10 @@ import sys
 from loadgen.clients.apis import chat_messages
 from loadgen.experiments.sweep import SweepConfig, ensure_trace
 from loadgen.workloads.trace_format import read_trace
-from prism_proxy.prompts.conversation import RenderingCheck, chat_job
+from prism_proxy.prompts.conversation import rendering_drift
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.extraction import ALL_LAYOUTS
+from prism_proxy.prompts.plan import PlanContext, text_chat
 from prism_proxy.prompts.serializer import Serializer
 from prism_tokens.tokenizer import load_tokenizer
 
@@ -57,18 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for name in args.tokenizers.split(","):
         tokenizer = load_tokenizer(tokenizer_spec(name))
-        check = RenderingCheck(tokenizer, every=1)
         for layout in LAYOUTS:
             serializer = Serializer(tokenizer, 64 << 20, 16 << 20)
-            evidence = BlockEvidence(16 << 20)
+            evidence = BlockEvidence(16 << 20).scoped("")
             differ, diffs, found = 0, [], 0
             for request in trace.requests:
                 messages = chat_messages(request, layout)
-                job = chat_job(serializer, messages, layouts=ALL_LAYOUTS, reorder=True,
-                               evidence=evidence)  # fmt: skip
+                context = PlanContext(serializer, ALL_LAYOUTS, True, evidence)
+                job = text_chat(messages, context)
                 found += job.origin.startswith("found")
                 ids = job.build(job.segments).prompt_fields["input_ids"]
-                different, tokens = check.drift(messages, ids)
+                different, tokens = rendering_drift(tokenizer, messages, ids)
                 differ += different
                 diffs.append(tokens)
             n = len(trace.requests)

@@ -9,16 +9,20 @@ Bad input exits with code 2 and a one-line error naming the field.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections import Counter
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.types import ActiveRequest, QueuedRequest, RoundPlan
+
+if TYPE_CHECKING:
+    from prism_proxy.prompts.plan import Plan
 
 EXIT_BAD_INPUT = 2
 
@@ -127,93 +131,83 @@ def plan_to_json(plan: RoundPlan, policy: str, wave_size: int) -> dict[str, Any]
 
 
 def find_request(body: dict[str, Any]) -> dict[str, Any]:
-    """What the proxy finds in a request without hints, with every layout on and no
-    evidence yet (a first request: blank-line blocks stay in the client's order): the
-    documents of a single turn (its user message, else its system message), else a
-    chat's turns under the builtin tokenizer."""
+    """What the proxy makes of a request (its plan, `prompts.plan`), with every layout
+    on and no evidence yet (a first request: blank-line blocks stay in the client's
+    order), under the builtin tokenizer: the documents of a single turn (its user
+    message, else its system message) or of a prompt, a hint's segments, else a chat's
+    turns (the served model's tokenizer moves the numbers, not the message ends)."""
     from prism_proxy.api.chat import ChatCompletionRequest
-    from prism_proxy.prompts.jobs import single_turn
+    from prism_proxy.api.generate import GenerateRequest
+    from prism_proxy.prompts.evidence import BlockEvidence
+    from prism_proxy.prompts.extraction import ALL_LAYOUTS
+    from prism_proxy.prompts.jobs import PromptError
+    from prism_proxy.prompts.plan import PlanContext, plan_chat, plan_generate
+    from prism_proxy.prompts.serializer import Serializer
+    from prism_tokens.tokenizer import load_tokenizer
 
-    if "messages" not in body:
-        text = body.get("prompt", body.get("text"))
-        if not isinstance(text, str):
-            raise BadInput("input: expected `messages`, or `prompt` or `text` as a string")
-        return _documents(text, None, None) or {"outcome": "none"}
+    serializer = Serializer(load_tokenizer(), 8 << 20, 1 << 20)
+    context = PlanContext(serializer, ALL_LAYOUTS, True, BlockEvidence(1 << 20).scoped(""))
     try:
-        chat = ChatCompletionRequest.model_validate(body)
+        if "messages" not in body:
+            text = body.get("prompt", body.get("text"))
+            if not isinstance(text, str):
+                raise BadInput("input: expected `messages`, or `prompt` or `text` as a string")
+            plan = plan_generate(GenerateRequest.model_validate({"text": text}), {}, context)
+        else:
+            chat = ChatCompletionRequest.model_validate(body)
+            plan = plan_chat(chat, body, context)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise BadInput(f"{_field_path(first['loc'])}: {first['msg']}") from None
-    turn = single_turn(chat.messages)
-    if turn is not None:
-        system, text = turn
-        found = _documents(text, system, "user")
-        if found is None and system is not None:
-            found = _documents(system, None, "system", user=text)
-        if found is not None:
-            return found
-    return _turns(chat.forwarded(body))
+    except PromptError as exc:
+        raise BadInput(str(exc)) from None
+    return _described(plan, tokenizer=serializer.tokenizer.name, chat="messages" in body)
 
 
-def _documents(
-    text: str, system: str | None, where: str | None, user: str | None = None
-) -> dict[str, Any] | None:
-    from prism_proxy.prompts.evidence import BlockEvidence
-    from prism_proxy.prompts.extraction import ALL_LAYOUTS
-    from prism_proxy.prompts.jobs import find_documents, found_outcome
+def _described(plan: Plan, *, tokenizer: str, chat: bool) -> dict[str, Any]:
+    """A plan as `explain` prints it: its documents (found or hinted), or its turns,
+    and who serves it (the token path or the engine's own endpoint)."""
+    from prism_proxy.prompts.plan import Forward
 
-    evidence = BlockEvidence(1 << 20)
-    prompt = find_documents(
-        text, system=system, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence, user=user
-    )
-    if prompt is None:
-        return None
-    outcome = found_outcome(prompt)
-    found: dict[str, Any] = {"outcome": outcome, "layout": prompt.layout}
-    if where is not None:
-        found["message"] = where
-    return {
-        **found,
-        "preamble": prompt.preamble,
-        "documents": [
-            {
-                "id": segment.id.removeprefix("\x00"),
-                "label": prompt.label(position),
-                "text": segment.text,
-                "movable": outcome == "found" and segment.id not in prompt.fixed,
-                # travels with the document before it (one document's blocks)
-                "glued": segment.id in prompt.glued,
-            }
-            for position, segment in enumerate(prompt.segments, 1)
-        ],
-        "suffix": prompt.suffix,
-    }
-
-
-def _turns(forwarded: dict[str, Any]) -> dict[str, Any]:
-    """A chat's turns (`conversation.find_turns`): where its messages end, in tokens of
-    the builtin tokenizer (the served model's tokenizer moves the numbers, not the
-    message ends)."""
-    from prism_proxy.prompts.conversation import find_turns
-    from prism_tokens.chat import NotRenderable, content_format, template_messages, template_tools
-    from prism_tokens.tokenizer import ChatTemplateError, load_tokenizer
-
-    tokenizer = load_tokenizer()
-    try:
-        given = template_messages(forwarded["messages"], content_format(tokenizer.chat_template))
-        tools = template_tools(forwarded.get("tools"), forwarded.get("tool_choice"))
-        turns = find_turns(tokenizer, given, tools)
-    except (NotRenderable, ChatTemplateError) as exc:
-        return {"outcome": "none", "why": str(exc)}
-    if not turns.cuts:
-        return {"outcome": "none", "why": "no message ends before the last message"}
-    return {
-        "outcome": "turns",
-        "tokenizer": tokenizer.name,
-        "tokens": len(turns.ids),
-        "head_tokens": turns.cuts[0],
-        "message_ends": list(turns.cuts),
-    }
+    forwarded = isinstance(plan, Forward)
+    served = {"served_by": "engine" if forwarded else "token path"}
+    job = plan.job if isinstance(plan, Forward) else plan
+    prompt = None if job is None else job.prompt
+    if prompt is not None:
+        found: dict[str, Any] = {"outcome": plan.origin, **served}
+        if plan.layout:
+            found["layout"] = plan.layout
+        if chat and plan.origin != "hinted":
+            found["message"] = "system" if prompt.user is not None else "user"
+        movable = plan.origin in ("found", "hinted") and prompt.reorder
+        return {
+            **found,
+            "preamble": prompt.preamble,
+            "documents": [
+                {
+                    "id": segment.id.removeprefix("\x00"),
+                    "label": prompt.label(position),
+                    "text": segment.text,
+                    "movable": movable and segment.id not in prompt.fixed,
+                    # travels with the document before it (one document's blocks)
+                    "glued": segment.id in prompt.glued,
+                }
+                for position, segment in enumerate(prompt.segments, 1)
+            ],
+            "suffix": prompt.suffix,
+        }
+    if plan.origin == "turns" and job is not None and job.segment_tokens is not None:
+        ends = list(itertools.accumulate(job.segment_tokens, initial=job.head_tokens))
+        ids = job.build(job.segments).prompt_fields["input_ids"]
+        return {
+            "outcome": "turns",
+            **served,
+            "tokenizer": tokenizer,
+            "tokens": len(ids),
+            "head_tokens": job.head_tokens,
+            "message_ends": ends,
+        }
+    return {"outcome": plan.origin, **served}
 
 
 def run(source: TextIO, out: TextIO, err: TextIO) -> int:

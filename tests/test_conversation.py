@@ -14,14 +14,10 @@ import pytest
 from prism_proxy.prompts.conversation import (
     MAX_CUTS,
     TURN_ID_PREFIX,
-    chat_job,
     dispatch_check,
     find_turns,
     turns_job,
 )
-from prism_proxy.prompts.evidence import BlockEvidence
-from prism_proxy.prompts.extraction import ALL_LAYOUTS
-from prism_proxy.prompts.serializer import Serializer
 from prism_tokens.chat import (
     NotRenderable,
     content_format,
@@ -254,47 +250,6 @@ def test_a_tokenizer_whose_pieces_cannot_be_cut_gets_no_cuts(tokenizer, monkeypa
     monkeypatch.setattr(tokenizer, "chat_pieces", None)
     turns = turns_of(tokenizer, [SYSTEM, USER, call(1, "Paris"), result(1, "sunny")], [WEATHER])
     assert turns.cuts == () and turns_job(turns).segments == ()
-
-
-# --- a chat without hints ---------------------------------------------------------------
-def test_documents_in_the_system_message_are_found_and_served_exactly(tokenizer):
-    """LangChain's retrieval-QA chat prompt: the documents inside <context> in the system
-    message, the question in the user's. In the client's order the engine gets exactly
-    the client's text; the documents are segments after a head that ends at <context>."""
-    docs = ["The Osse flows north.", "Two bridges cross it.", "The mill is old."]
-    system = "Answer from the context:\n\n<context>\n" + "\n\n".join(docs) + "\n</context>"
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Bridges?"}]
-    serializer = Serializer(tokenizer)
-    found = chat_job(
-        serializer, messages, layouts=ALL_LAYOUTS, reorder=True, evidence=BlockEvidence(1 << 20)
-    )
-    assert (found.origin, found.layout) == ("found-ordered", "xml")  # no evidence yet
-    assert len(found.segments) == 3
-    ids = found.build(found.segments).prompt_fields["input_ids"]
-    assert tokenizer.decode(ids) == tokenizer.render_chat(messages)
-    head = tokenizer.decode(ids[: found.head_tokens])
-    assert head.endswith("<context>\n") and head.startswith("<|im_start|>system\n")
-
-
-def test_a_chat_without_documents_goes_by_its_turns_and_off_is_one_piece(tokenizer):
-    serializer = Serializer(tokenizer)
-    messages = [
-        SYSTEM,
-        USER,
-        {"role": "assistant", "content": "Sunny."},
-        {"role": "user", "content": "Rome?"},
-    ]
-    evidence = BlockEvidence(1 << 20)
-    found = chat_job(serializer, messages, layouts=ALL_LAYOUTS, reorder=True, evidence=evidence)
-    assert (found.origin, found.layout) == ("turns", "messages") and len(found.segments) == 2
-    off = chat_job(serializer, messages, layouts=(), reorder=True, evidence=evidence)
-    assert off.origin == "off" and off.segments == () and off.head_tokens == 0
-    whole = tokenizer.encode(tokenizer.render_chat(messages))
-    for job in (found, off):
-        assert job.build(job.segments).prompt_fields["input_ids"] == whole
-    with pytest.raises(NotRenderable):  # continuing the assistant's message
-        chat_job(serializer, [USER, {"role": "assistant", "content": "Par"}], layouts=ALL_LAYOUTS,
-                 reorder=True, evidence=evidence)  # fmt: skip
 
 
 def test_a_long_agent_loop_keeps_its_cuts_from_call_to_call(tokenizer):

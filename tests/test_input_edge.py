@@ -288,11 +288,11 @@ async def test_a_hint_is_checked_on_the_loop_and_serialized_off_it_when_large(
     (lengths, ids: O(segments)) run on the event loop, so a refused one never takes a
     worker thread's hop; an accepted large one is serialized (tokenized) in a worker
     thread. `python -m bench.loop_stall --hinted-seconds 30` measures /health meanwhile."""
-    from prism_proxy.edge import prompt_origin
+    from prism_proxy.prompts import plan
 
     checked: list[int] = []  # threads that checked a hint
     serialized: list[int] = []  # threads that serialized one
-    hinted_prompt, segmented_job = prompt_origin.hinted_prompt, prompt_origin.segmented_job
+    hinted_prompt, segmented_job = plan.hinted_prompt, plan.segmented_job
 
     def recording_check(*args, **kwargs):
         checked.append(threading.get_ident())
@@ -302,8 +302,8 @@ async def test_a_hint_is_checked_on_the_loop_and_serialized_off_it_when_large(
         serialized.append(threading.get_ident())
         return segmented_job(*args, **kwargs)
 
-    monkeypatch.setattr(prompt_origin, "hinted_prompt", recording_check)
-    monkeypatch.setattr(prompt_origin, "segmented_job", recording_serialize)
+    monkeypatch.setattr(plan, "hinted_prompt", recording_check)
+    monkeypatch.setattr(plan, "segmented_job", recording_serialize)
     loop_thread = threading.get_ident()
     too_long = {"id": "d0", "text": "w" * 256_001}  # over max_piece_chars (256,000)
     large = [{"id": f"d{i}", "text": "word " * 10_000} for i in range(4)]  # 200k characters

@@ -8,9 +8,9 @@ call, a `tool` message with the tool's output. In the twin the model's tool call
 written by the trace (`tool_call_message`): its tool and a request of the step's size,
 since the simulated engine's tokens are not text.
 
-On a proxy line the request is what `chat_relay` makes of it: the chat rendered with
-its tools and cut at its message ends (`find_turns`, with the last message a segment
-when the session features are on), queued in QAS with its program's start when it
+On a proxy line the request is what the proxy's plan makes of it (`prompts.plan`): the
+chat rendered with its tools and cut at its message ends (`find_turns`, with the last
+message a segment when the session features are on), queued in QAS with its program's start when it
 continues a paused session (`admission.sessions`). When the proxy learns that an answer
 ended in a tool call (a hop after the engine finished it), it asks DART to retain the
 session's path (applied inline, as the twin applies P̂_t); with `retain_from` "call", from
@@ -39,7 +39,8 @@ from loadgen.workloads.session_trace import Session, SessionTrace
 from loadgen.workloads.trace_format import Trace, TraceHeader, TraceRequest
 from prism_proxy.admission.reprefill import Continuation, Pause, reprefill_tokens
 from prism_proxy.admission.sessions import SessionParams, SessionTable
-from prism_proxy.prompts.conversation import find_turns, turns_job
+from prism_proxy.api.chat import ChatCompletionRequest
+from prism_proxy.prompts.plan import Forward, plan_chat
 from prism_sim.request import SimRequest
 from prism_tokens.chat import content_format, template_messages, template_tools
 from prism_tokens.tokenizer import Tokenizer
@@ -115,6 +116,8 @@ class SessionTwin(Twin):
         self.table = SessionTable(self.features.params) if self.features.detect else None
         dart = getattr(self.engine.extension, "core", None)
         self.retainer = dart if self.features.retain and self.core is not None else None
+        if self.context is not None:  # the session features cut a chat at its last message
+            self.context = replace(self.context, sessions=self.features.detect)
         self.records: dict[str, SessionRecord] = {}
         self.calls: dict[str, _Call] = {}
         self.continuations: list[Continuation] = []  # every served call after a first
@@ -146,8 +149,16 @@ class SessionTwin(Twin):
             sim = SimRequest(rid, self.tokenizer.encode_chat(text), max_tokens, self.now)
             self._send(lambda: self._submit(tracked, sim))
             return
-        last = self.features.detect
-        tracked.job = job = turns_job(find_turns(self.tokenizer, given, tools, last_message=last))
+        # the chat as the proxy's edge plans it (`prompts.plan`): the engine's chat
+        # endpoint serves it, scheduled by its turns
+        choice = "required" if step else "auto"
+        body = {"model": "twin", "messages": messages, "tools": self.tools[session.sid]}
+        body["tool_choice"] = choice
+        assert self.context is not None
+        plan = plan_chat(ChatCompletionRequest.model_validate(body), body, self.context)
+        if not isinstance(plan, Forward) or plan.job is None:
+            raise ValueError(f"{rid}: the proxy would not schedule this call by its turns")
+        tracked.job = job = plan.job
         program_start = None
         if self.table is not None:
             prompt = len(job.build(()).prompt_fields["input_ids"]) - job.head_tokens

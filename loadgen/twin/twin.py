@@ -42,12 +42,13 @@ from loadgen.clients.apis import chat_messages, client_order_ids, token_job
 from loadgen.clients.summary import RequestRecord, summarize
 from loadgen.workloads.trace_format import Trace, TraceRequest
 from prism_proxy.admission.core import AdmissionCore, BackendLimits, Wave
+from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.config import ProxyConfig
-from prism_proxy.prompts.conversation import chat_job
 from prism_proxy.prompts.evidence import BlockEvidence
 from prism_proxy.prompts.jobs import TokenJob
+from prism_proxy.prompts.plan import Forward, PlanContext, plan_chat
 from prism_proxy.prompts.serializer import Serializer
-from prism_proxy.prompts.tool_results import ToolResults, arrange_tool_messages
+from prism_proxy.prompts.tool_results import ToolResults
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.residency import ResidentSegments, residency_source
 from prism_proxy.scheduling import admission_core, dart_resident_sets
@@ -80,7 +81,7 @@ class TwinSetup:
     hop_s: float = 0.001
     residency_poll_s: float = 0.05  # the proxy's ResidencyPoller interval
     # None: hinted requests; else plain chat with the documents in this layout, found
-    # as the proxy finds them at its defaults (`conversation.chat_job`)
+    # as the proxy plans them at its defaults (`prompts.plan.plan_chat`)
     layout: str | None = None
     # SGLang's hierarchical cache (`prism_sim.host_tier`) when True: a host pool of
     # `hicache_ratio` × the device pool, loads at `hicache_bandwidth_gbps` GB/s
@@ -143,6 +144,7 @@ class Twin:
         self.serializer = Serializer(tokenizer)
         self.evidence = BlockEvidence(PROXY_DEFAULTS.evidence_cache_bytes)
         self.tool_results = ToolResults(PROXY_DEFAULTS.evidence_cache_bytes)
+        self.context: PlanContext | None = None
         self.core: AdmissionCore | None = None
         dart = getattr(self.engine.extension, "core", None)
         self.dart = dart if setup.policy == "prism" else None  # only prism pushes P̂_t
@@ -156,6 +158,15 @@ class Twin:
             sources = 1 if self.dart is not None else 0  # as the proxy with DART
             sets = dart_resident_sets(self.core.policy, config, sources, clock=lambda: self.now)
             self.resident = sets[0] if sets else None
+            # what a chat's plan depends on, as the proxy's edge gives it one client
+            self.context = PlanContext(
+                serializer=self.serializer,
+                layouts=tuple(config.extraction_layouts),
+                reorder=config.extraction_reorder,
+                evidence=self.evidence.scoped(""),
+                tool_results=self.tool_results if self.core.policy.reorders else None,
+                sessions=config.sessions,
+            )
         self.epoch = 0
         self.tracked: dict[str, _Tracked] = {}
         self.waves: list[int] = []
@@ -190,22 +201,18 @@ class Twin:
         if self.setup.layout is None:
             tracked.job = token_job(request, self.serializer)
         else:
+            # the chat as the proxy's edge plans it (`prompts.plan`), at its defaults
             messages = chat_messages(request, self.setup.layout)
-            if self.core.policy.reorders and PROXY_DEFAULTS.extraction_reorder:
-                # documents in tool results, as the proxy's edge serves them (chat_relay)
-                arrange_tool_messages(
-                    messages,
-                    layouts=PROXY_DEFAULTS.extraction_layouts,
-                    evidence=self.evidence.scoped(""),
-                    results=self.tool_results,
+            body = {"model": "twin", "messages": messages}
+            assert self.context is not None
+            plan = plan_chat(ChatCompletionRequest.model_validate(body), body, self.context)
+            job = plan.job if isinstance(plan, Forward) else plan
+            if job is None:
+                raise ValueError(
+                    f"{request.rid}: the proxy would forward this chat unscheduled "
+                    f"({plan.origin}); the twin models scheduled requests only"
                 )
-            tracked.job = chat_job(
-                self.serializer,
-                messages,
-                layouts=PROXY_DEFAULTS.extraction_layouts,
-                reorder=PROXY_DEFAULTS.extraction_reorder,
-                evidence=self.evidence,
-            )
+            tracked.job = job
         self.core.arrive(tracked.job.queued(request.rid, request.arrival), self.now)
 
     def _release(self, wave: Wave) -> None:

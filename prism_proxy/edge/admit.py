@@ -77,15 +77,6 @@ async def off_loop(size: PromptSize, work: Callable[[], T]) -> T:
     return work()
 
 
-async def make_job(size: PromptSize, build: Callable[[], TokenJob]) -> TokenJob:
-    """Build a request's token job (its size already checked): 400 for a bad prompt,
-    off the event loop when large."""
-    try:
-        return await off_loop(size, build)
-    except PromptError as exc:
-        raise prompt_error(exc) from None
-
-
 SLO_HEADER = "x-prism-ttft-slo-ms"
 
 

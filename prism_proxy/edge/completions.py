@@ -1,6 +1,6 @@
-"""`/v1/completions`: one prompt on the token path (hints, documents found in its text,
-or the text or ids as they are); batches, `n`, logprobs and the like through the
-engine's own endpoint.
+"""`/v1/completions`: a prompt's plan (`prompts.plan.plan_completion`: one prompt on the
+token path, with its hints, documents found in its text, or the text or ids as they
+are; batches, `n`, logprobs and the like through the engine's own endpoint), served.
 """
 
 from __future__ import annotations
@@ -11,17 +11,12 @@ from aiohttp import web
 
 from prism_proxy.api.completions import CompletionRequest
 from prism_proxy.api.costs import PromptSize
-from prism_proxy.edge.admit import make_job, new_rid
+from prism_proxy.edge.admit import new_rid
 from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.openai_format import CompletionFormat, answer_format
-from prism_proxy.edge.prompt_origin import (
-    DocumentFinder,
-    engine_instead,
-    hinted_build,
-    serve_one_prompt,
-)
+from prism_proxy.edge.prompt_origin import forward, make_plan, plan_context, serve_one_prompt
 from prism_proxy.edge.token_path import token_path
-from prism_proxy.prompts.jobs import TokenJob, private_job, segmented_job
+from prism_proxy.prompts.plan import Forward, plan_completion
 
 
 async def completions(request: web.Request, gateway: Gateway) -> web.StreamResponse:
@@ -37,36 +32,15 @@ async def _completions(
     size: PromptSize,
 ) -> web.StreamResponse:
     group = body.prompt_cache_key or ""
-    one_rid = (body.n or 1) == 1
-    answer = await engine_instead(
-        request, gateway, client, body, raw, "/v1/completions", set_rid=one_rid, group=group
-    )
-    if answer is not None:
-        return answer
-    prompt = body.single_prompt()
-    serializer = gateway.serializer
-    finder = DocumentFinder(request, gateway, client, body.prism is not None)
-    hinted = None
-    if body.prism is not None:
-        text = prompt if isinstance(prompt, str) else None
-        hinted = hinted_build(serializer, body.prism, system=None, suffix=text, chat=False)
-
-    def build() -> TokenJob:
-        if hinted is not None:
-            return hinted()
-        if isinstance(prompt, str):
-            if (found := finder.find(prompt, None)) is not None:
-                return segmented_job(serializer, found, chat=False)
-            return private_job({"text": prompt}, None)
-        return private_job({"input_ids": prompt}, len(prompt))  # checked in read_body
-
-    job = await make_job(size, build)
-    finder.count(request, job)
+    context = await plan_context(request, gateway, client, body)
+    plan = await make_plan(request, gateway, size, lambda: plan_completion(body, raw, context))
+    if isinstance(plan, Forward):
+        return await forward(request, gateway, client, plan, group)
     rid = new_rid()
     return await token_path(
         request,
         gateway,
-        job,
+        plan,
         client=client,
         size=size,
         rid=rid,

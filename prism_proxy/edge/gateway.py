@@ -155,7 +155,7 @@ def assemble(
         sessions=sessions,
         evidence=BlockEvidence(config.evidence_cache_bytes),
         tool_results=ToolResults(config.evidence_cache_bytes),
-        rendering=RenderingCheck(tokenizer, config.rendering_check_every),
+        rendering=RenderingCheck(config.rendering_check_every),
         keys=keys,
         usage=AccountUsage(),
         grammars=GrammarGate(config.grammars),

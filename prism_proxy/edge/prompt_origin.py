@@ -1,38 +1,33 @@
-"""Where a request's prompt comes from, for the token-path endpoints: its hints
-(`hinted_build`), documents found in its text (`DocumentFinder`, as the deployment and
-the `x-prism-extract` header allow), or the engine's own endpoint when the token path is
-closed to it (`token_path_open`); each request counted by origin (`count_origin`).
-`serve_one_prompt`: what `/v1/completions` and `/generate` share, from the body read to
-the shares it holds while served.
+"""Where a request's plan is made (`prompts.plan`) for the token-path endpoints: what
+the plan depends on, gathered on the event loop (`plan_context`: the token path's
+tokenizer check, the hint checked, the deployment's layouts and the `x-prism-extract`
+header, the caller's evidence, the session's tool results), the plan made off it when
+large and counted by origin (`make_plan`, `count_origin`); a plan for the engine's own
+endpoint served (`forward`). `serve_one_prompt`: what `/v1/completions`
+and `/generate` share, from the body read to the shares it holds while served.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from prism_proxy.api.costs import DecodeAsk, PromptSize
 from prism_proxy.api.hints import PrismHint
-from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge.accounts import client_key
-from prism_proxy.edge.admit import prompt_error
+from prism_proxy.edge.admit import off_loop, prompt_error
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure
 from prism_proxy.edge.gateway import Gateway
 from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
 from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.structured import GrammarShare
 from prism_proxy.metrics import ProxyMetrics
-from prism_proxy.prompts.jobs import (
-    PromptError,
-    TokenJob,
-    find_documents,
-    hinted_prompt,
-    segmented_job,
-)
-from prism_proxy.prompts.serializer import Serializer
+from prism_proxy.prompts.conversation import rendering_drift
+from prism_proxy.prompts.jobs import PromptError
+from prism_proxy.prompts.plan import Forward, Plan, PlanContext, TokenPathBody, hinted
 
 EXTRACT_HEADER = "x-prism-extract"
 
@@ -44,54 +39,70 @@ def count_origin(
     metrics.child(metrics.extraction, request[ENDPOINT], outcome, layout).inc()
 
 
-class DocumentFinder:
-    """Documents in a request without hints (`prompts.find_documents`), as the
-    deployment's settings and the request's `x-prism-extract` header allow, and the
-    request counted by where its job's segments came from. `find` may run in a worker
-    thread."""
+async def plan_context(
+    request: web.Request,
+    gateway: Gateway,
+    client: str,
+    body: TokenPathBody,
+    *,
+    rendering: bool = False,
+) -> PlanContext:
+    """What this request's plan depends on (`prompts.plan.PlanContext`), made on the
+    event loop: whether the proxy's tokenizer is the engine's (for the token path,
+    `token_path_open`: 503 where the request cannot go as written); its hint checked
+    (400 naming the field: lengths and ids, so a refused hint costs no worker thread's
+    hop); the deployment's layouts (none when the request's `x-prism-extract` header
+    is `off`; 400 for another value than on/off); the caller's own evidence (one
+    client's arrangements never cut another's documents); the session's tool results
+    when the policy reorders; and, for an endpoint whose chats are sampled
+    (`rendering`) when this one is, the check that measures its rendering drift."""
+    engine_only = body.passthrough_reason() is not None
+    hint = None
+    if engine_only:
+        engine_tokenizer = gateway.tokenizer_guard.check.open
+    else:
+        engine_tokenizer = await token_path_open(gateway, body.prism is not None)
+        if engine_tokenizer:
+            try:
+                hint = hinted(body)
+            except PromptError as exc:
+                raise prompt_error(exc) from None
+    config = gateway.config
+    layouts = tuple(config.extraction_layouts)
+    opt = request.headers.get(EXTRACT_HEADER)
+    if opt is not None:
+        opt = opt.strip().lower()
+        if opt not in ("on", "off"):
+            raise ApiError(400, f"{EXTRACT_HEADER}: expected 'on' or 'off'", param=EXTRACT_HEADER)
+        if opt == "off":
+            layouts = ()
+    sampled = rendering and engine_tokenizer and not engine_only and body.prism is None
+    tokenizer, metrics = gateway.serializer.tokenizer, gateway.metrics
 
-    __slots__ = ("evidence", "hinted", "layouts", "metrics", "reorder")
+    def check(messages: Sequence[Mapping[str, Any]], ids: Sequence[int]) -> None:
+        differs, tokens = rendering_drift(tokenizer, messages, ids)
+        metrics.child(metrics.rendering_checks, "differs" if differs else "same").inc()
+        metrics.rendering_drift.observe(abs(tokens))
 
-    def __init__(self, request: web.Request, gateway: Gateway, client: str, hinted: bool) -> None:
-        config = gateway.config
-        self.metrics = gateway.metrics
-        # one client's arrangements never cut another's documents
-        self.evidence = gateway.evidence.scoped(client)
-        self.reorder = config.extraction_reorder
-        self.layouts = config.extraction_layouts
-        opt = request.headers.get(EXTRACT_HEADER)
-        if opt is not None:
-            opt = opt.strip().lower()
-            if opt not in ("on", "off"):
-                raise ApiError(
-                    400, f"{EXTRACT_HEADER}: expected 'on' or 'off'", param=EXTRACT_HEADER
-                )
-            if opt == "off":
-                self.layouts = ()
-        self.hinted = hinted
-
-    @property
-    def searching(self) -> bool:
-        """Whether this request may be segmented (no hints, extraction on for it)."""
-        return not self.hinted and bool(self.layouts)
-
-    def find(self, text: str, system: str | None) -> SegmentedPrompt | None:
-        return find_documents(
-            text, system=system, layouts=self.layouts, reorder=self.reorder, evidence=self.evidence
-        )
-
-    def count(self, request: web.Request, job: TokenJob) -> None:
-        """Count the request by its job's `origin`; a job the proxy did not look into
-        is `hinted`, or else `none` (nothing found) or `off` (extraction off for it)."""
-        origin = job.origin or ("hinted" if self.hinted else ("none" if self.layouts else "off"))
-        count_origin(request, self.metrics, origin, job.layout)
+    reorders = gateway.admission.core.policy.reorders
+    return PlanContext(
+        serializer=gateway.serializer,
+        layouts=layouts,
+        reorder=config.extraction_reorder,
+        evidence=gateway.evidence.scoped(client),
+        tool_results=gateway.tool_results if reorders else None,
+        sessions=config.sessions,
+        engine_tokenizer=engine_tokenizer,
+        hint=hint,
+        rendering=check if sampled and gateway.rendering.sampled() else None,
+    )
 
 
-async def token_path_open(request: web.Request, gateway: Gateway, hinted: bool) -> bool:
+async def token_path_open(gateway: Gateway, hinted: bool) -> bool:
     """Whether a request may take the token path: the proxy's tokenizer is the engine's
     (checked again first when the engine may have changed, `TokenizerGuard`). When it
-    is not: False with `tokenizer_mismatch=forward` (the caller sends the request to the
-    engine's own endpoint), else 503 naming the tokenizer. A hinted request needs the
+    is not: False with `tokenizer_mismatch=forward` (the request goes to the engine's
+    own endpoint as written), else 503 naming the tokenizer. A hinted request needs the
     proxy's tokenizer whatever the mode: 503."""
     guard = gateway.tokenizer_guard
     try:
@@ -100,25 +111,38 @@ async def token_path_open(request: web.Request, gateway: Gateway, hinted: bool) 
     except BackendError as exc:
         raise backend_failure(exc) from None
     if guard.forward and not hinted:
-        count_origin(request, gateway.metrics, "forwarded")
         return False
     raise ApiError(503, guard.refusal(), kind="service_unavailable")
 
 
-def hinted_build(
-    serializer: Serializer, hint: PrismHint, *, system: str | None, suffix: str | None, chat: bool
-) -> Callable[[], TokenJob]:
-    """A hinted request's prompt, checked here on the event loop (400 naming the field),
-    and what builds its token job (serialized as a chat: the hint's `chat`, else the
-    endpoint's default `chat`). The checks are lengths and ids, O(segments), so a
-    refused hint (a 1 MB segment over `max_piece_chars`) costs no worker thread's hop;
-    only the build of an accepted one (tokenization) leaves the loop (`make_job`)."""
+async def make_plan(
+    request: web.Request, gateway: Gateway, size: PromptSize, work: Callable[[], Plan]
+) -> Plan:
+    """A request's plan (`work`: the endpoint's function of `prompts.plan`), made off
+    the event loop when the prompt is large (400 for a prompt the proxy cannot serve),
+    counted by its origin."""
     try:
-        prompt = hinted_prompt(hint, system=system, suffix=suffix)
+        plan = await off_loop(size, work)
     except PromptError as exc:
         raise prompt_error(exc) from None
-    serialized_as_chat = chat if hint.chat is None else hint.chat
-    return lambda: segmented_job(serializer, prompt, chat=serialized_as_chat)
+    count_origin(request, gateway.metrics, plan.origin, plan.layout)
+    return plan
+
+
+async def forward(
+    request: web.Request, gateway: Gateway, client: str, plan: Forward, group: str = ""
+) -> web.StreamResponse:
+    """A request for the engine's own endpoint, served (`passthrough`)."""
+    return await passthrough(
+        request,
+        gateway,
+        client,
+        plan.path,
+        plan.body,
+        set_rid=plan.set_rid,
+        job=plan.job,
+        group=group,
+    )
 
 
 class OnePromptBody(Protocol):
@@ -160,33 +184,3 @@ async def serve_one_prompt(
         GrammarShare(request, gateway, client, body, raw),
     ):
         return await serve(request, gateway, client, body, raw, size)
-
-
-async def engine_instead(
-    request: web.Request,
-    gateway: Gateway,
-    client: str,
-    body: OnePromptBody,
-    raw: dict[str, Any],
-    path: str,
-    *,
-    set_rid: bool,
-    group: str = "",
-) -> web.StreamResponse | None:
-    """The answer of the engine's own endpoint `path` when a one-prompt request goes
-    there: what only the engine serves (with a rid of the proxy's when `set_rid`), or
-    any request while the token path is closed to it (`token_path_open`). None: the
-    request takes the token path."""
-    if body.passthrough_reason() is not None:
-        count_origin(request, gateway.metrics, "forwarded")
-        forwarded = body.forwarded(raw)
-        return await passthrough(
-            request, gateway, client, path, forwarded, set_rid=set_rid, group=group
-        )
-    if not await token_path_open(request, gateway, body.prism is not None):
-        # one prompt (batches went the first way), as the client wrote it
-        forwarded = body.forwarded(raw)
-        return await passthrough(
-            request, gateway, client, path, forwarded, set_rid=True, group=group
-        )
-    return None

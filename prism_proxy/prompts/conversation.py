@@ -27,9 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
-from prism_proxy.prompts.jobs import Dispatch, TokenJob, find_documents, private_job, segmented_job
-from prism_proxy.prompts.serializer import Serializer, prefix_key_of
+from prism_proxy.prompts.jobs import Dispatch, TokenJob
+from prism_proxy.prompts.serializer import prefix_key_of
 from prism_tokens.chat import content_format, template_messages
 from prism_tokens.tokenizer import ChatTemplateError, Tokenizer
 from prism_wire import Anchor, AnchorKind, anchor_check
@@ -143,65 +142,11 @@ def dispatch_check(dispatch: Dispatch) -> str:
     return anchor_check(dispatch.prompt_fields["input_ids"], [a.offset for a in dispatch.anchors])
 
 
-# --- a chat without hints -------------------------------------------------------------------
-def _single_turn(given: Sequence[Mapping[str, Any]]) -> tuple[str | None, str] | None:
-    """(system, user text) of a chat of one user message after at most one system (or
-    developer) message, with string content and nothing else; None otherwise."""
-    if not given or given[-1]["role"] != "user" or len(given) > 2:
-        return None
-    if len(given) == 2 and given[0]["role"] not in ("system", "developer"):
-        return None
-    if any(set(m) - {"role", "content"} or not isinstance(m["content"], str) for m in given):
-        return None
-    return (given[0]["content"] if len(given) == 2 else None), given[-1]["content"]
-
-
-def chat_job(
-    serializer: Serializer,
-    messages: Sequence[Mapping[str, Any]],
-    *,
-    layouts: Sequence[str],
-    reorder: bool,
-    evidence: BlockEvidence | ScopedEvidence,
-) -> TokenJob:
-    """How the proxy serves a text chat without hints (`messages` as forwarded):
-    documents found in a single turn's user message, or else in its system message
-    (`prompts.find_documents`); else the chat cut at its message ends; with no
-    `layouts` (segmentation off), one private piece. The job's `origin` and `layout`
-    say which. Raises `NotRenderable` (a continuation of the assistant's last message)
-    and `ChatTemplateError`."""
-    tokenizer = serializer.tokenizer
-    given = template_messages(messages, content_format(tokenizer.chat_template))
-    if not layouts:
-        ids = tokenizer.encode_chat(tokenizer.render_chat(given))
-        return private_job({"input_ids": ids}, len(ids), origin="off")
-    turn = _single_turn(given)
-    if turn is not None:
-        system, text = turn
-        finding = find_documents(
-            text, system=system, layouts=layouts, reorder=reorder, evidence=evidence
-        )
-        if finding is None and system is not None and given[0]["role"] == "system":
-            # the documents in the system message (LangChain's retrieval-QA chat prompt)
-            finding = find_documents(
-                system, system=None, layouts=layouts, reorder=reorder, evidence=evidence, user=text
-            )
-        if finding is not None:
-            return segmented_job(serializer, finding, chat=True)
-    return turns_job(find_turns(tokenizer, given, None))
-
-
 class RenderingCheck:
-    """How far the token path's prompt is from the engine's own rendering of the same
-    chat (SGLang renders the whole template, then tokenizes it in one piece; the proxy
-    tokenizes piece by piece, so a token may form differently across a boundary).
+    """Which chats of the token path are also measured against the engine's own
+    rendering (`rendering_drift`): every `every`-th (0: none)."""
 
-    Every `every`-th chat (0: none) is rendered whole as well, in the client's order;
-    `drift` returns (whether the ids differ, how many more tokens the proxy's prompt
-    has: negative when fewer), or None when not sampled."""
-
-    def __init__(self, tokenizer: Tokenizer, every: int) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, every: int) -> None:
         self.every = every
         self._seen = 0
 
@@ -211,10 +156,16 @@ class RenderingCheck:
         self._seen += 1
         return self._seen % self.every == 0
 
-    def drift(
-        self, messages: Sequence[Mapping[str, Any]], piecewise: Sequence[int]
-    ) -> tuple[bool, int]:
-        tokenizer = self.tokenizer
-        given = template_messages(messages, content_format(tokenizer.chat_template))
-        whole = tokenizer.encode_chat(tokenizer.render_chat(given))
-        return list(piecewise) != whole, len(piecewise) - len(whole)
+
+def rendering_drift(
+    tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], piecewise: Sequence[int]
+) -> tuple[bool, int]:
+    """How far the token path's prompt is from the engine's own rendering of the same
+    chat (SGLang renders the whole template, then tokenizes it in one piece; the proxy
+    tokenizes piece by piece, so a token may form differently across a boundary):
+    whether the token path's ids of a chat (`piecewise`) differ from the engine's
+    own rendering of `messages` (the whole template, tokenized in one piece), and how
+    many more tokens they have (negative: fewer)."""
+    given = template_messages(messages, content_format(tokenizer.chat_template))
+    whole = tokenizer.encode_chat(tokenizer.render_chat(given))
+    return list(piecewise) != whole, len(piecewise) - len(whole)

@@ -48,10 +48,10 @@ class Dispatch:
 class TokenJob:
     """A request on the token path: the skeleton QAS schedules (`queued`) and `build`,
     which serializes the prompt in a released order. `origin` and `layout` say where its
-    segments came from, for the metrics (`prism:extraction_total`): found in a layout
-    (`found`, or `found-ordered` when they may not move), the chat's `turns`
-    (`messages`), `none` found, extraction `off`; "" when the proxy did not look (its
-    caller knows why: hints, or a prompt it could not read)."""
+    segments came from, for the metrics (`prism:extraction_total`): `hinted`, found in a
+    layout (`found`, or `found-ordered` when they may not move), the chat's `turns`
+    (`messages`), `none` found, extraction `off` (the plan names a job its builder left
+    ""). `prompt`: the segmented prompt it serializes (hinted or found), if any."""
 
     segments: tuple[str, ...]
     reorder: bool
@@ -64,6 +64,7 @@ class TokenJob:
     glued: frozenset[str] = frozenset()
     origin: str = ""
     layout: str = ""
+    prompt: SegmentedPrompt | None = None
 
     def payload(
         self,
@@ -160,6 +161,7 @@ def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool
         build=build,
         origin="" if prompt.layout is None else found_outcome(prompt),
         layout=prompt.layout or "",
+        prompt=prompt,
     )
 
 

@@ -20,8 +20,8 @@ import pytest
 from live_support import LiveServer
 
 from prism_proxy.edge.gateway import GATEWAY
-from prism_proxy.prompts.conversation import chat_job
 from prism_proxy.prompts.evidence import BlockEvidence
+from prism_proxy.prompts.plan import PlanContext, text_chat
 from prism_tokens.tokenizer import load_tokenizer
 from sglang_cpu.model import ensure_tiny_model
 
@@ -80,8 +80,8 @@ async def test_the_code_comes_back_from_the_engine_but_not_through_the_proxy(
     # the victim's prompt, as the proxy serializes it
     serializer = proxy.app[GATEWAY].serializer
     layouts = proxy.app[GATEWAY].config.extraction_layouts
-    job = chat_job(serializer, victim_messages(), layouts=layouts, reorder=True,
-                   evidence=BlockEvidence(1 << 20))  # fmt: skip
+    context = PlanContext(serializer, tuple(layouts), True, BlockEvidence(1 << 20).scoped(""))
+    job = text_chat(victim_messages(), context)
     victim_ids = job.build(job.segments).prompt_fields["input_ids"]
     known_text = SYSTEM.split(CODE)[0].rstrip()
     cut = next(i for i in range(len(victim_ids), 0, -1)

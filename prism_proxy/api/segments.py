@@ -2,73 +2,41 @@
 
 A PRISM request is a system prompt, an ordered list of reusable segments ``{id, text}``
 and a private suffix, plus a ``reorder`` flag (may QAS move the segments? default yes,
-for retrieved documents) and sampling parameters.
-
-Validation limits (``RequestLimits``) are passed in the validation context, so a server
-can configure them::
-
-    prompt = SegmentedPrompt.model_validate(body, context={"limits": limits})
-
-``parse_prompt`` does that and turns a ``ValidationError`` into ``RequestError`` with a
-one-line message naming the field, e.g. ``segments[1].id: duplicate segment id 'd7'
-(first at segments[0])``.
+for retrieved documents). A hint's prompt is checked against fixed bounds
+(``MAX_SEGMENTS``, ``MAX_PIECE_CHARS``, ...), and ``format_validation_error`` turns a
+``ValidationError`` into one line naming the field, e.g. ``segments: duplicate segment
+id 'd7' at segments[1] (first at segments[0])``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from prism_proxy.api.field_types import SamplingBounds, Seed
 from prism_wire import RESERVED_ID_START
 
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """Bounds on one request; every text piece is the system prompt, a segment's text or
-    the suffix."""
-
-    max_segments: int = 256
-    max_id_chars: int = 256
-    max_piece_chars: int = 256_000
-    max_total_chars: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        for name in ("max_segments", "max_id_chars", "max_piece_chars", "max_total_chars"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RequestLimits.{name} must be >= 1")
-
-
-DEFAULT_LIMITS = RequestLimits()
+# Bounds on one hint's prompt; every text piece is the system prompt, a segment's text,
+# the suffix, a found prompt's preamble or user message.
+MAX_SEGMENTS = 256
+MAX_ID_CHARS = 256
+MAX_PIECE_CHARS = 256_000
+MAX_TOTAL_CHARS = 1_000_000
 # What follows every segment's text unless the prompt says otherwise: position
 # independent, so a segment's tokens never depend on where it lands (SPEC §1).
 SEGMENT_SEPARATOR = "\n\n"
 
 
-class RequestError(ValueError):
-    """A request failed validation; ``str(err)`` is one line naming the field."""
-
-
-def _limits(info: ValidationInfo) -> RequestLimits:
-    context = info.context or {}
-    limits = context.get("limits", DEFAULT_LIMITS) if isinstance(context, dict) else None
-    return limits if isinstance(limits, RequestLimits) else DEFAULT_LIMITS
-
-
-def _check_piece(value: str | None, info: ValidationInfo) -> str | None:
-    limit = _limits(info).max_piece_chars
-    if value is not None and len(value) > limit:
-        raise ValueError(f"too long: {len(value)} characters > limit {limit}")
+def _check_piece(value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_PIECE_CHARS:
+        raise ValueError(f"too long: {len(value)} characters > limit {MAX_PIECE_CHARS}")
     return value
 
 
@@ -83,15 +51,14 @@ class Segment(BaseModel):
 
     @field_validator("id")
     @classmethod
-    def _check_id(cls, value: str, info: ValidationInfo) -> str:
+    def _check_id(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("must not be empty")
         if value.startswith(RESERVED_ID_START):
             # DART's owners of system heads start with NUL: a segment never shares one
             raise ValueError("must not start with a NUL character (reserved)")
-        limit = _limits(info).max_id_chars
-        if len(value) > limit:
-            raise ValueError(f"too long: {len(value)} characters > limit {limit}")
+        if len(value) > MAX_ID_CHARS:
+            raise ValueError(f"too long: {len(value)} characters > limit {MAX_ID_CHARS}")
         return value
 
     _check_text = field_validator("text")(_check_piece)
@@ -146,10 +113,9 @@ class SegmentedPrompt(BaseModel):
 
     @field_validator("segments")
     @classmethod
-    def _check_segments(cls, value: list[Segment], info: ValidationInfo) -> list[Segment]:
-        limit = _limits(info).max_segments
-        if len(value) > limit:
-            raise ValueError(f"too many segments: {len(value)} > limit {limit}")
+    def _check_segments(cls, value: list[Segment]) -> list[Segment]:
+        if len(value) > MAX_SEGMENTS:
+            raise ValueError(f"too many segments: {len(value)} > limit {MAX_SEGMENTS}")
         first: dict[str, int] = {}
         for index, segment in enumerate(value):
             if segment.id in first:
@@ -161,8 +127,8 @@ class SegmentedPrompt(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_total(self, info: ValidationInfo) -> Self:
-        limit = _limits(info).max_total_chars
+    def _check_total(self) -> Self:
+        limit = MAX_TOTAL_CHARS
         if self.user is not None and self.system is not None:
             raise ValueError("user: the documents are in the system message, so no system")
         total = len(self.system or "") + len(self.suffix) + len(self.preamble)
@@ -220,62 +186,3 @@ def format_validation_error(err: ValidationError) -> str:
     if others:
         line += f" (and {others} more error{'s' if others > 1 else ''})"
     return " ".join(line.split())
-
-
-def parse_prompt(data: Any, limits: RequestLimits = DEFAULT_LIMITS) -> SegmentedPrompt:
-    """Validate a decoded JSON object; raise ``RequestError`` (one line) if invalid."""
-    try:
-        return SegmentedPrompt.model_validate(data, context={"limits": limits})
-    except ValidationError as err:
-        raise RequestError(format_validation_error(err)) from None
-
-
-class SamplingParams(SamplingBounds):
-    """Sampling parameters, as SGLang's ``/generate`` ``sampling_params`` accepts them
-    (``srt/sampling/sampling_params.py``); ``None`` leaves the backend's default.
-    Unknown fields are rejected: a typo must not silently change generation."""
-
-    model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, populate_by_name=True, allow_inf_nan=False
-    )
-
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = None
-    skip_special_tokens: bool | None = None
-    n: int | None = Field(default=None, ge=1, le=1)
-    sampling_seed: Seed | None = Field(default=None, alias="seed")
-    json_schema: str | None = None
-    regex: str | None = None
-    logit_bias: dict[str, float] | None = None
-
-    def to_sglang(self) -> dict[str, Any]:
-        """The ``sampling_params`` object for SGLang's ``/generate`` (unset fields left
-        out, ``seed`` spelled ``sampling_seed``)."""
-        return self.model_dump(exclude_none=True, by_alias=False)
-
-    @classmethod
-    def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
-        """Pick the sampling fields of an OpenAI completions/chat body (other keys such
-        as ``model`` or ``messages`` are the caller's business). ``max_tokens`` and
-        ``max_completion_tokens`` map to ``max_new_tokens``, ``min_tokens`` to
-        ``min_new_tokens``; SGLang's extra fields (``top_k``, ``min_p``, …) pass as is."""
-        fields: dict[str, Any] = {}
-        for key in ("max_tokens", "max_completion_tokens"):  # the newer name wins
-            if body.get(key) is not None:
-                fields["max_new_tokens"] = body[key]
-        if body.get("min_tokens") is not None:
-            fields["min_new_tokens"] = body["min_tokens"]
-        for name, field in cls.model_fields.items():
-            key = field.alias or name
-            if name not in fields and body.get(key) is not None:
-                fields[key] = body[key]
-        return cls.model_validate(fields)
-
-
-def parse_sampling(data: Any) -> SamplingParams:
-    """Validate sampling parameters; raise ``RequestError`` (one line) if invalid."""
-    try:
-        return SamplingParams.model_validate(data if data is not None else {})
-    except ValidationError as err:
-        raise RequestError(format_validation_error(err)) from None

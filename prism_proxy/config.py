@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from prism_proxy.admission.pieces import MIN_PIECE_TOKENS
 from prism_proxy.admission.sessions import SessionParams
+from prism_proxy.api.segments import MAX_SEGMENTS
 from prism_proxy.prompts.extraction import ALL_LAYOUTS as EXTRACTION_LAYOUTS
 from prism_proxy.qas.params import DEFAULT_QAS_VARIANT, QAS_VARIANTS, QasParams, qas_params
 from prism_proxy.qas.policies import POLICIES
@@ -182,6 +183,11 @@ class ProxyConfig:
         for name in (*positive, "connect_timeout_s", "shutdown_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.max_segments > MAX_SEGMENTS:  # the hint model's own bound refuses more
+            raise ConfigError(
+                f"max_segments: at most {MAX_SEGMENTS} (a hint's prompt holds no more), "
+                f"got {self.max_segments}"
+            )
         for name in (
             "window_ms", "protect", "health_interval_s", "retry_after_s", "rendering_check_every",
             "key_max_inflight", "key_max_queued", "key_tokens_per_minute",

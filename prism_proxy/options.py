@@ -93,7 +93,7 @@ _HELP = {
     "messages, prompt and hints (413 above)",
     "max_messages": "most chat messages (and content parts, tools, stop strings) in one "
     "request (413 above)",
-    "max_segments": "most segments in one request's prism hint (400 above)",
+    "max_segments": "most segments in one request's prism hint (400 above; at most 256)",
     "grammars": "grammars besides JSON schemas (ebnf, regex, structural_tag): off (refused), "
     "checked (ebnf and regex served when the proxy can show that matching them costs "
     "bounded time per token, docs/proxy.md), on (served unchecked: one grammar can hold "

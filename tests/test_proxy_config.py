@@ -51,6 +51,8 @@ def test_json_config_file_and_flag_path(tmp_path) -> None:
         (["--policy", "lru"], {}, "policy"),
         (["--set", "max_inflight=-1"], {}, "max_inflight"),
         ([], {"PRISM_K": "0"}, "k"),
+        # more segments than a hint's prompt may hold would be refused later, not here
+        (["--set", "max_segments=257"], {}, "max_segments: at most 256"),
     ],
 )
 def test_bad_values_name_the_setting(argv, env, needle) -> None:

@@ -8,9 +8,10 @@ endpoint with the fields forwarded (what only the engine serves: tools, `n`,
 logprobs, ...), scheduled by the turns the proxy finds in it when it can render them
 as the engine does; or, when the proxy's tokenizer is not the engine's, the engine's
 own endpoint with the body as written. One function per endpoint (`plan_chat`,
-`plan_completion`, `plan_generate`). Pure: no I/O, no clock; what they depend on is a
-`PlanContext` (its one effect, telling a sampled chat to the rendering check, is the
-caller's to give). They may run in a worker thread (a large prompt's
+`plan_completion`, `plan_generate`). No I/O, no clock: what they depend on is a
+`PlanContext`, and what they change is its own (the caller's block evidence and the
+session's tool results learn from the request; a sampled chat is told to the
+rendering check the caller gives). They may run in a worker thread (a large prompt's
 tokenization), so a hint is checked apart, first, on the event loop (`hinted`:
 lengths and ids, cheap) and handed in with the context.
 """

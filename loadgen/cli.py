@@ -199,7 +199,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         for fraction in _floats(args.kv_fraction)
     ]
     sweep(base, points, lines, Path(args.out), seed=args.seed, tokenizer_spec=args.tokenizer,
-          jobs=args.jobs, real_speed=args.real)  # fmt: skip
+          jobs=args.jobs, real_speed=args.real, save_calls=args.save_calls)  # fmt: skip
     print(f"wrote {Path(args.out) / 'report.md'}")
     return 0
 
@@ -329,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEED",
         help="the real stack: prism-sim over HTTP at this clock speed (default "
         f"{REAL_SPEED:g}), the proxy",
+    )
+    sessions.add_argument(
+        "--save-calls",
+        action="store_true",
+        help="write each run's per-call records (client and engine timelines) to OUT/calls/",
     )
     sessions.set_defaults(func=cmd_sessions)
 

@@ -7,6 +7,8 @@ returns a `RequestHandle` the HTTP handlers follow token by token (SPEC §7).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -285,6 +287,10 @@ class SimEngine:
         self.loop = EngineLoop(self.scheduler, speed=config.speed)
         self.metrics = EngineMetrics(self.scheduler, self.model_name, self.loop.now)
         core.finish_hooks.insert(0, self.metrics.observe_finished)
+        log_path = os.environ.get("PRISM_SIM_REQUEST_LOG")
+        if log_path:  # a diagnostic: each finished request's timeline, one JSON a line
+            log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 (the server's life)
+            core.finish_hooks.append(lambda req: log_file.write(json.dumps(req.timeline()) + "\n"))
 
     def start(
         self,

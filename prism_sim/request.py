@@ -61,6 +61,21 @@ class SimRequest:
     finish_s: float | None = None
     finish_reason: dict[str, Any] | None = None
 
+    def timeline(self) -> dict[str, Any]:
+        """This request as the engine saw it, in modeled seconds (the twin's
+        `--save-calls` records, and the real engine's `PRISM_SIM_REQUEST_LOG`)."""
+        return {
+            "rid": self.rid,
+            "arrival_s": self.arrival_s,
+            "admitted_s": self.admitted_s,
+            "first_token_s": self.first_token_s,
+            "finish_s": self.finish_s,
+            "prompt_tokens": len(self.input_ids),
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": len(self.output_ids),
+            "max_new_tokens": self.max_new_tokens,
+        }
+
     @property
     def prompt_tokens(self) -> int:
         return len(self.input_ids)

@@ -41,6 +41,9 @@ class SessionReplayConfig:
     # each agent type's shared prefix in tokens (`session_twin.shared_tokens`): gives
     # the summary its non-global hit rate
     shared_tokens: dict[str, int] | None = None
+    # send each call's rid (`<sid>-<call:02d>`, as the twin names it) so the engine's
+    # own records of a call can be matched to the client's (`--save-calls`)
+    send_rid: bool = False
 
 
 @dataclass
@@ -54,6 +57,7 @@ class CallRecord:
     cached_tokens: int | None
     error: str | None = None
     shared_tokens: int | None = None  # the agent type's shared prefix (global region)
+    completion_tokens: int | None = None  # the answer's tokens as served (usage)
 
 
 @dataclass
@@ -96,6 +100,7 @@ async def _call(
     choice: Any = "required" if tool else "auto"
     calls: dict[int, dict[str, str]] = {}
     text: list[str] = []
+    extra = {"rid": f"{record.sid}-{record.call:02d}"} if config.send_rid else None
     try:
         stream = await client.chat.completions.create(
             model=config.model,
@@ -105,12 +110,14 @@ async def _call(
             max_tokens=max_tokens,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=extra,
         )
         async for chunk in stream:
             if chunk.usage is not None:
                 record.prompt_tokens = chunk.usage.prompt_tokens
                 details = chunk.usage.prompt_tokens_details
                 record.cached_tokens = details.cached_tokens if details else None
+                record.completion_tokens = chunk.usage.completion_tokens
             for part in chunk.choices:
                 delta = part.delta
                 if record.ttft_s is None and (delta.content or delta.tool_calls):

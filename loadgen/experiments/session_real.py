@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -53,18 +54,24 @@ def stack_settings(
 
 
 @contextlib.contextmanager
-def _stack(line: Line, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
-    """The servers of `line`; yields the URL the client talks to."""
+def _stack(
+    line: Line, pool: int, speed: float, log_dir: Path, request_log: Path | None = None
+) -> Iterator[str]:
+    """The servers of `line`; yields the URL the client talks to. `request_log`: where
+    prism-sim writes each finished request's timeline (`PRISM_SIM_REQUEST_LOG`)."""
     token = secrets.token_hex(8)
     control_port = free_port() if line.control_rpc else None
     sim, proxy = stack_settings(line, pool, speed, control_port)
+    logged = {"PRISM_SIM_REQUEST_LOG": str(request_log)} if request_log is not None else {}
     if proxy is None:
-        with run_server("prism_sim", engine_args(sim), log_dir=log_dir, name="sim") as engine:
+        with run_server(
+            "prism_sim", engine_args(sim), log_dir=log_dir, name="sim", env=logged
+        ) as engine:
             yield engine.url
         return
     secret = {"PRISM_CONTROL_TOKEN": token}  # in the environment: never on a command line
     with run_server(
-        "prism_sim", engine_args(sim), log_dir=log_dir, name="sim", env=secret
+        "prism_sim", engine_args(sim), log_dir=log_dir, name="sim", env=secret | logged
     ) as engine:
         args = proxy_args({**proxy, "backend": engine.url})
         with run_server("prism_proxy", args, log_dir=log_dir, name="proxy", env=secret) as server:
@@ -72,14 +79,28 @@ def _stack(line: Line, pool: int, speed: float, log_dir: Path) -> Iterator[str]:
 
 
 def run_real_line(
-    line: Line, trace: SessionTrace, pool: int, speed: float, tokenizer: Tokenizer, log_dir: Path
+    line: Line,
+    trace: SessionTrace,
+    pool: int,
+    speed: float,
+    tokenizer: Tokenizer,
+    log_dir: Path,
+    save_calls: bool = False,
 ) -> dict[str, Any]:
     """`line` on the real stack with a pool of `pool` tokens: its summary and Belady's
-    bound on its own calls."""
+    bound on its own calls; with `save_calls`, its per-call records (`calls`: the
+    client's sessions, `engine_records`: prism-sim's timeline of each request)."""
     shared = shared_tokens(trace, tokenizer)
     started = time.monotonic()
-    with _stack(line, pool, speed, log_dir / line.label) as url:
-        config = SessionReplayConfig(target=url, time_scale=speed, shared_tokens=shared)
+    line_logs = log_dir / line.label
+    request_log = line_logs / "engine-requests.jsonl" if save_calls else None
+    if request_log is not None:
+        line_logs.mkdir(parents=True, exist_ok=True)
+        request_log.unlink(missing_ok=True)
+    with _stack(line, pool, speed, line_logs, request_log) as url:
+        config = SessionReplayConfig(
+            target=url, time_scale=speed, shared_tokens=shared, send_rid=save_calls
+        )
         results = asyncio.run(replay_sessions(trace, config))
     calls = [
         (c["sid"], c["sent"] + c["ttft_s"], c["end"], c["prompt_tokens"])
@@ -88,6 +109,10 @@ def run_real_line(
         if c["prompt_tokens"] is not None and c["ttft_s"] is not None
     ]
     bound = belady_bound(trace, calls, shared, pool)
+    saved: dict[str, Any] = {}
+    if request_log is not None:
+        engine_records = [json.loads(x) for x in request_log.read_text().splitlines() if x]
+        saved = {"calls": results["sessions"], "engine_records": engine_records}
     return {
         "line": line.label,
         "engine": "real",
@@ -97,4 +122,5 @@ def run_real_line(
         "belady_non_global_hit_rate": bound.non_global_hit_rate,
         "wall_s": time.monotonic() - started,
         "git_commit": git_commit(),
+        **saved,
     }

@@ -59,9 +59,12 @@ class Point:
     kv_fraction: float
 
 
-def run_line(name: str, trace: SessionTrace, pool: int, tokenizer: Tokenizer) -> dict[str, Any]:
+def run_line(
+    name: str, trace: SessionTrace, pool: int, tokenizer: Tokenizer, save_calls: bool = False
+) -> dict[str, Any]:
     """One line on one trace with a pool of `pool` tokens: its summary and Belady's
-    bound on its own calls."""
+    bound on its own calls; with `save_calls`, its per-call records (`calls`: the
+    client's sessions, `engine_records`: the engine's timeline of each request)."""
     line = LINES[name]
     started = time.monotonic()
     setup = twin_setup(line, kv_capacity_tokens=pool)
@@ -73,6 +76,9 @@ def run_line(name: str, trace: SessionTrace, pool: int, tokenizer: Tokenizer) ->
         if c["prompt_tokens"] is not None and c["ttft_s"] is not None
     ]
     bound = belady_bound(trace, calls, shared_tokens(trace, tokenizer), pool)
+    saved = (
+        {"calls": out["sessions"], "engine_records": out["engine_records"]} if save_calls else {}
+    )
     return {
         "line": name,
         "summary": out["summary"],
@@ -83,13 +89,15 @@ def run_line(name: str, trace: SessionTrace, pool: int, tokenizer: Tokenizer) ->
         "config": out["config"],
         "wall_s": time.monotonic() - started,
         "git_commit": git_commit(),
+        **saved,
     }
 
 
-def _job(args: tuple[str, SessionParams, int, int, str]) -> dict[str, Any]:
-    name, params, seed, pool, tokenizer_spec = args
+def _job(args: tuple[str, SessionParams, int, int, str, bool]) -> dict[str, Any]:
+    name, params, seed, pool, tokenizer_spec, save_calls = args
     tokenizer = load_tokenizer(tokenizer_spec)
-    return run_line(name, build_session_trace(params, tokenizer, seed), pool, tokenizer)
+    trace = build_session_trace(params, tokenizer, seed)
+    return run_line(name, trace, pool, tokenizer, save_calls)
 
 
 def sweep(
@@ -102,11 +110,13 @@ def sweep(
     tokenizer_spec: str = "builtin",
     jobs: int = 1,
     real_speed: float | None = None,
+    save_calls: bool = False,
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Every line at every point; writes `out/results.json` and `out/report.md`. With
     `real_speed`, the lines run on the real stack (`session_real`) at that engine speed,
-    one after the other; the pool still comes from the twin's unlimited run."""
+    one after the other; the pool still comes from the twin's unlimited run. With
+    `save_calls`, each run's per-call records go to `out/calls/` (`save_call_records`)."""
     tokenizer = load_tokenizer(tokenizer_spec)
     out.mkdir(parents=True, exist_ok=True)
     reference: dict[tuple[float, float], dict[str, Any]] = {}
@@ -133,17 +143,22 @@ def sweep(
             basis = "live_unique_tokens" if base.pool_basis == "unique" else "live_history_tokens"
             live = reference[key][basis]["mean"]
             pool = max(1, int(point.kv_fraction * live))
-            work = [(name, params, seed, pool, tokenizer_spec) for name in lines]
+            work = [(name, params, seed, pool, tokenizer_spec, save_calls) for name in lines]
             if real_speed is None:
                 results = pool_.map(_job, work)
             else:
                 trace = build_session_trace(params, tokenizer, seed)
                 logs = out / "logs"
                 results = (
-                    run_real_line(REAL_LINES[name], trace, pool, real_speed, tokenizer, logs)
+                    run_real_line(
+                        REAL_LINES[name], trace, pool, real_speed, tokenizer, logs, save_calls
+                    )
                     for name in lines
                 )
+            calls_trace = build_session_trace(params, tokenizer, seed) if save_calls else None
             for result in results:
+                if calls_trace is not None:
+                    save_call_records(out, point, result, calls_trace)
                 row = {**asdict(point), "pool_tokens": pool, **reference[key], **result}
                 rows.append(row)
                 s = result["summary"]
@@ -153,6 +168,42 @@ def sweep(
             (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
     (out / "report.md").write_text(report(rows, base, seed))
     return rows
+
+
+def save_call_records(out: Path, point: Point, result: dict[str, Any], trace: SessionTrace) -> Path:
+    """Take `calls` and `engine_records` out of `result` and write them, one JSON a
+    line per call, to `out/calls/<line>-<rate>-<tool scale>-<fraction>.jsonl`: the
+    client's times (sent, TTFT, end; trace seconds), prompt, cached and completion
+    tokens as served, the tool's time before the next call, and the engine's timeline
+    of the same request (`engine`, modeled seconds; matched by rid `<sid>-<call:02d>`)."""
+    calls = result.pop("calls")
+    engine = {r["rid"]: r for r in result.pop("engine_records")}
+    steps = {s.sid: s.steps for s in trace.sessions}
+    path = (
+        out
+        / "calls"
+        / (
+            f"{result['line'].replace('/', '_')}-{point.rate:g}-{point.tool_scale:g}-"
+            f"{point.kv_fraction:g}.jsonl"
+        )
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for session in calls:
+            for call in session["calls"]:
+                sid, number = call["sid"], call["call"]
+                step = steps[sid][number] if number < len(steps[sid]) else None
+                row = {
+                    **call,
+                    "first_token": (
+                        None if call["ttft_s"] is None else call["sent"] + call["ttft_s"]
+                    ),
+                    "tool_s": step.duration_s if step is not None else None,
+                    "arrival": session["arrival"],
+                    "engine": engine.get(f"{sid}-{number:02d}"),
+                }
+                f.write(json.dumps(row) + "\n")
+    return path
 
 
 def _ratio(a: float | None, b: float | None) -> str:

@@ -121,6 +121,7 @@ class SessionTwin(Twin):
         self.records: dict[str, SessionRecord] = {}
         self.calls: dict[str, _Call] = {}
         self.continuations: list[Continuation] = []  # every served call after a first
+        self.engine_records: list[dict[str, Any]] = []  # each served call, as the engine saw it
         self.tools = {s.sid: messages_of(trace, s)[1] for s in trace.sessions}
         for session in trace.sessions:
             self.records[session.sid] = SessionRecord(session.sid, session.arrival)
@@ -215,6 +216,8 @@ class SessionTwin(Twin):
         record.ttft_s = sim.first_token_s + self.setup.hop_s - record.sent
         record.prompt_tokens = len(sim.input_ids)
         record.cached_tokens = sim.cached_tokens
+        record.completion_tokens = len(sim.output_ids)
+        self.engine_records.append(sim.timeline())
         if number > 0:
             self._account(call, sim)
         if self.table is not None:
@@ -269,4 +272,5 @@ def simulate_sessions(
         "sessions": [asdict(r) for r in records],
         "engine_state": twin.engine_state(),
         "session_table": twin.table.stats() if twin.table is not None else None,
+        "engine_records": twin.engine_records,
     }

@@ -200,3 +200,35 @@ def test_the_sessions_sweep_sets_the_pool_on_unique_kv_and_reports_the_causes(
                   ("sglang-lru",), tmp_path / "h", seed=4, jobs=1, log=lambda _: None)  # fmt: skip
     assert older[0]["pool_tokens"] == int(0.5 * older[0]["live_history_tokens"]["mean"])
     assert "| prism+sessions | " + f"{rows[1]['summary']['reprefill_tokens']['total']:,}" in report
+
+
+def test_saved_calls_hold_each_call_with_the_engines_timeline(tokenizer, tmp_path) -> None:
+    """`prism-loadgen sessions --save-calls` in small: one record per call, matched to
+    the engine's timeline of the same request, and `loadgen.reports.call_gap` finds
+    no difference between a run and itself and the tool's time between calls."""
+    from loadgen.experiments.session_sweep import Point, sweep
+    from loadgen.reports.call_gap import compare, load
+
+    base = replace(SMALL, num_sessions=12)
+    rows = sweep(base, [Point(2.0, 1.0, 0.5)], ("sglang-lru", "prism+sessions"), tmp_path,
+                 seed=4, jobs=1, save_calls=True, log=lambda _: None)  # fmt: skip
+    lru = load(tmp_path / "calls" / "sglang-lru-2-1-0.5.jsonl")
+    assert len(lru) == rows[0]["summary"]["calls"] > 12
+    assert "calls" not in rows[0] and "engine_records" not in rows[0]  # not in results.json
+    for (sid, number), call in lru.items():
+        engine = call["engine"]
+        if call["error"] is not None:  # refused (over the pool): the engine never ran it
+            assert engine is None and call["ttft_s"] is None
+            continue
+        assert engine["rid"] == f"{sid}-{number:02d}"
+        assert engine["arrival_s"] <= engine["admitted_s"] <= engine["first_token_s"]
+        assert engine["first_token_s"] <= engine["finish_s"]
+        assert call["completion_tokens"] == engine["output_tokens"] > 0
+        following = lru.get((sid, number + 1))
+        if following is not None:  # sent once the tool has run
+            assert following["sent"] - call["end"] >= call["tool_s"] - 1e-9
+    itself = compare(lru, lru)
+    assert itself and all(row["mean_difference"] == 0 for row in itself)
+    paced = compare(lru, load(tmp_path / "calls" / "prism+sessions-2-1-0.5.jsonl"))
+    tool_time = next(row for row in paced if row["component"] == "end -> next send s")
+    assert tool_time["calls"] > 0 and abs(tool_time["mean_difference"]) < 1e-6

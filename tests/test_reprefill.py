@@ -232,3 +232,16 @@ def test_saved_calls_hold_each_call_with_the_engines_timeline(tokenizer, tmp_pat
     paced = compare(lru, load(tmp_path / "calls" / "prism+sessions-2-1-0.5.jsonl"))
     tool_time = next(row for row in paced if row["component"] == "end -> next send s")
     assert tool_time["calls"] > 0 and abs(tool_time["mean_difference"]) < 1e-6
+
+
+def test_a_pool_smaller_than_every_prompt_is_reported_not_a_crash(tmp_path) -> None:
+    """Every call refused (each prompt over the pool): the sweep says so in its
+    table ("–" where a run has no number, `0/6` completed) instead of failing."""
+    from loadgen.experiments.session_sweep import Point, sweep
+
+    base = replace(SMALL, num_sessions=6)
+    rows = sweep(base, [Point(2.0, 1.0, 0.5)], ("sglang-lru", "prism+sessions"), tmp_path,
+                 seed=4, jobs=1, log=lambda _: None)  # fmt: skip
+    assert all(row["summary"]["p99_ttft_ms"] is None for row in rows)
+    report = (tmp_path / "report.md").read_text()
+    assert "| sglang-lru | – | – | – | – | – |" in report and "0/6 |" in report

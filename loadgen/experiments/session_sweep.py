@@ -162,9 +162,11 @@ def sweep(
                 row = {**asdict(point), "pool_tokens": pool, **reference[key], **result}
                 rows.append(row)
                 s = result["summary"]
-                log(f"  {point} pool {pool} {result['line']:19s} p99 {s['p99_ttft_ms']:.0f} ms "
-                    f"JCT {s['mean_jct_ms'] / 1e3:.1f} s hit {s['hit_rate']:.3f} "
-                    f"(Belady {result['belady_hit_rate']:.3f})")  # fmt: skip
+                jct = None if s["mean_jct_ms"] is None else s["mean_jct_ms"] / 1e3
+                log(f"  {point} pool {pool} {result['line']:19s} "
+                    f"p99 {_shown(s['p99_ttft_ms'], '.0f')} ms JCT {_shown(jct, '.1f')} s "
+                    f"hit {_shown(s['hit_rate'], '.3f')} "
+                    f"(Belady {_shown(result['belady_hit_rate'], '.3f')})")  # fmt: skip
             (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
     (out / "report.md").write_text(report(rows, base, seed))
     return rows
@@ -204,6 +206,12 @@ def save_call_records(out: Path, point: Point, result: dict[str, Any], trace: Se
                 }
                 f.write(json.dumps(row) + "\n")
     return path
+
+
+def _shown(value: float | None, spec: str) -> str:
+    """`value` in `spec`, or "–" when the run has none (no call answered, no session
+    completed: a pool smaller than every prompt)."""
+    return "–" if value is None else format(value, spec)
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -276,14 +284,18 @@ def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
         ]
         for row in group:
             s = row["summary"]
+            jct = None if s["mean_jct_ms"] is None else s["mean_jct_ms"] / 1e3
             lines.append(
-                f"| {row['line']} | {s['p50_ttft_ms']:.0f} | {s['p99_ttft_ms']:.0f} | "
-                f"{s['mean_jct_ms'] / 1e3:.1f} | {s['hit_rate']:.3f} | "
-                f"{s['non_global_hit_rate']:.3f} | {row['belady_hit_rate']:.3f} | "
+                f"| {row['line']} | {_shown(s['p50_ttft_ms'], '.0f')} | "
+                f"{_shown(s['p99_ttft_ms'], '.0f')} | {_shown(jct, '.1f')} | "
+                f"{_shown(s['hit_rate'], '.3f')} | {_shown(s['non_global_hit_rate'], '.3f')} | "
+                f"{_shown(row['belady_hit_rate'], '.3f')} | "
                 f"{s['completed_sessions']}/{s['sessions']} |"
             )
         lines += _reprefill_table(group)
-        by = {row["line"]: row["summary"] for row in group}
+        # the comparison needs every line's numbers (none when a line answered nothing)
+        answered = all(r["summary"]["p99_ttft_ms"] is not None for r in group)
+        by = {row["line"]: row["summary"] for row in group} if answered else {}
         ours = by.get("prism+sessions")
         natives = [by[n] for n in NATIVE if n in by]
         if ours and natives:

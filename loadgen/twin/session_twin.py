@@ -143,9 +143,9 @@ class SessionTwin(Twin):
         request = TraceRequest(rid, self.now, "", (), "", max_tokens, False, False)
         tracked = call.tracked = _Tracked(request)
         self.tracked[rid] = tracked
-        given = template_messages(messages, self.fmt)
-        tools = template_tools(self.tools[session.sid], "required" if step else "auto")
         if self.core is None:
+            given = template_messages(messages, self.fmt)
+            tools = template_tools(self.tools[session.sid], "required" if step else "auto")
             text = self.tokenizer.render_chat(given, add_generation_prompt=True, tools=tools)
             sim = SimRequest(rid, self.tokenizer.encode_chat(text), max_tokens, self.now)
             self._send(lambda: self._submit(tracked, sim))

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -85,6 +86,11 @@ async def _serve(
         obj = "chat.completion.chunk" if chat else "text_completion"
         base["object"] = obj
         if chat:
+            # As SGLang's chat stream: its first chunk (the role) comes with the engine's
+            # first output, after the prefill, not when the stream opens (a proxy counts
+            # the request as pending prefill until that first line).
+            async with contextlib.aclosing(handle.progress()) as progress:
+                await anext(progress, None)
             first = {"index": 0, "delta": {"role": "assistant", "content": ""},
                      "logprobs": None, "finish_reason": None}  # fmt: skip
             await send_sse(response, {**base, "choices": [first]})

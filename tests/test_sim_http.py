@@ -471,3 +471,39 @@ async def test_a_crashed_engine_loop_fails_requests_and_health(tokenizer: Tokeni
                 assert resp.status == 503
     finally:
         await runner.cleanup()
+
+
+async def test_a_streamed_chats_first_line_comes_after_its_prefill(tokenizer: Tokenizer) -> None:
+    """As SGLang's chat stream, the first chunk (the role) comes with the engine's first
+    output, not when the stream opens: a proxy counts the request as pending prefill
+    until its first line. Here the chat waits for the pool, which a running request's
+    reservation fills, and nothing of it arrives until that one is aborted."""
+    config = SimConfig(speed=1.0, kv_capacity_tokens=4096)
+    engine = SimEngine(config, tokenizer=tokenizer)
+    runner = await start_site(create_app(config, engine), "127.0.0.1", 0)
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}"
+    hog = {"input_ids": [31, 32, 33], "rid": "hog", "stream": True,
+           "sampling_params": {"max_new_tokens": 4000}}  # fmt: skip
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "stream": True}  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as http:
+            running = await http.post(url + "/generate", json=hog)
+            await running.content.readline()  # decoding: its reservation holds the pool
+            waiting = await http.post(url + "/v1/chat/completions", json=chat)
+            assert waiting.status == 200
+            await wait_for(lambda: len(engine.scheduler.waiting) == 1)
+            async with http.get(url + "/health"):  # the server has had its turns
+                pass
+            assert waiting.content.total_bytes == 0  # not a line before its prefill
+            async with http.post(url + "/abort_request", json={"rid": "hog"}) as aborted:
+                assert aborted.status == 200
+            events = [e async for e in sse_events(waiting)]
+            running.close()
+    finally:
+        await runner.cleanup()
+    first = events[0]
+    assert isinstance(first, dict)
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[-1] == "[DONE]" and len(events) > 2

@@ -30,7 +30,13 @@ from prism_sim.http_common import (
     start_request,
 )
 from prism_sim.request import SimRequest
-from prism_sim.tool_calls import ForcedCall, call_id, forced_call, tool_call_json
+from prism_sim.tool_calls import (
+    ForcedCall,
+    call_id,
+    forced_call,
+    message_text,
+    tool_call_json,
+)
 from prism_tokens.chat import content_format, template_messages, template_tools
 from prism_tokens.tokenizer import Tokenizer
 
@@ -218,7 +224,8 @@ async def _complete(
         call, script = None, None
         if isinstance(body, ChatCompletionIn):
             try:
-                call = forced_call(body.tools, body.tool_choice)
+                context = message_text(body.messages[-1].content)
+                call = forced_call(body.tools, body.tool_choice, context)
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
         stop = engine.tokenizer.eos_token_id

@@ -7,9 +7,12 @@ that array into `tool_calls` with `finish_reason` "tool_calls"
 (`OpenAIServingChat._process_tool_calls`; `JsonArrayParser` when streamed).
 
 The simulated engine generates filler text, which would never parse. For such a request
-it scripts what the constrained model generates instead: one call of the named tool (or
-the first one), whose arguments fill the required properties of the tool's parameters
-with placeholder values (`placeholder`), then the stop token. The request is otherwise
+it scripts what the constrained model generates instead: one call of the named tool,
+whose arguments fill the required properties of the tool's parameters with placeholder
+values (`placeholder`), then the stop token. Under "required" the model picks the tool,
+and a model reads its context for that: the simulated one calls the offered tool that
+the last message names last (`chosen_tool`: a tool's name written as a word, as in a
+tool's output "next: call get_order"), else the first one. The request is otherwise
 served like any other (the same prefill, one decode step per token), so timing and
 caching stay modeled. `tool_choice` "auto" or "none" keeps filler text: a model that
 chose not to call.
@@ -18,6 +21,7 @@ chose not to call.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -46,15 +50,41 @@ class ForcedCall:
     name_end: int  # characters of `text` through the name (streamed once generated)
 
 
+def message_text(content: Any) -> str:
+    """A message's text: its string content, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"] for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )  # fmt: skip
+    return ""
+
+
+def chosen_tool(names: list[str], context: str) -> int:
+    """The index in `names` of the tool `context` names last (a name written as a whole
+    word: not inside a longer identifier), 0 when it names none."""
+    best, best_end = 0, -1
+    for index, name in enumerate(names):
+        if not name:
+            continue
+        for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", context):
+            if match.end() > best_end:
+                best, best_end = index, match.end()
+    return best
+
+
 def forced_call(
-    tools: list[ToolIn] | None, tool_choice: str | ToolChoiceIn | None
+    tools: list[ToolIn] | None, tool_choice: str | ToolChoiceIn | None, context: str = ""
 ) -> ForcedCall | None:
     """The call that `tool_choice` forces, or None when it forces none ("auto", "none",
-    absent). ValueError, with SGLang's message, for a forced choice without the tool."""
+    absent); under "required", the tool `context` (the last message's text) names last.
+    ValueError, with SGLang's message, for a forced choice without the tool."""
     if tool_choice == "required":
         if not tools:
             raise ValueError("Tools cannot be empty if tool choice is set to required.")
-        function = tools[0].function
+        function = tools[chosen_tool([t.function.name for t in tools], context)].function
     elif isinstance(tool_choice, ToolChoiceIn):
         if not tools:
             raise ValueError("Tools cannot be empty if tool choice is set to a specific tool.")

@@ -169,6 +169,8 @@ async def test_sessions_replay_closed_loop_through_the_proxy(sim, tokenizer) -> 
         for before, after, step in zip(calls, calls[1:], steps, strict=False):
             assert after["sent"] >= before["end"] + step.duration_s - 0.1  # modeled s
             assert after["cached_tokens"] >= before["prompt_tokens"]
+        # the engine's model called each step's tool, which the chat named
+        assert [c["called"] for c in calls] == [s.tool for s in steps] + [None]
     assert summary_["hit_rate"] > 0.3
 
 

@@ -12,9 +12,21 @@ import openai
 import pytest
 from proxy_support import dart_stack, running_proxy, sim_server, wait_until
 
-from loadgen.twin.session_twin import SessionFeatures, SessionTwin, shared_tokens, simulate_sessions
+from loadgen.clients.session_replay import TOOL_CALL_CAP
+from loadgen.twin.session_twin import (
+    EngineCall,
+    SessionFeatures,
+    SessionTwin,
+    shared_tokens,
+    simulate_sessions,
+)
 from loadgen.twin.twin import TwinSetup
-from loadgen.workloads.session_trace import SessionParams, belady_bound, build_session_trace
+from loadgen.workloads.session_trace import (
+    SessionParams,
+    belady_bound,
+    build_session_trace,
+    tool_cue,
+)
 from prism_proxy.admission.sessions import QUEUED_SCORE, SessionTable
 from prism_proxy.admission.sessions import SessionParams as TableParams
 from prism_proxy.edge.gateway import GATEWAY
@@ -22,6 +34,8 @@ from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_proxy.qas.params import QasParams
 from prism_proxy.qas.policies import make_policy
 from prism_proxy.qas.types import QueuedRequest
+from prism_sim.api_models import ToolChoiceFunction, ToolChoiceIn, ToolIn
+from prism_sim.tool_calls import forced_call
 from prism_tokens.chat import template_messages, template_tools
 from prism_tokens.tokenizer import load_tokenizer
 from prism_wire import Retention
@@ -300,6 +314,48 @@ def test_retention_keeps_paused_histories_that_lru_evicts(tokenizer) -> None:
     assert abs(bound.hit_rate - with_retention["hit"]) < 0.1
 
 
+def test_the_twin_asks_for_a_tool_call_what_the_real_client_asks(tokenizer) -> None:
+    """A call that must call a tool asks `TOOL_CALL_CAP` tokens (the engine reserves
+    them), generates prism-sim's forced call of the step's tool (`EngineCall`: the tool
+    the chat's last message names), and its TTFT is when the call's name is out, as
+    `session_replay` measures it on the real stack."""
+    trace = build_session_trace(SMALL, tokenizer, seed=3)
+    setup = TwinSetup(policy=None, kv_capacity_tokens=60_000)
+    out = simulate_sessions(trace, setup, tokenizer)
+    engine = {r["rid"]: r for r in out["engine_records"]}
+    by_sid = {s.sid: s for s in trace.sessions}
+    tools = {d: [ToolIn.model_validate(t) for t in json.loads(m.tools)]
+             for d, m in trace.domains.items()}  # fmt: skip
+    called = set()
+    for record in out["sessions"]:
+        session = by_sid[record["sid"]]
+        for call in record["calls"]:
+            seen = engine[f"{call['sid']}-{call['call']:02d}"]
+            if call["call"] < len(session.steps):
+                tool = session.steps[call["call"]].tool
+                named = forced_call(tools[session.domain], named_choice(tool))
+                assert named is not None
+                expected = EngineCall.of(named, tokenizer)
+                assert call["called"] == tool
+                assert seen["max_new_tokens"] == TOOL_CALL_CAP
+                assert call["completion_tokens"] == seen["output_tokens"] == len(expected.script)
+                assert expected.name_tokens > 1
+                # the name comes some decode steps after the first token
+                assert call["sent"] + call["ttft_s"] > seen["first_token_s"] + setup.hop_s
+                called.add(tool)
+            else:
+                assert call["called"] is None
+                assert seen["max_new_tokens"] == SMALL.final_answer_tokens
+                assert call["sent"] + call["ttft_s"] == pytest.approx(
+                    seen["first_token_s"] + setup.hop_s
+                )
+    assert len(called) > 1  # the steps call different tools
+
+
+def named_choice(tool: str) -> ToolChoiceIn:
+    return ToolChoiceIn(function=ToolChoiceFunction(name=tool))
+
+
 # ---- the real path --------------------------------------------------------------------------
 def test_a_paused_session_is_retained_through_the_real_proxy_and_rpc(tmp_path) -> None:
     """`prism-proxy serve --set sessions=true` in front of `prism-sim --eviction dart` with
@@ -428,6 +484,37 @@ def test_retention_from_the_call_is_asked_while_the_answer_streams(tmp_path) -> 
 
 
 sim = pytest.fixture(scope="module")(sim_server)
+
+
+async def test_the_engine_serves_a_forced_call_as_the_twin_models_it(sim, tokenizer) -> None:
+    """prism-sim's chat endpoint, through the `openai` client as `session_replay` asks
+    (`tool_choice` "required", `TOOL_CALL_CAP` tokens, streamed), for a chat whose last
+    message names a tool (`tool_cue`): the answer is the twin's `EngineCall` of that
+    tool, its tokens and its call, and the first delta holds its name."""
+    trace = build_session_trace(SMALL, tokenizer, seed=3)
+    tools = json.loads(next(iter(trace.domains.values())).tools)
+    tool = tools[-1]["function"]["name"]
+    assert len(tools) > 1
+    named = forced_call([ToolIn.model_validate(t) for t in tools], named_choice(tool))
+    assert named is not None
+    expected = EngineCall.of(named, tokenizer)
+    client = openai.AsyncOpenAI(base_url=sim.url + "/v1", api_key="unused", max_retries=0)
+    stream = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Go. " * 50 + tool_cue(tool)}],
+        tools=tools, tool_choice="required", max_tokens=TOOL_CALL_CAP, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    deltas, usage = [], None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for part in chunk.choices:
+            if part.delta.content or part.delta.tool_calls:
+                deltas.append(part.delta)
+    await client.close()
+    assert usage is not None and usage.completion_tokens == len(expected.script)
+    assert deltas[0].tool_calls[0].function.name == expected.call.name == tool
+    arguments = "".join(d.tool_calls[0].function.arguments or "" for d in deltas)
+    assert arguments == expected.call.arguments
 
 
 async def test_sessions_off_keeps_no_session_state(sim) -> None:

@@ -15,7 +15,7 @@ import pytest
 from prism_sim.api_models import FunctionIn, ToolChoiceFunction, ToolChoiceIn, ToolIn
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
-from prism_sim.tool_calls import forced_call, placeholder
+from prism_sim.tool_calls import chosen_tool, forced_call, message_text, placeholder
 from prism_tokens.tokenizer import load_tokenizer
 
 LOOKUP = {
@@ -117,6 +117,34 @@ def test_which_call_a_request_forces() -> None:
     no_parameters = [ToolIn(function=FunctionIn(name="ping"))]
     ping = forced_call(no_parameters, "required")
     assert ping is not None and ping.text == '[{"name": "ping", "parameters": {}}]'
+
+
+@pytest.mark.parametrize(
+    ("context", "chosen"),
+    [
+        ("", 0),  # names no tool: the first
+        ("Next: call note.", 1),
+        ("note first, then lookup", 0),  # the name written last
+        ("lookup, then note", 1),
+        ("a notebook, footnote and note_2 are not note's name", 1),  # whole words only
+        ("notebook", 0),
+        ("get-note and note-x are other names", 0),
+        ("lookup\nnote", 1),
+    ],
+)
+def test_a_required_call_takes_the_tool_the_last_message_names(context: str, chosen: int) -> None:
+    names = ["lookup", "note"]
+    assert chosen_tool(names, context) == chosen
+    call = forced_call(tools_in(LOOKUP, NOTE), "required", context)
+    assert call is not None and call.name == names[chosen]
+    # a named tool_choice is the client's, whatever the message says
+    note = forced_call(tools_in(LOOKUP, NOTE), named("lookup"), context)
+    assert note is not None and note.name == "lookup"
+
+
+def test_a_message_text_is_its_string_or_its_text_parts() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]
+    assert [message_text(c) for c in ("x", parts, None, 3)] == ["x", "a\nb", "", ""]
 
 
 @pytest.mark.parametrize(
@@ -246,6 +274,24 @@ async def test_the_openai_client_assembles_the_streamed_call(sim: tuple[str, Sim
                         arguments += call.function.arguments or ""
     assert (name, json.loads(arguments)) == ("lookup", {"city": "", "year": 0})
     assert [r for r in reasons if r] == ["tool_calls"]
+
+
+async def test_a_required_call_over_http_calls_the_tool_the_chat_names_last(
+    sim: tuple[str, SimEngine],
+) -> None:
+    url, _ = sim
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+        names = []
+        for text in ("Where is it? Use note.", "Where is it?", [{"type": "text", "text": "note"}]):
+            done = await client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": text}],
+                tools=[LOOKUP, NOTE],
+                tool_choice="required",
+            )  # type: ignore[arg-type]
+            (call,) = done.choices[0].message.tool_calls or []
+            names.append(call.function.name)
+    assert names == ["note", "lookup", "note"]
 
 
 async def test_a_call_cut_short_by_max_tokens_is_text(sim: tuple[str, SimEngine]) -> None:

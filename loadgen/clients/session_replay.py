@@ -3,13 +3,14 @@ OpenAI endpoint.
 
 Every session runs as an agent program: it starts at its arrival, sends plain OpenAI chat
 with `tools` (unhinted), and for every call but the last requires a tool call
-(`tool_choice` "required": the engine picks the tool; naming one would make SGLang render
-only that tool into the prompt, a different prefix at every call). It appends that call
-as the model returned it and the tool's output as a `tool` message, waits the tool's
-duration, and sends the next call. The last call (`tool_choice` "auto", the tools still
-in its prompt) answers in text. Arrivals and tool durations are divided by `time_scale`
-(an engine whose clock runs that much faster); every recorded time is multiplied back,
-so records are in the trace's seconds.
+(`tool_choice` "required": the engine picks the tool, the one the chat's last message
+names, the step's (`session_trace.tool_cue`); naming one in `tool_choice` would make
+SGLang render only that tool into the prompt, a different prefix at every call). It
+appends that call as the model returned it and the tool's output as a `tool` message,
+waits the tool's duration, and sends the next call. The last call (`tool_choice` "auto",
+the tools still in its prompt) answers in text. Arrivals and tool durations are divided
+by `time_scale` (an engine whose clock runs that much faster); every recorded time is
+multiplied back, so records are in the trace's seconds.
 
 Per call: TTFT (first streamed delta), prompt and cached tokens (the stream's usage). Per
 session: the job completion time, from arrival to the end of its last answer.
@@ -58,6 +59,7 @@ class CallRecord:
     error: str | None = None
     shared_tokens: int | None = None  # the agent type's shared prefix (global region)
     completion_tokens: int | None = None  # the answer's tokens as served (usage)
+    called: str | None = None  # the tool the answer called (the step's, as its chat names it)
 
 
 @dataclass
@@ -139,6 +141,7 @@ async def _call(
         if not calls:
             record.error = "no tool call in the answer"
             return None
+        record.called = calls[min(calls)]["name"]
         tool_calls = [
             {"id": c["id"], "type": "function",
              "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -170,7 +173,8 @@ async def _run_session(
         record.calls.append(call)
         # a tool call gets the room its arguments need (the engine stops at the call's
         # end: a cap at `tool_call_tokens` would cut its JSON, which the next call could
-        # not send back); the twin models it as `tool_call_tokens`
+        # not send back); the twin asks the same, and the engine's call
+        # (`session_twin.EngineCall`) stops it as prism-sim does
         tokens = TOOL_CALL_CAP if step else params.final_answer_tokens
         answer = await _call(client, config, messages, tools, step.tool if step else None,
                              tokens, started, call)  # fmt: skip

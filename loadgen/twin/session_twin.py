@@ -4,9 +4,16 @@ and the simulated engine, in modeled time (`prism-loadgen sessions --twin`).
 Each session is played as `session_replay` plays it against a live endpoint: a call is
 sent when the previous answer has reached the client (one hop after the engine finished
 it) and its tool has run. The chat is what an agent sends: `tools`, the assistant's tool
-call, a `tool` message with the tool's output. In the twin the model's tool call is
-written by the trace (`tool_call_message`): its tool and a request of the step's size,
-since the simulated engine's tokens are not text.
+call, a `tool` message with the tool's output.
+
+A call that must call a tool is what `session_replay` makes of it and what prism-sim
+serves (`EngineCall`): it asks for `TOOL_CALL_CAP` tokens, which the engine reserves at
+admission as for any request; the engine generates the forced call's JSON array
+(`prism_sim.tool_calls.forced_call`: the tool the call's last message names, the
+step's (`session_trace.tool_cue`), its required parameters as placeholders) and its
+stop token; the client's TTFT is when the stream shows the call's name
+(`JsonArrayParser`: once the name has been generated), and it appends the call as the
+engine returned it (`tool_call_message`).
 
 On a proxy line the request is what the proxy's plan makes of it (`prompts.plan`): the
 chat rendered with its tools and cut at its message ends (`find_turns`, with the last
@@ -14,9 +21,9 @@ message a segment when the session features are on), queued in QAS with its prog
 continues a paused session (`admission.sessions`). When the proxy learns that an answer
 ended in a tool call (a hop after the engine finished it), it asks DART to retain the
 session's path (applied inline, as the twin applies P̂_t); with `retain_from` "call", from
-when the stream shows the tool call (a hop after the answer's `TOOL_CALL_SEEN_TOKENS`th
-token). When a continuation arrives, it releases it. Without a policy it is native
-SGLang: the chat rendered and sent at once.
+when the stream shows the tool call (a hop after the answer's `EngineCall.name_tokens`th
+token, its name's last). When a continuation arrives, it releases it. Without a policy it
+is native SGLang: the chat rendered and sent at once.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 from backend_plugin.dart.core import RetainedLoss
 from loadgen.clients.session_replay import (
+    TOOL_CALL_CAP,
     CallRecord,
     SessionRecord,
     live_history_tokens,
@@ -41,15 +49,37 @@ from prism_proxy.admission.reprefill import Continuation, Pause, reprefill_token
 from prism_proxy.admission.sessions import SessionParams, SessionTable
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.prompts.plan import Forward, plan_chat
+from prism_sim.api_models import ToolIn
 from prism_sim.request import SimRequest
+from prism_sim.tool_calls import ForcedCall, forced_call, message_text
 from prism_tokens.chat import content_format, template_messages, template_tools
 from prism_tokens.tokenizer import Tokenizer
 from prism_wire import Retention
 
-# The answer's token at which the proxy's stream shows a tool call (its name): SGLang's
-# parsers emit a call's name once they have read it, a few tokens in (`<tool_call>`,
-# `{"name": "...`). An answer no longer than this shows it only with its end.
-TOOL_CALL_SEEN_TOKENS = 8
+
+@dataclass(frozen=True)
+class EngineCall:
+    """The tool call prism-sim generates for a chat whose `tool_choice` is "required"
+    (`prism_sim.tool_calls.forced_call`, as its chat endpoint scripts it): the call, the
+    tokens it generates (the JSON array, then the stop token), and the token at which
+    the stream shows the call (its name generated: SGLang's `JsonArrayParser` emits the
+    id and name then, the first delta the client and the proxy see)."""
+
+    call: ForcedCall
+    script: list[int]
+    name_tokens: int
+
+    @classmethod
+    def of(cls, call: ForcedCall, tokenizer: Tokenizer) -> EngineCall:
+        ids = tokenizer.encode(call.text)
+        stop = tokenizer.eos_token_id
+        script = ids + ([] if stop is None else [stop])
+        named = next(
+            (n for n in range(1, len(ids) + 1)
+             if len(tokenizer.decode(ids[:n], skip_special_tokens=True)) >= call.name_end),
+            len(script),
+        )  # fmt: skip
+        return cls(call, script, named)
 
 
 @dataclass(frozen=True)
@@ -63,14 +93,12 @@ class SessionFeatures:
     params: SessionParams = field(default_factory=SessionParams)
 
 
-def tool_call_message(session: Session, number: int, tokens: int) -> dict[str, Any]:
-    """The assistant's tool call of call `number` in the twin: the step's tool, with an
-    argument of about `tokens` words taken from the tool's output (deterministic)."""
-    step = session.steps[number]
-    words = step.output.split()[: max(1, tokens - 12)]
-    arguments = json.dumps({"request": " ".join(words)})
+def tool_call_message(session: Session, number: int, engine_call: EngineCall) -> dict[str, Any]:
+    """The assistant's tool call of call `number` as the client appends it: the call
+    the engine returned (its name and arguments; the id is the twin's)."""
     call = {"id": f"call_{session.sid}_{number}", "type": "function",
-            "function": {"name": step.tool, "arguments": arguments}}  # fmt: skip
+            "function": {"name": engine_call.call.name,
+                         "arguments": engine_call.call.arguments}}  # fmt: skip
     return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
@@ -95,6 +123,8 @@ class _Call:
     record: CallRecord
     tracked: _Tracked | None = None
     pause: Pause | None = None  # the paused session it continues, as the table knew it
+    named_s: float | None = None  # when the engine generated the tool call's name
+    engine_call: EngineCall | None = None  # the tool call it makes (None: the last call)
 
 
 class SessionTwin(Twin):
@@ -123,6 +153,11 @@ class SessionTwin(Twin):
         self.continuations: list[Continuation] = []  # every served call after a first
         self.engine_records: list[dict[str, Any]] = []  # each served call, as the engine saw it
         self.tools = {s.sid: messages_of(trace, s)[1] for s in trace.sessions}
+        self.tools_in = {
+            name: [ToolIn.model_validate(t) for t in json.loads(domain.tools)]
+            for name, domain in trace.domains.items()
+        }
+        self.engine_calls: dict[tuple[str, str], EngineCall] = {}  # by (agent type, tool)
         for session in trace.sessions:
             self.records[session.sid] = SessionRecord(session.sid, session.arrival)
             messages, _ = messages_of(trace, session)
@@ -138,16 +173,21 @@ class SessionTwin(Twin):
         record.shared_tokens = self.shared[session.domain]
         self.records[session.sid].calls.append(record)
         call = _Call(session, number, messages, record)
+        call.engine_call = self._engine_call(session.domain, messages) if step else None
         self.calls[rid] = call
-        max_tokens = params.tool_call_tokens if step else params.final_answer_tokens
+        # as `session_replay` asks: room for the call's JSON (the engine stops at its
+        # end), or the final answer's tokens (filler: prism-sim's chat answer)
+        max_tokens = TOOL_CALL_CAP if step else params.final_answer_tokens
+        script = call.engine_call.script if call.engine_call else None
         request = TraceRequest(rid, self.now, "", (), "", max_tokens, False, False)
-        tracked = call.tracked = _Tracked(request)
+        tracked = call.tracked = _Tracked(request, output_script=script)
         self.tracked[rid] = tracked
         if self.core is None:
             given = template_messages(messages, self.fmt)
             tools = template_tools(self.tools[session.sid], "required" if step else "auto")
             text = self.tokenizer.render_chat(given, add_generation_prompt=True, tools=tools)
-            sim = SimRequest(rid, self.tokenizer.encode_chat(text), max_tokens, self.now)
+            ids = self.tokenizer.encode_chat(text)
+            sim = SimRequest(rid, ids, max_tokens, self.now, output_script=script)
             self._send(lambda: self._submit(tracked, sim))
             return
         # the chat as the proxy's edge plans it (`prompts.plan`): the engine's chat
@@ -172,6 +212,16 @@ class SessionTwin(Twin):
             program_start = found.program_start if found.continues else None
         self.core.arrive(job.queued(rid, self.now, program_start=program_start), self.now)
 
+    def _engine_call(self, domain: str, messages: list[dict[str, Any]]) -> EngineCall:
+        """The call prism-sim's model makes for these messages under "required"."""
+        context = message_text(messages[-1].get("content"))
+        call = forced_call(self.tools_in[domain], "required", context)
+        assert call is not None
+        key = (domain, call.name)
+        if key not in self.engine_calls:
+            self.engine_calls[key] = EngineCall.of(call, self.tokenizer)
+        return self.engine_calls[key]
+
     def _retain(self, retention: Retention) -> None:
         if self.retainer is not None and retention:
             self.retainer.inbox.submit_retain(retention)
@@ -183,14 +233,17 @@ class SessionTwin(Twin):
         if table is not None and (len(sim.output_ids) == 1 or sim.finished):
             self._send(lambda: self._retain(table.started(sim.rid, self.now)))
         call = self.calls.get(sim.rid)
+        engine_call = call.engine_call if call is not None else None
         if (
-            table is not None
+            engine_call is not None
             and call is not None
-            and call.number < len(call.session.steps)
-            and len(sim.output_ids) == TOOL_CALL_SEEN_TOKENS
+            and call.named_s is None
+            and (len(sim.output_ids) >= engine_call.name_tokens or sim.finished)
         ):
-            tools = (call.session.steps[call.number].tool,)
-            self._send(lambda: self._retain(table.calling(sim.rid, self.now, tools)))
+            call.named_s = self.now  # the stream shows the call (with the end at the latest)
+            if table is not None:
+                tools = (engine_call.call.name,)
+                self._send(lambda: self._retain(table.calling(sim.rid, self.now, tools)))
         if sim.finished:
             self._send(lambda: self._answered(sim))
 
@@ -213,21 +266,25 @@ class SessionTwin(Twin):
             if self.table is not None:
                 self._retain(self.table.forget(sim.rid, self.now))
             return
-        record.ttft_s = sim.first_token_s + self.setup.hop_s - record.sent
+        # the client's first delta: the call's name, or the answer's first token
+        shown = call.named_s if step and call.named_s is not None else sim.first_token_s
+        record.ttft_s = shown + self.setup.hop_s - record.sent
         record.prompt_tokens = len(sim.input_ids)
         record.cached_tokens = sim.cached_tokens
         record.completion_tokens = len(sim.output_ids)
+        record.called = call.engine_call.call.name if call.engine_call else None
         self.engine_records.append(sim.timeline())
         if number > 0:
             self._account(call, sim)
         if self.table is not None:
-            tools = (session.steps[number].tool,) if step else ()
+            tools = (call.engine_call.call.name,) if call.engine_call else ()
             self._retain(self.table.finish(sim.rid, step, self.now, tools))
             self.table.expire(self.now)
         if not step:
             self.records[session.sid].end = self.now
             return
-        answer = tool_call_message(session, number, self.sessions_trace.params.tool_call_tokens)
+        assert call.engine_call is not None
+        answer = tool_call_message(session, number, call.engine_call)
         output = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"],
                   "content": session.steps[number].output}  # fmt: skip
         later = self.now + session.steps[number].duration_s

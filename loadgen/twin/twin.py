@@ -128,6 +128,8 @@ class _Tracked:
     sim: SimRequest | None = None
     lane: str | None = None
     error: str | None = None
+    # the tokens the engine generates (`SimRequest.output_script`; None: filler)
+    output_script: list[int] | None = None
 
 
 class Twin:
@@ -238,6 +240,7 @@ class Twin:
                 tracked.request.max_tokens,
                 self.now,
                 kv_hints=payload.get("kv_hints"),
+                output_script=tracked.output_script,
             )
             self._send(lambda tracked=tracked, sim=sim: self._submit(tracked, sim))
 

@@ -4,7 +4,8 @@ A session is one run of an agent program. It arrives (a Poisson process of
 `session_rate` sessions per second), is of one agent type (a domain: its system prompt,
 policy and tool schemas are the type's shared prefix), works on one task (drawn Zipf
 from the domain's tasks, so task records recur across sessions) and makes `calls` model
-calls. Every call but the last ends in a tool call of `tool_call_tokens` tokens; the tool
+calls. Every call but the last ends in a tool call (`unlimited_kv_bound` counts it as
+`tool_call_tokens` tokens; the replay and the twin as the engine writes it); the tool
 then runs for a heavy-tailed time and returns an output that joins the history:
 
     system | policy | tools || records | user || (tool call | tool output) x k || ...
@@ -12,8 +13,12 @@ then runs for a heavy-tailed time and returns an output that joins the history:
 
 Closed loop: call k+1 is sent when call k's answer is complete and its tool has run. So
 the trace holds only what does not depend on the engine: arrivals, agent types, tasks,
-tool durations and tool outputs; the replay puts the model's own tool calls into the
-history, as an agent does.
+tools, tool durations and tool outputs; the replay puts the model's own tool calls into
+the history, as an agent does. Which tool a call calls is the step's: each call's last
+message ends by naming it (`tool_cue`: the task's message names the task's first tool,
+drawn once per task; each tool's output names the next step's), and the engine's model
+calls the tool its context names (prism-sim's `chosen_tool`; the twin generates the same
+call), so the tool whose duration the trace draws is the tool the call names.
 
 Distributions (`SessionParams`), with `tool_model` = `independent` (the default):
 * tool duration: lognormal with median `tool_median_s` (1 s) and σ `tool_sigma` (1.2): p90
@@ -30,7 +35,8 @@ a second, running code in about ten seconds and a hand-off to a human in about a
 median with its kind's σ, and its output size around its kind's median with
 `output_sigma`. `tool_scale` still multiplies every duration. Arrivals, agent types,
 tasks and call counts are drawn from their own streams, so they are the same in both
-models; the `independent` model draws exactly as it always did.
+models; the `independent` model draws its durations and sizes as it always did (a
+session's first tool is its task's).
 * calls per session: uniform in [`min_calls`, `max_calls`] = [6, 16];
 * tasks: Zipf with exponent `task_alpha` (1.1) over each domain's tasks.
 
@@ -42,9 +48,10 @@ from the pieces' token counts.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -152,6 +159,13 @@ def tool_names(domain: DomainMaterial) -> list[str]:
     return [n for n in names if isinstance(n, str)] or [f"{domain.name}_tool"]
 
 
+def tool_cue(tool: str) -> str:
+    """The words that end a call's last message and name the tool the model calls next:
+    prism-sim's forced call takes the tool the last message names last
+    (`prism_sim.tool_calls.chosen_tool`), as a model reads its context."""
+    return f"\n\nNext: call {tool}."
+
+
 def build_session_trace(
     params: SessionParams, tokenizer: TokenCounter, seed: int = 0
 ) -> SessionTrace:
@@ -167,16 +181,21 @@ def build_session_trace(
     mu_out = math.log(params.output_median_tokens)
     task_weights = {n: _zipf_weights(len(d.tasks), params.task_alpha) for n, d in domains.items()}
     medians: dict[str, float] = {}  # by_tool: each tool's own median duration
+    firsts = stream(seed, "first-tools")
+    first_tools: dict[tuple[str, str], str] = {}  # a task's first tool, the same each time
     sessions = []
     for number, arrival in enumerate(arrivals):
         domain = domains[names[int(pick.integers(len(names)))]]
         task = domain.tasks[int(pick.choice(len(domain.tasks), p=task_weights[domain.name]))]
         calls = int(pick.integers(params.min_calls, params.max_calls + 1))
         tools = tool_names(domain)
+        if (domain.name, task.task_id) not in first_tools:
+            first_tools[domain.name, task.task_id] = tools[int(firsts.integers(len(tools)))]
         steps = []
-        for _ in range(calls - 1):
+        for k in range(calls - 1):
             if params.tool_model == "by_tool":
                 tool = tools[int(content.integers(len(tools)))]
+                tool = tool if k else first_tools[domain.name, task.task_id]
                 kind = TOOL_KINDS[tool_kind(tool)]
                 median_s = medians.setdefault(tool, tool_median_s(seed, tool))
                 raw_s = float(durations.lognormal(math.log(median_s), kind.sigma))
@@ -187,11 +206,17 @@ def build_session_trace(
                 )
                 raw_tokens = sizes.lognormal(mu_out, params.output_sigma)
                 tool = tools[int(content.integers(len(tools)))]
+                tool = tool if k else first_tools[domain.name, task.task_id]
             duration = params.tool_scale * raw_s
             tokens = int(np.clip(round(raw_tokens),
                                  params.output_min_tokens, params.output_max_tokens))  # fmt: skip
             steps.append(ToolStep(tool, duration, random_text(tokenizer, content, tokens)))
+        # each call's last message names the step's tool: the task's message the first,
+        # the previous tool's output the rest (the model reads which tool comes next)
+        steps = [replace(step, output=step.output + tool_cue(after.tool))
+                 for step, after in itertools.pairwise(steps)] + steps[-1:]  # fmt: skip
         user = task.steps[0].user if task.steps else f"Help me with task {task.task_id}."
+        user += tool_cue(first_tools[domain.name, task.task_id])
         sessions.append(
             Session(
                 sid=f"s{number:05d}",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import openai
 
-from loadgen.workloads.session_trace import Session, SessionTrace
+from loadgen.workloads.session_trace import Session, SessionTrace, tool_cue
 
 TOOL_CALL_CAP = 1024
 
@@ -82,6 +82,8 @@ def messages_of(trace: SessionTrace, session: Session) -> tuple[list[dict[str, A
         {"role": "system", "content": domain.policy},
         {"role": "user", "content": f"{session.records}\n\n{session.user}"},
     ]
+    if session.steps:  # the first call's tool, named after the task (`tool_cue`)
+        messages.append({"role": "user", "content": tool_cue(session.steps[0].tool)})
     return messages, tools
 
 

@@ -15,10 +15,11 @@ Closed loop: call k+1 is sent when call k's answer is complete and its tool has 
 the trace holds only what does not depend on the engine: arrivals, agent types, tasks,
 tools, tool durations and tool outputs; the replay puts the model's own tool calls into
 the history, as an agent does. Which tool a call calls is the step's: each call's last
-message ends by naming it (`tool_cue`: the task's message names the task's first tool,
-drawn once per task; each tool's output names the next step's), and the engine's model
-calls the tool its context names (prism-sim's `chosen_tool`; the twin generates the same
-call), so the tool whose duration the trace draws is the tool the call names.
+message names it (`tool_cue`: a short user message after the task's for the first call,
+so that the task's message stays the same in every session of the task; the end of the
+previous tool's output for the rest), and the engine's model calls the tool its context
+names (prism-sim's `chosen_tool`; the twin generates the same call), so the tool whose
+duration the trace draws is the tool the call names.
 
 Distributions (`SessionParams`), with `tool_model` = `independent` (the default):
 * tool duration: lognormal with median `tool_median_s` (1 s) and σ `tool_sigma` (1.2): p90
@@ -35,8 +36,7 @@ a second, running code in about ten seconds and a hand-off to a human in about a
 median with its kind's σ, and its output size around its kind's median with
 `output_sigma`. `tool_scale` still multiplies every duration. Arrivals, agent types,
 tasks and call counts are drawn from their own streams, so they are the same in both
-models; the `independent` model draws its durations and sizes as it always did (a
-session's first tool is its task's).
+models; the `independent` model draws exactly as it always did.
 * calls per session: uniform in [`min_calls`, `max_calls`] = [6, 16];
 * tasks: Zipf with exponent `task_alpha` (1.1) over each domain's tasks.
 
@@ -160,10 +160,10 @@ def tool_names(domain: DomainMaterial) -> list[str]:
 
 
 def tool_cue(tool: str) -> str:
-    """The words that end a call's last message and name the tool the model calls next:
+    """The words in a call's last message that name the tool the model calls next:
     prism-sim's forced call takes the tool the last message names last
     (`prism_sim.tool_calls.chosen_tool`), as a model reads its context."""
-    return f"\n\nNext: call {tool}."
+    return f"Next: call {tool}."
 
 
 def build_session_trace(
@@ -181,21 +181,16 @@ def build_session_trace(
     mu_out = math.log(params.output_median_tokens)
     task_weights = {n: _zipf_weights(len(d.tasks), params.task_alpha) for n, d in domains.items()}
     medians: dict[str, float] = {}  # by_tool: each tool's own median duration
-    firsts = stream(seed, "first-tools")
-    first_tools: dict[tuple[str, str], str] = {}  # a task's first tool, the same each time
     sessions = []
     for number, arrival in enumerate(arrivals):
         domain = domains[names[int(pick.integers(len(names)))]]
         task = domain.tasks[int(pick.choice(len(domain.tasks), p=task_weights[domain.name]))]
         calls = int(pick.integers(params.min_calls, params.max_calls + 1))
         tools = tool_names(domain)
-        if (domain.name, task.task_id) not in first_tools:
-            first_tools[domain.name, task.task_id] = tools[int(firsts.integers(len(tools)))]
         steps = []
-        for k in range(calls - 1):
+        for _ in range(calls - 1):
             if params.tool_model == "by_tool":
                 tool = tools[int(content.integers(len(tools)))]
-                tool = tool if k else first_tools[domain.name, task.task_id]
                 kind = TOOL_KINDS[tool_kind(tool)]
                 median_s = medians.setdefault(tool, tool_median_s(seed, tool))
                 raw_s = float(durations.lognormal(math.log(median_s), kind.sigma))
@@ -206,17 +201,14 @@ def build_session_trace(
                 )
                 raw_tokens = sizes.lognormal(mu_out, params.output_sigma)
                 tool = tools[int(content.integers(len(tools)))]
-                tool = tool if k else first_tools[domain.name, task.task_id]
             duration = params.tool_scale * raw_s
             tokens = int(np.clip(round(raw_tokens),
                                  params.output_min_tokens, params.output_max_tokens))  # fmt: skip
             steps.append(ToolStep(tool, duration, random_text(tokenizer, content, tokens)))
-        # each call's last message names the step's tool: the task's message the first,
-        # the previous tool's output the rest (the model reads which tool comes next)
-        steps = [replace(step, output=step.output + tool_cue(after.tool))
+        # each tool's output ends by naming the next step's tool (`tool_cue`)
+        steps = [replace(step, output=f"{step.output}\n\n{tool_cue(after.tool)}")
                  for step, after in itertools.pairwise(steps)] + steps[-1:]  # fmt: skip
         user = task.steps[0].user if task.steps else f"Help me with task {task.task_id}."
-        user += tool_cue(first_tools[domain.name, task.task_id])
         sessions.append(
             Session(
                 sid=f"s{number:05d}",
@@ -273,6 +265,9 @@ def unlimited_kv_bound(trace: SessionTrace, tokenizer: TokenCounter) -> Bound:
         cached_ng += task_part if (session.domain, session.task_id) in seen_tasks else 0
         seen_types.add(session.domain)
         seen_tasks.add((session.domain, session.task_id))
+        if session.steps:  # the first call's own message naming its tool, never cached
+            cue = count(tool_cue(session.steps[0].tool))
+            prompt, total, total_ng = prompt + cue, total + cue, total_ng + cue
         for step in session.steps:
             reused = prompt  # the tool call is re-rendered by the template (see above)
             prompt = reused + call_tokens + count(step.output)

@@ -267,7 +267,12 @@ def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
         points.setdefault((row["rate"], row["tool_scale"], row["kv_fraction"]), []).append(row)
     for (rate, scale, fraction), group in points.items():
         first = group[0]
-        if "live_unique_tokens" in first:
+        if "live_unique_tokens" in first and base.pool_basis == "histories":
+            live = first["live_unique_tokens"]["mean"]
+            histories = first["live_history_tokens"]["mean"]
+            basis = f"live histories ({first['pool_tokens']:,} of {histories:,.0f} tokens; "
+            basis += f"live unique KV: {live:,.0f})"
+        elif "live_unique_tokens" in first:
             live = first["live_unique_tokens"]["mean"]
             histories = first["live_history_tokens"]["mean"]
             basis = f"live unique KV ({first['pool_tokens']:,} of {live:,.0f} tokens; "

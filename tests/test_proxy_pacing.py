@@ -17,6 +17,7 @@ from proxy_support import eventually, loopback_app, running_proxy
 
 from prism_proxy.app import RunningProxy
 from prism_proxy.edge.gateway import GATEWAY
+from prism_proxy.edge.openai_format import TokenUsage
 from prism_sim.engine import SimConfig, SimEngine
 from prism_sim.server import create_app, start_site
 from prism_tokens.tokenizer import load_tokenizer
@@ -287,3 +288,52 @@ async def test_a_request_the_engine_cannot_stream_takes_no_place_in_pacing() -> 
         assert response.status == 200
         assert (await response.json())["choices"][0]["message"]["content"] == "ab"
         response.release()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_an_engine_served_answer_feeds_the_b_rule_with_its_usage(stream: bool) -> None:
+    """A chat the engine's own endpoint serves (here one with tools) says nothing of its
+    cache at its first chunk; its usage at the end holds the prompt and cached tokens,
+    and those uncached tokens feed `B` as a token-path first token's do. A streamed
+    answer without usage (the client did not ask for it) feeds nothing."""
+    long_chat = {**CHAT_WITH_TOOLS, "messages": [{"role": "user", "content": PROMPT * 60}]}
+    async with (
+        _sim(False) as sim_url,
+        running_proxy(sim_url, window_ms=0, tokenizer="builtin") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        pacing = proxy.app[GATEWAY].admission.core.pacing
+        before = pacing.uncached_tokens
+        body = {**long_chat, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200
+            text = await response.text()
+        usage = json.loads(
+            text if not stream else
+            next(line[6:] for line in text.splitlines() if '"usage": {' in line
+                 and '"prompt_tokens"' in line)
+        )["usage"]  # fmt: skip
+        uncached = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+        assert uncached > before  # a long prompt, none of it cached
+        assert pacing.uncached_tokens == pytest.approx(before + (uncached - before) / 16)
+        if stream:  # the same chat again, streamed without usage: nothing to learn
+            seen = pacing.uncached_tokens
+            plain = {**long_chat, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+            async with http.post(proxy.url + "/v1/chat/completions", json=plain) as response:
+                assert response.status == 200
+                assert '"usage"' not in await response.text()
+            assert pacing.uncached_tokens == seen
+
+
+def test_usage_without_cached_tokens_says_nothing_of_the_cache() -> None:
+    """SGLang's OpenAI usage holds `prompt_tokens_details` only with
+    `--enable-cache-report`; without it the cached count is unknown, not 0."""
+    known = TokenUsage.from_openai(
+        {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}
+    )
+    unknown = TokenUsage.from_openai({"prompt_tokens": 9, "completion_tokens": 1})
+    assert known is not None and known.cached_known and known.cached_tokens == 0
+    assert unknown is not None and not unknown.cached_known
+    assert unknown.told(3).cached_known is False

@@ -199,6 +199,9 @@ def test_the_sessions_sweep_sets_the_pool_on_unique_kv_and_reports_the_causes(
     older = sweep(replace(base, pool_basis="histories"), [Point(2.0, 1.0, 0.5)],
                   ("sglang-lru",), tmp_path / "h", seed=4, jobs=1, log=lambda _: None)  # fmt: skip
     assert older[0]["pool_tokens"] == int(0.5 * older[0]["live_history_tokens"]["mean"])
+    histories = f"{older[0]['live_history_tokens']['mean']:,.0f}"
+    said = (tmp_path / "h" / "report.md").read_text()
+    assert f"× live histories ({older[0]['pool_tokens']:,} of {histories} tokens" in said
     assert "| prism+sessions | " + f"{rows[1]['summary']['reprefill_tokens']['total']:,}" in report
 
 

@@ -352,6 +352,36 @@ def test_the_twin_asks_for_a_tool_call_what_the_real_client_asks(tokenizer) -> N
     assert len(called) > 1  # the steps call different tools
 
 
+def test_the_twins_pacing_learns_an_engine_served_calls_cache_at_its_end(tokenizer) -> None:
+    """The proxy learns an engine-served chat's uncached tokens from its usage at the
+    answer's end (`Admitted.finish`), not at its first token; the twin's core does the
+    same: its B rule's average is the calls' uncached tokens taken in the order they
+    finished, and nothing at their first tokens."""
+    trace = build_session_trace(replace(SMALL, num_sessions=6), tokenizer, seed=3)
+    setup = TwinSetup(policy="prism", eviction="dart", kv_capacity_tokens=60_000)
+    twin = SessionTwin(trace, setup, tokenizer, SessionFeatures(detect=True, retain=True))
+    assert twin.core is not None
+    told: list[tuple[str, int | None]] = []
+    first_token, observe = twin.core.first_token, twin.core.observe_uncached
+    twin.core.first_token = lambda rid, uncached=None, now=None: (  # type: ignore[method-assign]
+        told.append((rid, uncached)),
+        first_token(rid, uncached, now),
+    )[1]
+    twin.core.observe_uncached = lambda tokens: (  # type: ignore[method-assign]
+        told.append(("end", tokens)),
+        observe(tokens),
+    )[1]
+    twin.run()
+    records = sorted(twin.engine_records, key=lambda r: r["finish_s"])
+    assert all(uncached is None for rid, uncached in told if rid != "end")
+    ends = [tokens for rid, tokens in told if rid == "end"]
+    assert sorted(ends) == sorted(r["prompt_tokens"] - r["cached_tokens"] for r in records)
+    average = 1024.0
+    for tokens in ends:
+        average += (max(1, tokens) - average) / 16
+    assert twin.core.pacing.uncached_tokens == pytest.approx(average)
+
+
 def named_choice(tool: str) -> ToolChoiceIn:
     return ToolChoiceIn(function=ToolChoiceFunction(name=tool))
 

@@ -5,7 +5,7 @@
 #
 #   bash docs/results/reproduce.sh [real|twin|qas|unmodified|quality|quality-unmodified|
 #                                   real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|
-#                                   agent-call|all]
+#                                   agent-call|agent-step-call|all]
 #   (default: all)
 #
 # Sections 1-9 (issue 10) were measured before issue 13 changed prism's default QAS:
@@ -279,6 +279,38 @@ agent_call() {
   done
 }
 
+agent_step_call() {
+  # Issue 37: agent_sessions once both stacks make the step's tool call (each chat names
+  # the step's tool, prism-sim's model calls it, the twin generates the same call): the
+  # twin at the main point and at 1 and 2 sessions/s (seeds 0-4, ~60 min), the real
+  # stack (prism-sim at 4x, the proxy, the openai client) at the main point, seeds 1 and
+  # 0 (~30 min; a quiet machine)
+  local out=docs/results/agent-step-call
+  local lines=sglang-lru,sglang-lpm,continuum-style,prism+sessions,prism+sessions+returns
+  lines=$lines,prism+sessions+returns+backlog
+  local trace="--sessions 100 --tool-scale 1 --kv-fraction 0.5"
+  trace="$trace --trace-param tool_model=by_tool --trace-param pool_basis=histories"
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/main-point/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines $lines
+  done
+  local real=sglang-lru,prism+sessions,prism+sessions+returns,prism+sessions+returns+backlog
+  for seed in 1 0; do
+    prism-loadgen sessions --real 4 --out $out/real/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines $real,continuum-style --save-calls
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/rates/seed$seed --seed $seed --rate 1,2 $trace \
+      --lines $lines
+  done
+  for line in prism+sessions prism+sessions+returns prism+sessions+returns+backlog; do
+    for where in main-point rates; do
+      python -m bench.sessions_over_seeds $out/twin/$where/seed{0,1,2,3,4} --line $line \
+        > $out/twin/$where/over-seeds-$line.md
+    done
+  done
+}
+
 contextpilot_rag() {
   # Issue 35: ContextPilot's documented RAG usage (the client asks its live index for
   # each request's document order, then sends to the engine) beside the proxy's lines,
@@ -302,13 +334,14 @@ case $what in
   agent-returns) agent_returns ;;
   agent-backlog) agent_backlog ;;
   agent-call) agent_call ;;
+  agent-step-call) agent_step_call ;;
   twin) twin ;;
   qas) qas ;;
   unmodified) unmodified ;;
   quality) quality ;;
   quality-unmodified) quality_unmodified ;;
   all) real; twin; qas; unmodified; quality; quality_unmodified; real_engine
-    contextpilot_rag; scale_out; agent_sessions; agent_returns; agent_backlog; agent_call ;;
-  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|agent-call|all]" >&2
+    contextpilot_rag; scale_out; agent_sessions; agent_returns; agent_backlog; agent_call; agent_step_call ;;
+  *) echo "usage: $0 [real|twin|qas|unmodified|quality|quality-unmodified|real-engine|contextpilot-rag|scale-out|agent-sessions|agent-returns|agent-backlog|agent-call|agent-step-call|all]" >&2
     exit 2 ;;
 esac

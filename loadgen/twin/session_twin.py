@@ -200,6 +200,7 @@ class SessionTwin(Twin):
         if not isinstance(plan, Forward) or plan.job is None:
             raise ValueError(f"{rid}: the proxy would not schedule this call by its turns")
         tracked.job = job = plan.job
+        tracked.engine_served = True
         program_start = None
         if self.table is not None:
             prompt = len(job.build(()).prompt_fields["input_ids"]) - job.head_tokens

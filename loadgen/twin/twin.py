@@ -130,6 +130,9 @@ class _Tracked:
     error: str | None = None
     # the tokens the engine generates (`SimRequest.output_script`; None: filler)
     output_script: list[int] | None = None
+    # served by the engine's own endpoint (`prompts.plan.Forward`): the proxy learns its
+    # uncached tokens from the answer's usage at its end, not from its first token
+    engine_served: bool = False
 
 
 class Twin:
@@ -215,6 +218,7 @@ class Twin:
                     f"({plan.origin}); the twin models scheduled requests only"
                 )
             tracked.job = job
+            tracked.engine_served = isinstance(plan, Forward)
         self.core.arrive(tracked.job.queued(request.rid, request.arrival), self.now)
 
     def _release(self, wave: Wave) -> None:
@@ -260,10 +264,15 @@ class Twin:
         core = self.core
         if core is None:
             return
+        tracked = self.tracked.get(sim.rid)
+        later = tracked is not None and tracked.engine_served  # told with the usage
+        uncached = len(sim.input_ids) - sim.cached_tokens
         if len(sim.output_ids) == 1 or (sim.finished and not sim.output_ids):
-            uncached = len(sim.input_ids) - sim.cached_tokens
-            self._send(lambda: core.first_token(sim.rid, uncached, self.now))
+            told = None if later else uncached
+            self._send(lambda: core.first_token(sim.rid, told, self.now))
         if sim.finished:
+            if later:
+                self._send(lambda: core.observe_uncached(uncached))
             self._send(lambda: core.finish(sim.rid))
 
     def _poll_residency(self) -> None:

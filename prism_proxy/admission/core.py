@@ -28,7 +28,8 @@ runs out: its TTFT SLO less the observed release-to-first-token time (an EWMA), 
 else `cold_deadline_s` (a parameter of the core); the policy's deadline lane reads it.
 
 What the backend reports enters as events too: `first_token` (its uncached tokens feed
-the B rule) and `learn_backend` (its batch limits).
+the B rule; `observe_uncached` when they come later, with an engine-served answer's
+usage) and `learn_backend` (its batch limits).
 
 Accounts (issue 36): when requests of several accounts wait, `begin_round` splits the
 wave between them (`fair_share.share_wave`, weighted by `account_weight`) and `plan`
@@ -48,8 +49,10 @@ prefill) and the concurrency backstop.
   `chunked_prefill_size`, or `max_prefill_tokens` when chunking is off (`-1`), read
   from `/server_info`; 8192 until the backend has said.
 * **Uncached tokens per request**: an exponential moving average (weight 1/16) of
-  `prompt_tokens − cached_tokens` that the backend reports with each first token;
-  1024 before the first report, so B starts at 8 for an 8k budget.
+  `prompt_tokens − cached_tokens` that the backend reports with each first token (an
+  answer of the engine's own endpoint reports them in its usage, at its end; one
+  without usage, never); 1024 before the first report, so B starts at 8 for an 8k
+  budget.
 * **Backstop**: requests released and not finished; the backend's
   `max_running_requests` (1024 until it has said).
 
@@ -238,6 +241,12 @@ class AdmissionCore:
             sample = max(0.0, now - released)
             previous = self.prefill_s
             self.prefill_s = sample if previous is None else previous + (sample - previous) / 16
+
+    def observe_uncached(self, uncached_tokens: int) -> None:
+        """A request's uncached prompt tokens, told after its first token (an answer
+        served by the engine's own endpoint reports them only in its usage, at its
+        end): they feed the B rule as a first token's do."""
+        self.pacing.observe(uncached_tokens)
 
     def park(self, rid: str) -> None:
         """`rid` (pending prefill) waits outside the engine for now: it leaves pending

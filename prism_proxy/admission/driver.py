@@ -155,6 +155,10 @@ class AdmissionController:
             self.core.first_token(rid, uncached_tokens, self.clock())
             self._wakeup.set()
 
+    def observe_uncached(self, uncached_tokens: int) -> None:
+        """A request's uncached prompt tokens, told after its first token."""
+        self.core.observe_uncached(uncached_tokens)
+
     def park(self, rid: str) -> None:
         """`rid` waits outside the engine (`AdmissionCore.park`): room for a round."""
         self.core.park(rid)

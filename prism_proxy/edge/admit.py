@@ -142,7 +142,7 @@ class Admitted:
 
     __slots__ = (
         "_admission", "_ended", "_first", "_gateway", "_job", "_keeper", "_limits", "_open",
-        "_queued", "_request", "_watching", "client", "lane",
+        "_queued", "_request", "_uncached_told", "_watching", "client", "lane",
     )  # fmt: skip
 
     def __init__(
@@ -165,6 +165,7 @@ class Admitted:
         self._keeper = keeper  # with the `job` whose turns it follows
         self._job = job
         self._first = False  # the first token was told
+        self._uncached_told = False  # its uncached prompt tokens reached the B rule
         self._ended = False  # the answer's end was told
         self._watching = keeper is not None  # the keeper awaits a tool call
         self._open = False  # the keeper holds the session, neither finished nor forgotten
@@ -272,6 +273,7 @@ class Admitted:
             return
         self._first = True
         rid = self._queued.rid
+        self._uncached_told = uncached is not None
         self._admission.first_token(rid, uncached)
         request = self._request
         tracing.first_token(request)
@@ -303,6 +305,9 @@ class Admitted:
             self._keeper.finish(self._queued.rid, called, names)
         if usage is None:
             return
+        if not self._uncached_told and usage.cached_known:  # the engine's endpoint: now
+            self._uncached_told = True
+            self._admission.observe_uncached(usage.prompt_tokens - usage.cached_tokens)
         request = self._request
         gateway = self._gateway
         tracing.tokens(request, usage.prompt_tokens, usage.completion_tokens)

@@ -45,6 +45,9 @@ class TokenUsage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # whether the engine reported cached tokens (SGLang's OpenAI usage holds them only
+    # with `--enable-cache-report`); when not, `cached_tokens` is 0 and says nothing
+    cached_known: bool = True
 
     @classmethod
     def from_meta(cls, meta_info: dict[str, Any]) -> TokenUsage:
@@ -58,11 +61,13 @@ class TokenUsage:
     def from_openai(cls, usage: dict[str, Any] | None) -> TokenUsage | None:
         if not isinstance(usage, dict):
             return None
-        details = usage.get("prompt_tokens_details") or {}
+        details = usage.get("prompt_tokens_details")
+        details = details if isinstance(details, dict) else {}
         return cls(
             int(usage.get("prompt_tokens") or 0),
             int(usage.get("completion_tokens") or 0),
             int(details.get("cached_tokens") or 0),
+            details.get("cached_tokens") is not None,
         )
 
     def told(self, visible_tokens: int | None) -> TokenUsage:
@@ -70,7 +75,9 @@ class TokenUsage:
         (`prompts.sharing`; None: no bound)."""
         if visible_tokens is None or self.cached_tokens <= visible_tokens:
             return self
-        return TokenUsage(self.prompt_tokens, self.completion_tokens, visible_tokens)
+        return TokenUsage(
+            self.prompt_tokens, self.completion_tokens, visible_tokens, self.cached_known
+        )
 
     def to_openai(self) -> dict[str, Any]:
         return {

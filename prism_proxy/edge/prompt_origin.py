@@ -77,13 +77,6 @@ async def plan_context(
         if opt == "off":
             layouts = ()
     sampled = rendering and engine_tokenizer and not engine_only and body.prism is None
-    tokenizer, metrics = gateway.serializer.tokenizer, gateway.metrics
-
-    def check(messages: Sequence[Mapping[str, Any]], ids: Sequence[int]) -> None:
-        differs, tokens = rendering_drift(tokenizer, messages, ids)
-        metrics.child(metrics.rendering_checks, "differs" if differs else "same").inc()
-        metrics.rendering_drift.observe(abs(tokens))
-
     reorders = gateway.admission.core.policy.reorders
     return PlanContext(
         serializer=gateway.serializer,
@@ -94,8 +87,23 @@ async def plan_context(
         sessions=config.sessions,
         engine_tokenizer=engine_tokenizer,
         hint=hint,
-        rendering=check if sampled and gateway.rendering.sampled() else None,
+        rendering=rendering_check(gateway) if sampled and gateway.rendering.sampled() else None,
     )
+
+
+def rendering_check(
+    gateway: Gateway,
+) -> Callable[[Sequence[Mapping[str, Any]], Sequence[int]], None]:
+    """The check a sampled chat's plan calls: how the proxy's rendering of its messages
+    differs from the ids it sends (`rendering_drift`), counted in the metrics."""
+    tokenizer, metrics = gateway.serializer.tokenizer, gateway.metrics
+
+    def check(messages: Sequence[Mapping[str, Any]], ids: Sequence[int]) -> None:
+        differs, tokens = rendering_drift(tokenizer, messages, ids)
+        metrics.child(metrics.rendering_checks, "differs" if differs else "same").inc()
+        metrics.rendering_drift.observe(abs(tokens))
+
+    return check
 
 
 async def token_path_open(gateway: Gateway, hinted: bool) -> bool:

@@ -287,7 +287,7 @@ agent_step_call() {
   # 0 (~30 min; a quiet machine)
   local out=docs/results/agent-step-call
   local lines=sglang-lru,sglang-lpm,continuum-style,prism+sessions,prism+sessions+returns
-  lines=$lines,prism+sessions+returns+backlog
+  lines=$lines,prism+sessions+returns+backlog,prism+sessions+returns/lpm-unpaced
   local trace="--sessions 100 --tool-scale 1 --kv-fraction 0.5"
   trace="$trace --trace-param tool_model=by_tool --trace-param pool_basis=histories"
   for seed in 0 1 2 3 4; do
@@ -299,14 +299,17 @@ agent_step_call() {
     prism-loadgen sessions --real 4 --out $out/real/seed$seed --seed $seed --rate 0.5 $trace \
       --lines $real,continuum-style --save-calls
   done
+  prism-loadgen sessions --real 1 --out $out/real/speed1/seed1 --seed 1 --rate 0.5 $trace \
+    --lines prism+sessions --save-calls
   for seed in 0 1 2 3 4; do
     prism-loadgen sessions --out $out/twin/rates/seed$seed --seed $seed --rate 1,2 $trace \
       --lines $lines
   done
-  for line in prism+sessions prism+sessions+returns prism+sessions+returns+backlog; do
+  for line in prism+sessions prism+sessions+returns prism+sessions+returns+backlog \
+    prism+sessions+returns/lpm-unpaced; do
     for where in main-point rates; do
       python -m bench.sessions_over_seeds $out/twin/$where/seed{0,1,2,3,4} --line $line \
-        > $out/twin/$where/over-seeds-$line.md
+        > $out/twin/$where/over-seeds-${line//\//-}.md
     done
   done
 }

@@ -267,19 +267,17 @@ def report(rows: list[dict[str, Any]], base: SessionParams, seed: int) -> str:
         points.setdefault((row["rate"], row["tool_scale"], row["kv_fraction"]), []).append(row)
     for (rate, scale, fraction), group in points.items():
         first = group[0]
-        if "live_unique_tokens" in first and base.pool_basis == "histories":
+        pool, histories = first["pool_tokens"], first["live_history_tokens"]["mean"]
+        if "live_unique_tokens" not in first:  # rows made before the unique measure
+            basis = f"live histories ({pool:,} of {histories:,.0f} tokens)"
+        elif base.pool_basis == "histories":
             live = first["live_unique_tokens"]["mean"]
-            histories = first["live_history_tokens"]["mean"]
-            basis = f"live histories ({first['pool_tokens']:,} of {histories:,.0f} tokens; "
+            basis = f"live histories ({pool:,} of {histories:,.0f} tokens; "
             basis += f"live unique KV: {live:,.0f})"
-        elif "live_unique_tokens" in first:
+        else:
             live = first["live_unique_tokens"]["mean"]
-            histories = first["live_history_tokens"]["mean"]
-            basis = f"live unique KV ({first['pool_tokens']:,} of {live:,.0f} tokens; "
+            basis = f"live unique KV ({pool:,} of {live:,.0f} tokens; "
             basis += f"live histories counted per session: {histories:,.0f})"
-        else:  # rows made before the pool was defined on unique KV
-            live = first["live_history_tokens"]["mean"]
-            basis = f"live histories ({first['pool_tokens']:,} of {live:,.0f} tokens)"
         lines += [
             f"## {rate} sessions/s, tool scale {scale}, pool {fraction:g} × {basis}",
             "",

@@ -264,10 +264,13 @@ class Twin:
         core = self.core
         if core is None:
             return
+        first = len(sim.output_ids) == 1 or (sim.finished and not sim.output_ids)
+        if not (first or sim.finished):
+            return  # a decode step: nothing the proxy hears of
         tracked = self.tracked.get(sim.rid)
         later = tracked is not None and tracked.engine_served  # told with the usage
         uncached = len(sim.input_ids) - sim.cached_tokens
-        if len(sim.output_ids) == 1 or (sim.finished and not sim.output_ids):
+        if first:
             told = None if later else uncached
             self._send(lambda: core.first_token(sim.rid, told, self.now))
         if sim.finished:

@@ -115,6 +115,27 @@ async def test_tokens_per_minute_is_429_once_used(proxy_factory: ProxyFactory) -
         assert "tokens_per_minute" in caught.value.message
 
 
+async def test_a_stream_without_usage_is_charged_all_the_same(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """A chat with tools, which the engine's own endpoint serves, streamed by a client
+    that did not ask for usage: the proxy asks the engine for it, charges the answer's
+    tokens to the key, and relays the stream without the usage chunk. (Without the ask
+    such a client was never charged.)"""
+    proxy = await proxy_factory(api_keys="sk-tpm", key_tokens_per_minute=1)
+    tool = {"type": "function", "function": {"name": "look_up", "parameters": {"type": "object"}}}
+    async with _client(proxy.url, "sk-tpm") as client:
+        stream = await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=4, tools=[tool], stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        assert chunks and all(chunk.choices for chunk in chunks)
+        assert all(chunk.usage is None for chunk in chunks)
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert "tokens_per_minute" in caught.value.message
+
+
 @pytest.mark.parametrize("fair_share", [True, False])
 async def test_steady_key_released_past_a_floods_backlog(
     proxy_factory: ProxyFactory, fair_share: bool

@@ -290,12 +290,19 @@ async def test_a_request_the_engine_cannot_stream_takes_no_place_in_pacing() -> 
         response.release()
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
-async def test_an_engine_served_answer_feeds_the_b_rule_with_its_usage(stream: bool) -> None:
+@pytest.mark.parametrize(
+    "stream, client_usage",
+    [(True, True), (True, False), (False, False)],
+    ids=["streamed-with-usage", "streamed-without-usage", "whole"],
+)
+async def test_an_engine_served_answer_feeds_the_b_rule_with_its_usage(
+    stream: bool, client_usage: bool
+) -> None:
     """A chat the engine's own endpoint serves (here one with tools) says nothing of its
     cache at its first chunk; its usage at the end holds the prompt and cached tokens,
-    and those uncached tokens feed `B` as a token-path first token's do. A streamed
-    answer without usage (the client did not ask for it) feeds nothing."""
+    and those uncached tokens feed `B` as a token-path first token's do. A client that
+    streams without asking for usage is not sent it, but the proxy asks the engine for
+    it all the same and learns as much."""
     long_chat = {**CHAT_WITH_TOOLS, "messages": [{"role": "user", "content": PROMPT * 60}]}
     async with (
         _sim(False) as sim_url,
@@ -305,26 +312,31 @@ async def test_an_engine_served_answer_feeds_the_b_rule_with_its_usage(stream: b
         pacing = proxy.app[GATEWAY].admission.core.pacing
         before = pacing.uncached_tokens
         body = {**long_chat, "stream": stream}
-        if stream:
+        if client_usage:
             body["stream_options"] = {"include_usage": True}
         async with http.post(proxy.url + "/v1/chat/completions", json=body) as response:
             assert response.status == 200
             text = await response.text()
-        usage = json.loads(
-            text if not stream else
-            next(line[6:] for line in text.splitlines() if '"usage": {' in line
-                 and '"prompt_tokens"' in line)
-        )["usage"]  # fmt: skip
-        uncached = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
-        assert uncached > before  # a long prompt, none of it cached
+        # the same chat straight from the engine (its prompt is cached by now)
+        direct = {**long_chat, "stream": False}
+        async with http.post(sim_url + "/v1/chat/completions", json=direct) as response:
+            prompt_tokens = (await response.json())["usage"]["prompt_tokens"]
+        if stream:
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            chunks = [json.loads(event) for event in events if event != "[DONE]"]
+            assert events[-1] == "[DONE]" and chunks[0]["choices"]
+            relayed = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+            assert len(relayed) == (1 if client_usage else 0)
+            assert all(chunk["choices"] for chunk in chunks[: len(chunks) - len(relayed)])
+            usages = relayed
+        else:
+            usages = [json.loads(text)["usage"]]
+        for usage in usages:
+            assert usage["prompt_tokens"] == prompt_tokens
+            assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+        uncached = prompt_tokens  # the proxy's chat came first: nothing of it was cached
+        assert uncached > before  # a long prompt
         assert pacing.uncached_tokens == pytest.approx(before + (uncached - before) / 16)
-        if stream:  # the same chat again, streamed without usage: nothing to learn
-            seen = pacing.uncached_tokens
-            plain = {**long_chat, "stream": True, "messages": [{"role": "user", "content": "x"}]}
-            async with http.post(proxy.url + "/v1/chat/completions", json=plain) as response:
-                assert response.status == 200
-                assert '"usage"' not in await response.text()
-            assert pacing.uncached_tokens == seen
 
 
 def test_usage_without_cached_tokens_says_nothing_of_the_cache() -> None:

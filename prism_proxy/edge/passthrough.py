@@ -1,7 +1,8 @@
 """Passthrough (SPEC §2, §4): what the token path cannot serve is admitted the same way,
 then sent unchanged (minus `prism`) to the backend's own endpoint and relayed line by
 line, or, for a client that did not ask to stream, streamed from the engine anyway and
-assembled into one answer (`edge.assemble`).
+assembled into one answer (`edge.assemble`). Every OpenAI stream asks the engine for its
+usage: a streamed client that did not ask for it is not sent it (`_ask_usage`).
 
 A client that leaves while queued is withdrawn; one that leaves after its request was
 sent triggers `/abort_request`.
@@ -125,6 +126,7 @@ async def passthrough(
     limit_bytes = gateway.config.max_answer_bytes
     streams = bool(body.get("stream"))
     answer = _assembly(path, body, limit_bytes)
+    hide_usage = streams and _ask_usage(path, body)
     lane = None if job else "passthrough"
     admitted = Admitted(request, gateway, queued, client, lane=lane, keeper=keeper, job=job)
     async with admitted as release:
@@ -144,7 +146,9 @@ async def passthrough(
                 if upstream.content_type.startswith("text/event-stream"):
                     if answer is not None:
                         return await _assemble_lines(gateway, upstream, answer, admitted)
-                    return await _relay_lines(request, gateway, upstream, admitted)
+                    return await _relay_lines(
+                        request, gateway, upstream, admitted, hide_usage=hide_usage
+                    )
                 data = await _read_bounded(upstream, limit_bytes, rid, backend)
                 admitted.first_token(timed=False)
                 called = (
@@ -191,6 +195,29 @@ def _assembly(path: str, body: dict[str, Any], limit_bytes: int) -> Any:
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     return OpenAIAnswer("chat" if path.endswith("chat/completions") else "completion", limit_bytes)
+
+
+def _ask_usage(path: str, body: dict[str, Any]) -> bool:
+    """Ask the engine for a streamed OpenAI answer's usage when its client did not;
+    True when asked so (the usage chunk is then not relayed). The answer's tokens are
+    what its client is charged (tokens per minute), what the token metrics count, and,
+    for a chat the engine renders, the only word of its cache that prefill pacing gets
+    (`Admitted.finish`): without them a client streaming without usage would go
+    uncharged."""
+    if not path.endswith("completions"):
+        return False
+    options = body.get("stream_options")
+    options = options if isinstance(options, dict) else {}
+    if options.get("include_usage"):
+        return False
+    body["stream_options"] = {**options, "include_usage": True}
+    return True
+
+
+def _usage_chunk(chunk: Any) -> TokenUsage | None:
+    """The usage an OpenAI stream's chunk carries (the last chunk with `include_usage`,
+    which has no choices; every chunk with `continuous_usage_stats`)."""
+    return TokenUsage.from_openai(chunk.get("usage")) if isinstance(chunk, dict) else None
 
 
 async def _read_bounded(upstream: Any, limit_bytes: int, rid: str | None, backend: Any) -> bytes:
@@ -286,13 +313,20 @@ async def _assemble_lines(
 
 
 async def _relay_lines(
-    request: web.Request, gateway: Gateway, upstream: Any, admitted: Admitted
+    request: web.Request,
+    gateway: Gateway,
+    upstream: Any,
+    admitted: Admitted,
+    *,
+    hide_usage: bool = False,
 ) -> web.StreamResponse:
-    """Copy an upstream SSE stream line by line as it comes."""
+    """Copy an upstream SSE stream line by line as it comes; with `hide_usage`, all but
+    the usage chunk (and its blank line) that the proxy asked for and its client did not."""
     response = sse_response(request, upstream.status)
     usage: TokenUsage | None = None
     sessions = admitted.sessions
     first = True
+    hidden = False  # the line before was the usage chunk, not relayed
     tool_call = False
     names: tuple[str, ...] = ()  # the tools called (`tool_names`), with sessions on
     lines = aiter(upstream.content)
@@ -313,8 +347,17 @@ async def _relay_lines(
             if first:
                 admitted.first_token()
                 first = False
-            if b'"usage"' in line:
-                usage = _usage_of(line.strip()[5:]) or usage
+            if hidden:
+                hidden = False
+                if not line.strip():
+                    continue
+            if b'"usage"' in line and b'"usage":null' not in line:  # SGLang's chunks
+                chunk = _json_of(line.strip()[5:])
+                found = _usage_chunk(chunk)
+                usage = found or usage
+                if hide_usage and found is not None and chunk.get("choices") == []:
+                    hidden = True
+                    continue
             if sessions:
                 seen, names = names, tool_names(line, names)
                 if names and not seen:
@@ -329,9 +372,12 @@ async def _relay_lines(
     return response
 
 
-def _usage_of(data: bytes) -> TokenUsage | None:
+def _json_of(data: bytes) -> Any:
     try:
-        body = orjson.loads(data)
+        return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    return TokenUsage.from_openai(body.get("usage")) if isinstance(body, dict) else None
+
+
+def _usage_of(data: bytes) -> TokenUsage | None:
+    return _usage_chunk(_json_of(data))

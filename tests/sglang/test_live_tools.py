@@ -91,7 +91,7 @@ CHOICES = {
 CASES = [(chat, choice) for chat in CHATS for choice in CHOICES]  # 16 requests, twice each
 
 
-def _body(chat: str, choice: str, stream: bool) -> dict[str, Any]:
+def _body(chat: str, choice: str, stream: bool, usage: bool = True) -> dict[str, Any]:
     body = {
         "model": "m",
         "messages": CHATS[chat],
@@ -101,7 +101,7 @@ def _body(chat: str, choice: str, stream: bool) -> dict[str, Any]:
         "max_tokens": 32,
         "stream": stream,
     }
-    if stream:
+    if stream and usage:
         body["stream_options"] = {"include_usage": True}
     return body
 
@@ -176,15 +176,25 @@ async def test_tool_calling_chats_get_sglangs_own_answers(proxy, live) -> None:
     server = live["ample"]
     answers = 0
     streamed_calls = 0
+    prompt_tokens: dict[tuple[str, str], int] = {}  # SGLang's count, from the whole answers
     async with httpx.AsyncClient(timeout=120.0) as http:
+        # streamed without usage, a chat per choice: the proxy asks SGLang for the
+        # usage (its client's tokens, the pacing's cache) and relays the rest
+        without_usage = [(chat, choice, False) for chat, choice in zip(CHATS, CHOICES, strict=True)]
         for stream in (False, True):
-            for chat, choice in CASES:
-                body = _body(chat, choice, stream)
+            for chat, choice, usage in [(*case, True) for case in CASES] + without_usage:
+                if not (stream or usage):
+                    continue
+                body = _body(chat, choice, stream, usage)
                 direct = await _ask(http, server.url, body)
                 relayed = await _ask(http, proxy.url, body)
                 if stream:
                     _same_arguments_so_far(relayed, direct)
-                assert relayed == direct, (chat, choice, stream)
+                assert relayed == direct, (chat, choice, stream, usage)
+                if stream:
+                    assert (relayed["usage"] is not None) == usage
+                else:
+                    prompt_tokens[chat, choice] = direct["usage"]["prompt_tokens"]
                 answers += 1
                 if stream:
                     streamed_calls += bool(direct["calls"])
@@ -198,6 +208,17 @@ async def test_tool_calling_chats_get_sglangs_own_answers(proxy, live) -> None:
     assert registry.get_sample_value("prism:extraction_total", labels) == answers
     labels = {"endpoint": "chat", "outcome": "forwarded", "layout": ""}
     assert registry.get_sample_value("prism:extraction_total", labels) is None
+    # every answer's prompt tokens counted, those streamed without usage too
+    counted = sum(
+        sample.value
+        for family in registry.collect()
+        if family.name == "prism:prompt_tokens"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+    assert counted == 2 * sum(prompt_tokens.values()) + sum(
+        prompt_tokens[chat, choice] for chat, choice, _ in without_usage
+    )
 
 
 async def test_the_proxy_renders_the_ids_sglang_renders_and_dart_places_the_anchors(

@@ -2,7 +2,9 @@
 
 Shapes follow SGLang 0.5.23 (`srt/entrypoints/http_server.py`, `managers/io_struct.py`).
 Streaming `/generate` sends cumulative `text`/`output_ids` per chunk (incremental with
-`--incremental-streaming-output`), then `data: [DONE]`. A client that goes away aborts
+`--incremental-streaming-output`), then `data: [DONE]`; a batch's answers are streamed
+interleaved as their tokens come, each chunk with its prompt's `index`
+(`TokenizerManager._stream_batch_responses`). A client that goes away aborts
 its request. Latencies in `meta_info` are modeled seconds.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -104,8 +107,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         body = await parse_body(request, GenerateIn)
         prompts, is_batch = await _prompts(body, engine)
-        if is_batch and body.stream:
-            raise BadRequest("streaming is not supported for batch requests")
         handles: list[RequestHandle] = []
         try:
             for i, ids in enumerate(prompts):
@@ -118,7 +119,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return error_response(str(exc))
     try:
         if body.stream:
-            return await _stream(request, engine, handles[0])
+            return await _stream(request, engine, handles, is_batch)
         results = await asyncio.gather(*(h.wait() for h in handles))
         payload = [_result(engine, r) for r in results]
         return web.json_response(payload if is_batch else payload[0])
@@ -127,10 +128,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
             handle.abort()  # no-op when finished; a dropped client aborts its request
 
 
-async def _stream(
-    request: web.Request, engine: SimEngine, handle: RequestHandle
-) -> web.StreamResponse:
-    response = await open_sse(request)
+async def _chunks(
+    engine: SimEngine, handle: RequestHandle, index: int | None
+) -> AsyncIterator[dict[str, Any]]:
+    """One answer's chunks as its tokens come (with its `index` in a batch)."""
     incremental = engine.config.incremental_streaming_output
     sent_ids = 0
     text = IncrementalText(engine.decode)
@@ -141,8 +142,35 @@ async def _stream(
             "output_ids": req.output_ids[sent_ids:] if incremental else list(req.output_ids),
             "meta_info": meta_info(engine, req),
         }
+        if index is not None:
+            chunk["index"] = index
         sent_ids = len(req.output_ids)
-        await send_sse(response, chunk)
+        yield chunk
+
+
+async def _stream(
+    request: web.Request, engine: SimEngine, handles: list[RequestHandle], batch: bool
+) -> web.StreamResponse:
+    response = await open_sse(request)
+    streams = [_chunks(engine, h, i if batch else None) for i, h in enumerate(handles)]
+    waiting = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=waiting.__getitem__):  # in prompt order
+                i = waiting.pop(task)
+                try:
+                    chunk = task.result()
+                except StopAsyncIteration:
+                    continue
+                await send_sse(response, chunk)
+                waiting[asyncio.ensure_future(anext(streams[i]))] = i
+    finally:
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
     await send_sse(response, "[DONE]")
     await response.write_eof()
     return response

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -134,6 +135,30 @@ async def test_a_stream_without_usage_is_charged_all_the_same(
         with pytest.raises(openai.RateLimitError) as caught:
             await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
         assert "tokens_per_minute" in caught.value.message
+
+
+async def test_a_streamed_generate_batch_is_charged_its_answers_tokens(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """A batch on SGLang's `/generate`, which the engine's own endpoint serves, streamed:
+    each answer's last `meta_info` holds its tokens, and the key is charged their sum
+    (the `prism:prompt_tokens` counter counts them too)."""
+    proxy = await proxy_factory(api_keys="sk-tpm", key_tokens_per_minute=1)
+    headers = {"Authorization": "Bearer sk-tpm"}
+    body = {"text": ["The sea", "The sky is"], "stream": True,
+            "sampling_params": {"max_new_tokens": 3}}  # fmt: skip
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30.0, headers=headers) as http:
+        async with http.stream("POST", "/generate", json=body) as response:
+            assert response.status_code == 200
+            lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+        chunks = [json.loads(line[5:]) for line in lines[:-1]]
+        last = {chunk.get("index", 0): chunk["meta_info"] for chunk in chunks}
+        assert sorted(last) == [0, 1] and all(meta["finish_reason"] for meta in last.values())
+        again = await http.post("/generate", json={**body, "stream": False})
+        assert again.status_code == 429
+    registry = proxy.app[GATEWAY].metrics.registry
+    counted = registry.get_sample_value("prism:prompt_tokens_total", {"lane": "passthrough"})
+    assert counted == sum(meta["prompt_tokens"] for meta in last.values())
 
 
 @pytest.mark.parametrize("fair_share", [True, False])

@@ -349,3 +349,31 @@ def test_usage_without_cached_tokens_says_nothing_of_the_cache() -> None:
     assert known is not None and known.cached_known and known.cached_tokens == 0
     assert unknown is not None and not unknown.cached_known
     assert unknown.told(3).cached_known is False
+
+
+async def test_a_generate_batch_is_served_whole_or_streamed() -> None:
+    """A batch on `/generate` goes to the engine's own endpoint, which the proxy asks
+    to stream: a client that did not ask to stream gets the list of answers, one per
+    prompt in order; one that did gets each answer's chunks with its `index`."""
+    body = {"text": ["The sea", "The sky is"], "sampling_params": {"max_new_tokens": 3}}
+    async with (
+        _sim(False) as sim_url,
+        running_proxy(sim_url, window_ms=0, tokenizer="builtin") as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.post(sim_url + "/generate", json=body) as response:
+            direct = await response.json()
+        async with http.post(proxy.url + "/generate", json=body) as response:
+            assert response.status == 200
+            whole = await response.json()
+        assert [a["text"] for a in whole] == [a["text"] for a in direct]
+        assert [a["meta_info"]["prompt_tokens"] for a in whole] == [2, 3]
+        async with http.post(proxy.url + "/generate", json={**body, "stream": True}) as response:
+            assert response.status == 200
+            lines = [line async for line in response.content if line.startswith(b"data:")]
+        assert lines[-1].strip() == b"data: [DONE]"
+        last = {}
+        for line in lines[:-1]:
+            chunk = json.loads(line[5:])
+            last[chunk["index"]] = chunk
+        assert [last[i]["text"] for i in (0, 1)] == [a["text"] for a in direct]

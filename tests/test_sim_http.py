@@ -150,6 +150,36 @@ async def test_streaming_is_cumulative_and_ends_with_done(sim: Sim, tokenizer: T
     assert final["meta_info"]["e2e_latency"] > 0
 
 
+async def test_a_streamed_batch_interleaves_its_answers_by_index(sim: Sim) -> None:
+    """As SGLang's `_stream_batch_responses`: each prompt's chunks carry its `index`,
+    cumulative per answer, and every answer ends with its finish reason; then one
+    `[DONE]`. A client that leaves aborts every answer of the batch."""
+    body = {"input_ids": [[51, 52, 53], [54, 55]], "stream": True,
+            "sampling_params": [{"max_new_tokens": 4}, {"max_new_tokens": 6}]}  # fmt: skip
+    async with sim.http.post(sim.url + "/generate", json=body) as resp:
+        assert resp.status == 200
+        events = [e async for e in sse_events(resp)]
+    assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
+    chunks = [e for e in events[:-1] if isinstance(e, dict)]
+    by_index = {i: [c for c in chunks if c["index"] == i] for i in (0, 1)}
+    assert len(chunks) == sum(len(answer) for answer in by_index.values())
+    for i, (prompt, tokens) in enumerate([(3, 4), (2, 6)]):
+        answer = by_index[i]
+        ids = [c["output_ids"] for c in answer]
+        assert all(b[: len(a)] == a for a, b in itertools.pairwise(ids))
+        final = answer[-1]["meta_info"]
+        assert final["prompt_tokens"] == prompt and final["completion_tokens"] == tokens
+        assert final["finish_reason"]["type"] == "length"
+        assert all(c["meta_info"]["finish_reason"] is None for c in answer[:-1])
+    long_batch = {**body, "sampling_params": {"max_new_tokens": 100_000}}
+    async with aiohttp.ClientSession() as own:
+        resp = await own.post(sim.url + "/generate", json=long_batch)
+        await resp.content.readline()  # the first chunk arrived: both are running
+        resp.close()
+    await wait_for(lambda: sim.engine.scheduler.num_running == 0)
+    assert sim.engine.scheduler.stats.num_aborted_total == 2
+
+
 async def test_abort_of_a_running_stream_ends_it_with_abort(sim: Sim) -> None:
     # 100k decode tokens would take ~600 modeled seconds; the abort comes after chunk 1.
     body = {

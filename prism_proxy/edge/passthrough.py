@@ -58,6 +58,10 @@ TOOL_CALL_END = re.compile(rb'"finish_reason"\s*:\s*"tool_calls"')
 # learns return delays per tool (`admission.returns`), so only a few short names count.
 TOOL_NAME = re.compile(rb'"name"\s*:\s*"([A-Za-z0-9_.:-]{1,64})"')
 MAX_TOOL_NAMES = 8
+# The last chunk of one of a `/generate` stream's answers: its `meta_info` ends the
+# answer with a finish reason object (before, `"finish_reason": null`), and holds the
+# answer's prompt, completion and cached tokens.
+GENERATE_END = re.compile(rb'"finish_reason"\s*:\s*\{')
 
 
 def tool_names(data: bytes, known: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -147,7 +151,12 @@ async def passthrough(
                     if answer is not None:
                         return await _assemble_lines(gateway, upstream, answer, admitted)
                     return await _relay_lines(
-                        request, gateway, upstream, admitted, hide_usage=hide_usage
+                        request,
+                        gateway,
+                        upstream,
+                        admitted,
+                        hide_usage=hide_usage,
+                        generate=path == "/generate",
                     )
                 data = await _read_bounded(upstream, limit_bytes, rid, backend)
                 admitted.first_token(timed=False)
@@ -319,9 +328,12 @@ async def _relay_lines(
     admitted: Admitted,
     *,
     hide_usage: bool = False,
+    generate: bool = False,
 ) -> web.StreamResponse:
     """Copy an upstream SSE stream line by line as it comes; with `hide_usage`, all but
-    the usage chunk (and its blank line) that the proxy asked for and its client did not."""
+    the usage chunk (and its blank line) that the proxy asked for and its client did not.
+    The answer's usage: an OpenAI stream's usage chunk; on `/generate` (`generate`) the
+    sum of each answer's last `meta_info` (a batch, or `n`)."""
     response = sse_response(request, upstream.status)
     usage: TokenUsage | None = None
     sessions = admitted.sessions
@@ -351,7 +363,10 @@ async def _relay_lines(
                 hidden = False
                 if not line.strip():
                     continue
-            if b'"usage"' in line and b'"usage":null' not in line:  # SGLang's chunks
+            if generate:
+                if GENERATE_END.search(line):
+                    usage = _add(usage, _meta_usage(_json_of(line.strip()[5:])))
+            elif b'"usage"' in line and b'"usage":null' not in line:  # SGLang's chunks
                 chunk = _json_of(line.strip()[5:])
                 found = _usage_chunk(chunk)
                 usage = found or usage
@@ -377,6 +392,21 @@ def _json_of(data: bytes) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
+
+
+def _meta_usage(chunk: Any) -> TokenUsage | None:
+    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
+    return TokenUsage.from_meta(meta) if isinstance(meta, dict) else None
+
+
+def _add(a: TokenUsage | None, b: TokenUsage | None) -> TokenUsage | None:
+    if a is None or b is None:
+        return a or b
+    return TokenUsage(
+        a.prompt_tokens + b.prompt_tokens,
+        a.completion_tokens + b.completion_tokens,
+        a.cached_tokens + b.cached_tokens,
+    )
 
 
 def _usage_of(data: bytes) -> TokenUsage | None:

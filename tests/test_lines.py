@@ -25,17 +25,22 @@ from prism_proxy.qas.params import qas_params
 
 # The names results files and docs refer to.
 SESSION_NAMES = (
-    "sglang-lru", "sglang-lpm", "sglang-slru", "sglang-tlru", "fifo", "continuum-style",
+    "sglang-lru", "sglang-lpm", "sglang-hrrn", "sglang-slru", "sglang-tlru", "fifo",
+    "continuum-style",
     "prism", "prism+sessions", "prism+sessions+returns", "prism+sessions+returns+precedence",
     "prism+sessions+returns+backlog", "prism+sessions+returns+backlog/cap16",
     "prism+sessions+returns/call", "prism+sessions+returns+backlog/call",
-    "prism+sessions+returns/lpm-unpaced", "prism+sessions/lru", "prism+sessions+precedence",
+    "prism+sessions+returns/lpm-unpaced", "prism+sessions+returns/hrrn-unpaced",
+    "prism+sessions+returns/lpm", "prism+sessions+returns+backlog/lpm",
+    "prism+sessions/lru", "prism+sessions+precedence",
     "prism+precedence", "sglang-lru+host", "prism+sessions+returns+host",
     "sglang-lru+host/ratio1", "sglang-lru+host/8gbps",
 )  # fmt: skip
 REAL_NAMES = (
-    "sglang-lru", "prism", "prism+sessions", "prism+sessions+returns",
-    "prism+sessions+returns+backlog", "continuum-style",
+    "sglang-lru", "sglang-lpm", "sglang-hrrn", "prism", "prism+sessions",
+    "prism+sessions+returns", "prism+sessions+returns+backlog",
+    "prism+sessions+returns/lpm-unpaced", "prism+sessions+returns/hrrn-unpaced",
+    "continuum-style",
 )  # fmt: skip
 
 
@@ -73,6 +78,10 @@ def test_the_real_stack_args_of_a_line_come_from_it() -> None:
     # no proxy: the engine alone, no control RPC
     sim, proxy = stack_settings(REAL_LINES["sglang-lru"], 5000, 4.0, None)
     assert proxy is None and "--control-port" not in engine_args(sim)
+    # the engine's own order over every request: its policy, and B past any queue
+    sim, proxy = stack_settings(REAL_LINES["prism+sessions+returns/lpm-unpaced"], 5000, 4.0, 31001)
+    assert engine_args(sim)[-4:] == ["--schedule-policy", "lpm", "--control-port", "31001"]
+    assert proxy is not None and proxy_args(proxy)[-2:] == ["--prefill-batch", "1024"]
     # continuum-style retains paused sessions: DART's control RPC without P̂_t
     continuum = REAL_LINES["continuum-style"]
     assert continuum.control_rpc and not continuum.pushes_priorities

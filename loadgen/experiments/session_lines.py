@@ -3,7 +3,8 @@ twin (`session_sweep`), and `REAL_LINES`, those the real stack runs (`session_re
 with the same settings. Each is a `Line` (`loadgen.stack.lines`); the twin's setup and
 the real stack's settings both come from it.
 
-    sglang-lru, sglang-lpm     SGLang's own scheduler (fcfs, lpm) and LRU, no proxy
+    sglang-lru, sglang-lpm,    SGLang's own scheduler (fcfs, lpm, hrrn) and LRU, no
+    sglang-hrrn                proxy
     sglang-slru, sglang-tlru   SGLang's other multi-turn eviction policies
     fifo                       the proxy in arrival order
     continuum-style            program-level FCFS, every paused session pinned for its
@@ -16,6 +17,9 @@ the real stack's settings both come from it.
                                (`continuation_share` 0.5)
     prism+precedence           precedence without retention
     prism+sessions+returns     retention by predicted return (rank `predicted`)
+    .../lpm                    the proxy's line with SGLang's lpm order over what it
+                               releases; /lpm-unpaced: over every request (no pacing);
+                               /hrrn-unpaced: SGLang's hrrn order over every request
     prism+sessions+returns+backlog
                                and under a backlog (the oldest request waited 1 s) the
                                longest cached prefix first, within an age cap of 8 s
@@ -62,6 +66,7 @@ def _named(*lines: Line) -> dict[str, Line]:
 LINES = _named(
     NATIVE,
     replace(NATIVE, label="sglang-lpm", schedule_policy="lpm"),
+    replace(NATIVE, label="sglang-hrrn", schedule_policy="hrrn"),
     replace(NATIVE, label="sglang-slru", eviction="slru"),
     replace(NATIVE, label="sglang-tlru", eviction="tlru", eviction_config=TLRU_CONFIG),
     Line("fifo", policy="fifo", **OFF),
@@ -86,6 +91,24 @@ LINES = _named(
         prefill_batch=1024,
         **RETURNS,
     ),
+    # the engine's highest-response-ratio order (the longest prefix first, aged by the
+    # prefill work done since a request arrived) over every request
+    replace(
+        PRISM,
+        label="prism+sessions+returns/hrrn-unpaced",
+        schedule_policy="hrrn",
+        prefill_batch=1024,
+        **RETURNS,
+    ),
+    # the engine's longest-prefix-match order over what the proxy releases (paced)
+    replace(PRISM, label="prism+sessions+returns/lpm", schedule_policy="lpm", **RETURNS),
+    replace(
+        PRISM,
+        label="prism+sessions+returns+backlog/lpm",
+        schedule_policy="lpm",
+        qas_overrides=BACKLOG,
+        **RETURNS,
+    ),
     replace(PRISM, label="prism+sessions/lru", eviction="lru", **ON),
     replace(PRISM, label="prism+sessions+precedence", qas_overrides=PRECEDENCE, **ON),
     replace(PRISM, label="prism+precedence", qas_overrides=PRECEDENCE, detect=True),
@@ -103,10 +126,14 @@ REAL_LINES = {
     name: LINES[name]
     for name in (
         "sglang-lru",
+        "sglang-lpm",
+        "sglang-hrrn",
         "prism",
         "prism+sessions",
         "prism+sessions+returns",
         "prism+sessions+returns+backlog",
+        "prism+sessions+returns/lpm-unpaced",
+        "prism+sessions+returns/hrrn-unpaced",
         "continuum-style",
     )
 }

@@ -8,12 +8,15 @@ state) is left out of the comparison."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import httpx
 import pytest
 from live_support import LiveServer
+
+from prism_proxy.edge.gateway import GATEWAY
 
 pytestmark = pytest.mark.sglang
 
@@ -69,3 +72,44 @@ async def test_assembled_answers_equal_the_engines_own(live, live_proxy_factory,
             through = await client.post(proxy.url + path, json=body)
             assert direct.status_code == through.status_code == 200, (path, through.text)
             assert comparable(through.json()) == comparable(direct.json()), (path, body)
+
+
+STREAMED_GENERATE = [
+    {"text": ["Rivers:", "Lakes:"], "stream": True,
+     "sampling_params": {"max_new_tokens": 5, "temperature": 0}},
+    {"text": "Rivers:", "stream": True,
+     "sampling_params": {"max_new_tokens": 4, "temperature": 0, "n": 2}},
+]  # fmt: skip
+
+
+async def _last_chunks(client: httpx.AsyncClient, url: str, body: Any, headers: Any) -> dict:
+    """Each answer's last chunk of a streamed `/generate`, by its index."""
+    last: dict[int, Any] = {}
+    async with client.stream("POST", url + "/generate", json=body, headers=headers) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                chunk = json.loads(line[5:])
+                last[chunk.get("index", 0)] = chunk
+    return last
+
+
+async def test_a_streamed_generate_batch_is_relayed_and_counted(live, live_proxy_factory) -> None:
+    """A streamed batch (and `n`) on `/generate` goes to SGLang's own endpoint and is
+    relayed as it streams: each answer ends as SGLang's own stream of the same request
+    does, and the proxy counts each answer's tokens from its last `meta_info` (what a
+    key's tokens per minute are charged)."""
+    server: LiveServer = live["ample"]
+    proxy = await live_proxy_factory(server)
+    prompt_tokens = 0
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        for body in STREAMED_GENERATE:
+            direct = await _last_chunks(client, server.url, body, server.headers)
+            through = await _last_chunks(client, proxy.url, body, None)
+            assert sorted(through) == sorted(direct) == [0, 1]
+            for index, chunk in through.items():
+                assert comparable(chunk) == comparable(direct[index]), (body, index)
+            prompt_tokens += sum(chunk["meta_info"]["prompt_tokens"] for chunk in through.values())
+    registry = proxy.app[GATEWAY].metrics.registry
+    counted = registry.get_sample_value("prism:prompt_tokens_total", {"lane": "passthrough"})
+    assert counted == prompt_tokens > 0

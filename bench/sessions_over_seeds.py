@@ -3,8 +3,10 @@ must-show table).
 
     python -m bench.sessions_over_seeds DIR [DIR ...] [--line prism+sessions+returns]
 
-Each DIR is one seed's `prism-loadgen sessions --out DIR` (its `results.json`); rows are
-grouped by point (rate, tool scale, pool fraction). Per point, seed by seed:
+Each DIR is one seed's `prism-loadgen sessions --out DIR` (its `results.json`); DIRs of
+the same name are one seed's runs of more lines (the twin is deterministic: a line run
+alone gives the row it gives among others), merged. Rows are grouped by point (rate,
+tool scale, pool fraction). Per point, seed by seed:
 
 * hit: the line's hit rate, its own run's Belady bound, and the best other line's;
 * mean JCT: the part recovered of what is avoidable, (best native − line) / (best
@@ -55,7 +57,7 @@ def arithmetic(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> 
 
 
 def load(dirs: Sequence[Path]) -> dict[tuple[float, float, float], dict[str, dict[str, Any]]]:
-    """{point: {seed dir name: {line: row}}}."""
+    """{point: {seed dir name: {line: row}}} (dirs of one name merged)."""
     points: dict[tuple[float, float, float], dict[str, dict[str, Any]]] = {}
     for directory in dirs:
         for row in json.loads((directory / "results.json").read_text()):

@@ -24,8 +24,10 @@ def _run() -> list[dict]:
         for n in range(3)
     ]
     calls.append(_call("s0", 3, 2.0, 9000, 1000, "get_order_status", 1.0))
-    calls[2]["called"] = "transfer_to_human_agents"  # s0's call 2 paused for a human
-    calls[2]["tool_s"] = 120.0
+    # s0's call 2 (8,520 tokens with its answer) paused for a human; call 3 found 1,000
+    # of them cached: 7,520 prefilled again, 480 new
+    calls[2].update(called="transfer_to_human_agents", tool_s=120.0, prompt_tokens=8500)
+    calls[2]["completion_tokens"] = 20
     calls.append(_call("s99", 0, 1.5, 5000, 0, "search_flights", 2.0))
     calls.append({**_call("s98", 0, 9.0, 10, 0, "x", 0.0), "error": "boom"})
     return calls
@@ -34,9 +36,9 @@ def _run() -> list[dict]:
 def test_the_tail_is_the_slowest_calls_with_their_pauses() -> None:
     cut, found = tail(_run(), share=0.02)
     assert cut == 1.5
-    assert [(t.ttft_s, t.uncached, t.paused_by, t.pause_s) for t in found] == [
-        (2.0, 8000, "transfer_to_human_agents", 120.0),
-        (1.5, 5000, None, None),
+    assert [(t.ttft_s, t.uncached, t.paused_by, t.pause_s, t.lost) for t in found] == [
+        (2.0, 8000, "transfer_to_human_agents", 120.0, 7520),
+        (1.5, 5000, None, None, 0),
     ]
     with pytest.raises(SystemExit):
         main(["x.jsonl", "--share", "1.5"])
@@ -50,5 +52,9 @@ def test_the_report_names_the_pauses_by_kind(tmp_path: Path, capsys) -> None:
     assert out[0] == "line-0.5-1-0.5.jsonl: 2 calls at or above 1.500 s"
     assert "a session's first call: 1 (uncached median 5000)" in out[1]
     assert out[2] == "  continuations: 1, after a tool of kind human 1"
-    assert out[3] == "  their pause median 120.0 s; uncached median 8000 tokens"
-    assert out[8] == "the 2 runs' tails: 4 calls"
+    assert out[3] == (
+        "  their pause median 120.0 s; uncached median 8000 tokens, of which history "
+        "prefilled again 7520 and new 480"
+    )
+    assert out[4] == "  lost more than half their history: 1 (after human 1)"
+    assert out[10] == "the 2 runs' tails: 4 calls"

@@ -32,12 +32,16 @@ Call = dict[str, Any]
 @dataclass(frozen=True)
 class TailCall:
     """One call of the tail: its TTFT, its uncached tokens, and its pause (None for a
-    session's first call)."""
+    session's first call). A continuation's `lost`: the part of its uncached tokens that
+    was history (the call before's prompt and answer) prefilled again; the rest is new
+    (the tool's output and what follows it)."""
 
     ttft_s: float
     uncached: int
-    paused_by: str | None
-    pause_s: float | None
+    paused_by: str | None = None
+    pause_s: float | None = None
+    history: int = 0
+    lost: int = 0
 
 
 def tail(calls: Sequence[Call], share: float) -> tuple[float, list[TailCall]]:
@@ -56,9 +60,12 @@ def tail(calls: Sequence[Call], share: float) -> tuple[float, list[TailCall]]:
         before = by_key.get((call["sid"], call["call"] - 1))
         uncached = max(0, call["prompt_tokens"] - call["cached_tokens"])
         if call["call"] == 0 or before is None:
-            out.append(TailCall(call["ttft_s"], uncached, None, None))
-        else:
-            out.append(TailCall(call["ttft_s"], uncached, before.get("called"), before["tool_s"]))
+            out.append(TailCall(call["ttft_s"], uncached))
+            continue
+        history = before["prompt_tokens"] + (before.get("completion_tokens") or 0)
+        lost = min(uncached, max(0, history - call["cached_tokens"]))
+        paused_by, pause_s = before.get("called"), before["tool_s"]
+        out.append(TailCall(call["ttft_s"], uncached, paused_by, pause_s, history, lost))
     return cut, sorted(out, key=lambda t: -t.ttft_s)
 
 
@@ -77,8 +84,14 @@ def describe(name: str, cut: float | None, calls: Sequence[TailCall]) -> list[st
         pauses = [t.pause_s for t in continued if t.pause_s is not None]
         lines.append(
             f"  their pause median {statistics.median(pauses):.1f} s; uncached median "
-            f"{statistics.median(t.uncached for t in continued):.0f} tokens"
+            f"{statistics.median(t.uncached for t in continued):.0f} tokens, of which "
+            f"history prefilled again {statistics.median(t.lost for t in continued):.0f} "
+            f"and new {statistics.median(t.uncached - t.lost for t in continued):.0f}"
         )
+        halves = [t for t in continued if 2 * t.lost > t.history]
+        kinds = Counter(tool_kind(t.paused_by or "") for t in halves)
+        after = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) or "none"
+        lines.append(f"  lost more than half their history: {len(halves)} (after {after})")
     return lines
 
 

@@ -49,7 +49,7 @@ def test_the_report_names_the_pauses_by_kind(tmp_path: Path, capsys) -> None:
     path.write_text("\n".join(json.dumps(call) for call in _run()))
     assert main([str(path), str(path), "--share", "0.02"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "line-0.5-1-0.5.jsonl: 2 calls at or above 1.500 s"
+    assert out[0] == f"{path}: 2 calls at or above 1.500 s"
     assert "a session's first call: 1 (uncached median 5000)" in out[1]
     assert out[2] == "  continuations: 1, after a tool of kind human 1"
     assert out[3] == (

@@ -312,6 +312,56 @@ agent_step_call() {
         > $out/twin/$where/over-seeds-${line//\//-}.md
     done
   done
+  # seeds 5-14, with the lpm lines (paced) and the hrrn lines; the hrrn lines on 0-4
+  local more=$lines,prism+sessions+returns/lpm,prism+sessions+returns+backlog/lpm
+  more=$more,sglang-hrrn,prism+sessions+returns/hrrn-unpaced
+  local hrrn=sglang-hrrn,prism+sessions+returns/hrrn-unpaced
+  for seed in 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $out/twin/main-point/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines $more
+  done
+  for seed in 5 6 7 8 9; do
+    prism-loadgen sessions --out $out/twin/rates/seed$seed --seed $seed --rate 1,2 $trace \
+      --lines $more
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/hrrn/main-point/seed$seed --seed $seed --rate 0.5 \
+      $trace --lines $hrrn
+    prism-loadgen sessions --out $out/twin/hrrn/rates/seed$seed --seed $seed --rate 1,2 \
+      $trace --lines $hrrn
+  done
+  # the host tier at the main point, seeds 0-9
+  for seed in 0 1 2 3 4 5 6 7 8 9; do
+    prism-loadgen sessions --out $out/twin/host/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines sglang-lru,sglang-lru+host,prism+sessions+returns,prism+sessions+returns+host
+  done
+  for line in ${more//,/ }; do
+    [ "$line" = sglang-lru ] && continue
+    python -m bench.sessions_over_seeds $out/twin/main-point/seed{5..14} --line $line \
+      > $out/twin/main-point/over-seeds-5-14-${line//\//-}.md
+    python -m bench.sessions_over_seeds $out/twin/rates/seed{5..9} --line $line \
+      > $out/twin/rates/over-seeds-5-9-${line//\//-}.md
+  done
+  for line in ${hrrn//,/ }; do
+    python -m bench.sessions_over_seeds $out/twin/main-point/seed{0..4} \
+      $out/twin/hrrn/main-point/seed{0..4} --line $line \
+      > $out/twin/hrrn/over-seeds-0-4-main-point-${line//\//-}.md
+    python -m bench.sessions_over_seeds $out/twin/rates/seed{0..4} $out/twin/hrrn/rates/seed{0..4} \
+      --line $line > $out/twin/hrrn/over-seeds-0-4-rates-${line//\//-}.md
+  done
+  for line in sglang-lru+host prism+sessions+returns+host prism+sessions+returns; do
+    python -m bench.sessions_over_seeds $out/twin/host/seed{0..9} --line $line \
+      > $out/twin/host/over-seeds-${line//\//-}.md
+  done
+  # the slowest calls of the seeds not loaded at the main point (the records stay in runs/)
+  for seed in 0 2 3 4 5 6 7 8 9 11 13 14; do
+    prism-loadgen sessions --out runs/agent-tail/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines sglang-lru,prism+sessions+returns --save-calls
+  done
+  for line in sglang-lru prism+sessions+returns; do
+    python -m loadgen.reports.call_tail \
+      runs/agent-tail/seed{0,2,3,4,5,6,7,8,9,11,13,14}/calls/$line-0.5-1-0.5.jsonl
+  done > $out/twin/tail.md
 }
 
 contextpilot_rag() {

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         calls = [json.loads(line) for line in path.read_text().splitlines() if line]
         cut, found = tail(calls, args.share)
         every.extend(found)
-        print("\n".join(describe(path.name, cut, found)))
+        print("\n".join(describe(str(path), cut, found)))
     if len(args.runs) > 1 and every:
         print("\n".join(describe(f"the {len(args.runs)} runs' tails", None, every)))
     return 0

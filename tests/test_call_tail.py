@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.reports.call_tail import main, tail
+from loadgen.reports.call_tail import describe, main, tail
 
 
-def _call(sid: str, n: int, ttft: float, prompt: int, cached: int, called: str, tool: float):
+def _call(sid: str, n: int, ttft: float, prompt: int, cached: int, called: str | None, tool: float):
     return {"sid": sid, "call": n, "ttft_s": ttft, "prompt_tokens": prompt,
             "cached_tokens": cached, "called": called, "tool_s": tool, "error": None}  # fmt: skip
 
@@ -36,9 +36,9 @@ def _run() -> list[dict]:
 def test_the_tail_is_the_slowest_calls_with_their_pauses() -> None:
     cut, found = tail(_run(), share=0.02)
     assert cut == 1.5
-    assert [(t.ttft_s, t.uncached, t.paused_by, t.pause_s, t.lost) for t in found] == [
-        (2.0, 8000, "transfer_to_human_agents", 120.0, 7520),
-        (1.5, 5000, None, None, 0),
+    assert [(t.ttft_s, t.uncached, t.after, t.paused_by, t.pause_s, t.lost) for t in found] == [
+        (2.0, 8000, True, "transfer_to_human_agents", 120.0, 7520),
+        (1.5, 5000, False, None, None, 0),
     ]
     with pytest.raises(SystemExit):
         main(["x.jsonl", "--share", "1.5"])
@@ -58,3 +58,10 @@ def test_the_report_names_the_pauses_by_kind(tmp_path: Path, capsys) -> None:
     )
     assert out[4] == "  lost more than half their history: 1 (after human 1)"
     assert out[10] == "the 2 runs' tails: 4 calls"
+
+
+def test_a_continuation_after_an_answer_without_a_call_is_still_one() -> None:
+    calls = [_call("s0", 0, 0.1, 1000, 0, None, 0.0), _call("s0", 1, 3.0, 1500, 1000, "x", 0)]
+    _, found = tail(calls, share=0.5)
+    assert [(t.after, t.paused_by) for t in found] == [(True, None)]
+    assert "after a tool of kind no tool 1" in "\n".join(describe("run", None, found))

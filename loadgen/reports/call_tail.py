@@ -31,13 +31,15 @@ Call = dict[str, Any]
 
 @dataclass(frozen=True)
 class TailCall:
-    """One call of the tail: its TTFT, its uncached tokens, and its pause (None for a
-    session's first call). A continuation's `lost`: the part of its uncached tokens that
+    """One call of the tail: its TTFT, its uncached tokens, and for a continuation
+    (`after` the call before it) its pause: the tool that call called (None: it called
+    none) and how long the tool ran. A continuation's `lost`: the part of its uncached tokens that
     was history (the call before's prompt and answer) prefilled again; the rest is new
     (the tool's output and what follows it)."""
 
     ttft_s: float
     uncached: int
+    after: bool = False
     paused_by: str | None = None
     pause_s: float | None = None
     history: int = 0
@@ -65,20 +67,24 @@ def tail(calls: Sequence[Call], share: float) -> tuple[float, list[TailCall]]:
         history = before["prompt_tokens"] + (before.get("completion_tokens") or 0)
         lost = min(uncached, max(0, history - call["cached_tokens"]))
         paused_by, pause_s = before.get("called"), before["tool_s"]
-        out.append(TailCall(call["ttft_s"], uncached, paused_by, pause_s, history, lost))
+        out.append(TailCall(call["ttft_s"], uncached, True, paused_by, pause_s, history, lost))
     return cut, sorted(out, key=lambda t: -t.ttft_s)
 
 
+def _kind(call: TailCall) -> str:
+    return "no tool" if call.paused_by is None else tool_kind(call.paused_by)
+
+
 def describe(name: str, cut: float | None, calls: Sequence[TailCall]) -> list[str]:
-    first = [t for t in calls if t.paused_by is None]
-    continued = [t for t in calls if t.paused_by is not None]
+    first = [t for t in calls if not t.after]
+    continued = [t for t in calls if t.after]
     above = "" if cut is None else f" at or above {cut:.3f} s"
     lines = [f"{name}: {len(calls)} calls{above}"]
     if first:
         median = statistics.median(t.uncached for t in first)
         lines.append(f"  a session's first call: {len(first)} (uncached median {median:.0f})")
     if continued:
-        kinds = Counter(tool_kind(t.paused_by or "") for t in continued)
+        kinds = Counter(_kind(t) for t in continued)
         after = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
         lines.append(f"  continuations: {len(continued)}, after a tool of kind {after}")
         pauses = [t.pause_s for t in continued if t.pause_s is not None]
@@ -89,7 +95,7 @@ def describe(name: str, cut: float | None, calls: Sequence[TailCall]) -> list[st
             f"and new {statistics.median(t.uncached - t.lost for t in continued):.0f}"
         )
         halves = [t for t in continued if 2 * t.lost > t.history]
-        kinds = Counter(tool_kind(t.paused_by or "") for t in halves)
+        kinds = Counter(_kind(t) for t in halves)
         after = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) or "none"
         lines.append(f"  lost more than half their history: {len(halves)} (after {after})")
     return lines

@@ -330,6 +330,9 @@ agent_step_call() {
     prism-loadgen sessions --out $out/twin/hrrn/rates/seed$seed --seed $seed --rate 1,2 \
       $trace --lines $hrrn
   done
+  # the lpm and hrrn lines on the real stack, seed 1 (~10 min, a machine running nothing else)
+  prism-loadgen sessions --real 4 --out $out/real/seed1-lpm-hrrn --seed 1 --rate 0.5 $trace \
+    --lines sglang-lpm,prism+sessions+returns/lpm-unpaced,$hrrn
   # the host tier at the main point, seeds 0-9
   for seed in 0 1 2 3 4 5 6 7 8 9; do
     prism-loadgen sessions --out $out/twin/host/seed$seed --seed $seed --rate 0.5 $trace \

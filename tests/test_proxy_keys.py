@@ -132,6 +132,8 @@ async def test_a_stream_without_usage_is_charged_all_the_same(
         chunks = [chunk async for chunk in stream]
         assert chunks and all(chunk.choices for chunk in chunks)
         assert all(chunk.usage is None for chunk in chunks)
+        admission = proxy.app[GATEWAY].admission
+        await eventually(lambda: admission.inflight == 0)  # the answer has ended: charged
         with pytest.raises(openai.RateLimitError) as caught:
             await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
         assert "tokens_per_minute" in caught.value.message
@@ -154,6 +156,8 @@ async def test_a_streamed_generate_batch_is_charged_its_answers_tokens(
         chunks = [json.loads(line[5:]) for line in lines[:-1]]
         last = {chunk.get("index", 0): chunk["meta_info"] for chunk in chunks}
         assert sorted(last) == [0, 1] and all(meta["finish_reason"] for meta in last.values())
+        admission = proxy.app[GATEWAY].admission
+        await eventually(lambda: admission.inflight == 0)  # the answer has ended: charged
         again = await http.post("/generate", json={**body, "stream": False})
         assert again.status_code == 429
     registry = proxy.app[GATEWAY].metrics.registry

@@ -336,6 +336,9 @@ async def test_an_engine_served_answer_feeds_the_b_rule_with_its_usage(
             assert usage["prompt_tokens_details"]["cached_tokens"] == 0
         uncached = prompt_tokens  # the proxy's chat came first: nothing of it was cached
         assert uncached > before  # a long prompt
+        # learnt at the answer's end, which the client may see first
+        admission = proxy.app[GATEWAY].admission
+        await eventually(lambda: admission.inflight == 0)
         assert pacing.uncached_tokens == pytest.approx(before + (uncached - before) / 16)
 
 

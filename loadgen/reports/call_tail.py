@@ -15,7 +15,6 @@ histories (and which pauses lost their cache).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections import Counter
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.reports.call_gap import load
 from loadgen.workloads.session_trace import tool_kind
 
 Call = dict[str, Any]
@@ -71,8 +71,10 @@ def tail(calls: Sequence[Call], share: float) -> tuple[float, list[TailCall]]:
     return cut, sorted(out, key=lambda t: -t.ttft_s)
 
 
-def _kind(call: TailCall) -> str:
-    return "no tool" if call.paused_by is None else tool_kind(call.paused_by)
+def _kinds(calls: Sequence[TailCall]) -> str:
+    """How many of `calls` came after each kind of tool, most first."""
+    kinds = Counter("no tool" if t.paused_by is None else tool_kind(t.paused_by) for t in calls)
+    return ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) or "none"
 
 
 def describe(name: str, cut: float | None, calls: Sequence[TailCall]) -> list[str]:
@@ -84,10 +86,8 @@ def describe(name: str, cut: float | None, calls: Sequence[TailCall]) -> list[st
         median = statistics.median(t.uncached for t in first)
         lines.append(f"  a session's first call: {len(first)} (uncached median {median:.0f})")
     if continued:
-        kinds = Counter(_kind(t) for t in continued)
-        after = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
-        lines.append(f"  continuations: {len(continued)}, after a tool of kind {after}")
-        pauses = [t.pause_s for t in continued if t.pause_s is not None]
+        lines.append(f"  continuations: {len(continued)}, after a tool of kind {_kinds(continued)}")
+        pauses = [t.pause_s or 0.0 for t in continued]
         lines.append(
             f"  their pause median {statistics.median(pauses):.1f} s; uncached median "
             f"{statistics.median(t.uncached for t in continued):.0f} tokens, of which "
@@ -95,9 +95,7 @@ def describe(name: str, cut: float | None, calls: Sequence[TailCall]) -> list[st
             f"and new {statistics.median(t.uncached - t.lost for t in continued):.0f}"
         )
         halves = [t for t in continued if 2 * t.lost > t.history]
-        kinds = Counter(_kind(t) for t in halves)
-        after = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()) or "none"
-        lines.append(f"  lost more than half their history: {len(halves)} (after {after})")
+        lines.append(f"  lost more than half their history: {len(halves)} (after {_kinds(halves)})")
     return lines
 
 
@@ -110,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--share must be in (0, 1)")
     every: list[TailCall] = []
     for path in args.runs:
-        calls = [json.loads(line) for line in path.read_text().splitlines() if line]
-        cut, found = tail(calls, args.share)
+        cut, found = tail(list(load(path).values()), args.share)
         every.extend(found)
         print("\n".join(describe(str(path), cut, found)))
     if len(args.runs) > 1 and every:

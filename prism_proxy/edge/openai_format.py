@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,18 @@ class TokenUsage:
             int(meta_info.get("prompt_tokens") or 0),
             int(meta_info.get("completion_tokens") or 0),
             int(meta_info.get("cached_tokens") or 0),
+        )
+
+    @classmethod
+    def from_metas(cls, metas: Iterable[dict[str, Any]]) -> TokenUsage | None:
+        """The sum over several answers' `meta_info` (a batch, or `n`); None for none."""
+        usages = [cls.from_meta(meta) for meta in metas]
+        if not usages:
+            return None
+        return cls(
+            sum(u.prompt_tokens for u in usages),
+            sum(u.completion_tokens for u in usages),
+            sum(u.cached_tokens for u in usages),
         )
 
     @classmethod

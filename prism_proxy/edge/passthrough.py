@@ -310,12 +310,7 @@ async def _assemble_lines(
         result = answer.result()
         big = sum(p.size_bytes for p in answer.parts.values()) >= OFFLOAD_ANSWER_BYTES
         data = await asyncio.to_thread(json_bytes, result) if big else json_bytes(result)
-        metas = [p.meta_info for p in answer.parts.values()]
-        usage = TokenUsage(
-            sum(int(m.get("prompt_tokens") or 0) for m in metas),
-            sum(int(m.get("completion_tokens") or 0) for m in metas),
-            sum(int(m.get("cached_tokens") or 0) for m in metas),
-        )
+        usage = TokenUsage.from_metas(p.meta_info for p in answer.parts.values())
         tool_call, names = False, ()
     admitted.finish(usage, tool_call, names)
     return web.Response(body=data, content_type="application/json")
@@ -339,6 +334,7 @@ async def _relay_lines(
     sessions = admitted.sessions
     first = True
     hidden = False  # the line before was the usage chunk, not relayed
+    ended: list[dict[str, Any]] = []  # on /generate: each answer's last meta_info
     tool_call = False
     names: tuple[str, ...] = ()  # the tools called (`tool_names`), with sessions on
     lines = aiter(upstream.content)
@@ -365,7 +361,10 @@ async def _relay_lines(
                     continue
             if generate:
                 if GENERATE_END.search(line):
-                    usage = _add(usage, _meta_usage(_json_of(line.strip()[5:])))
+                    chunk = _json_of(line.strip()[5:])
+                    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
+                    if isinstance(meta, dict):
+                        ended.append(meta)
             elif b'"usage"' in line and b'"usage":null' not in line:  # SGLang's chunks
                 chunk = _json_of(line.strip()[5:])
                 found = _usage_chunk(chunk)
@@ -383,6 +382,8 @@ async def _relay_lines(
         await response.write_eof()
     except ConnectionResetError as exc:
         raise _ClientGone() from exc
+    if generate:
+        usage = TokenUsage.from_metas(ended)
     admitted.finish(usage, tool_call and upstream.status == 200, names)
     return response
 
@@ -392,21 +393,6 @@ def _json_of(data: bytes) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-
-
-def _meta_usage(chunk: Any) -> TokenUsage | None:
-    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
-    return TokenUsage.from_meta(meta) if isinstance(meta, dict) else None
-
-
-def _add(a: TokenUsage | None, b: TokenUsage | None) -> TokenUsage | None:
-    if a is None or b is None:
-        return a or b
-    return TokenUsage(
-        a.prompt_tokens + b.prompt_tokens,
-        a.completion_tokens + b.completion_tokens,
-        a.cached_tokens + b.cached_tokens,
-    )
 
 
 def _usage_of(data: bytes) -> TokenUsage | None:

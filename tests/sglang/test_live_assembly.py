@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from live_support import LiveServer
+from proxy_support import eventually
 
 from prism_proxy.edge.gateway import GATEWAY
 
@@ -110,6 +111,8 @@ async def test_a_streamed_generate_batch_is_relayed_and_counted(live, live_proxy
             for index, chunk in through.items():
                 assert comparable(chunk) == comparable(direct[index]), (body, index)
             prompt_tokens += sum(chunk["meta_info"]["prompt_tokens"] for chunk in through.values())
+    admission = proxy.app[GATEWAY].admission
+    await eventually(lambda: admission.inflight == 0)  # counted at each answer's end
     registry = proxy.app[GATEWAY].metrics.registry
     counted = registry.get_sample_value("prism:prompt_tokens_total", {"lane": "passthrough"})
     assert counted == prompt_tokens > 0

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from live_support import LiveServer
+from proxy_support import eventually
 
 from prism_proxy.edge.gateway import GATEWAY
 from prism_proxy.prompts.conversation import find_turns
@@ -208,6 +209,8 @@ async def test_tool_calling_chats_get_sglangs_own_answers(proxy, live) -> None:
     assert registry.get_sample_value("prism:extraction_total", labels) == answers
     labels = {"endpoint": "chat", "outcome": "forwarded", "layout": ""}
     assert registry.get_sample_value("prism:extraction_total", labels) is None
+    admission = proxy.app[GATEWAY].admission
+    await eventually(lambda: admission.inflight == 0)  # counted at each answer's end
     # every answer's prompt tokens counted, those streamed without usage too
     counted = sum(
         sample.value

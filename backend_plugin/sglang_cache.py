@@ -41,6 +41,21 @@ def kv_capacity_tokens(params: CacheInitParams) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
+def request_anchor_hints(req: Any) -> AnchorHints | None:
+    """A scheduled request's anchors: its `kv_hints`, or from SGLang's OpenAI endpoint
+    `sampling_params.custom_params` (None: none given, or malformed and logged)."""
+    try:
+        params = getattr(req, "sampling_params", None)
+        return request_hints(
+            getattr(req, "kv_hints", None),
+            getattr(params, "custom_params", None),
+            getattr(req, "origin_input_ids", None) or (),
+        )
+    except AnchorError as exc:
+        logger.warning("request %s: ignoring malformed PRISM anchors: %s", req.rid, exc)
+        return None
+
+
 class SGLangTreeAdapter:
     """`TreeAdapter` over a `RadixCache` for one key namespace (extra_key, cache_salt)."""
 
@@ -123,7 +138,7 @@ class DartRadixCache(RadixCache):
         super().checkpoint(req, up_to=up_to)
         if self.disable:
             return
-        hints = self._hints_of(req)
+        hints = request_anchor_hints(req)
         if hints is not None:
             self.dart.request_started(str(req.rid), hints)
             self.place(req.full_untruncated_fill_ids[:up_to], hints, req.extra_key, req.cache_salt)
@@ -133,19 +148,6 @@ class DartRadixCache(RadixCache):
         self.dart.request_finished(str(req.rid))
 
     # ---- DART ----------------------------------------------------------------------
-    @staticmethod
-    def _hints_of(req: Any) -> AnchorHints | None:
-        try:
-            params = getattr(req, "sampling_params", None)
-            return request_hints(
-                getattr(req, "kv_hints", None),
-                getattr(params, "custom_params", None),
-                getattr(req, "origin_input_ids", None) or (),
-            )
-        except AnchorError as exc:
-            logger.warning("request %s: ignoring malformed PRISM anchors: %s", req.rid, exc)
-            return None
-
     def place(
         self,
         token_ids: Sequence[int],

@@ -4,8 +4,10 @@ SGLang's `load_plugins()` calls `register()` in the launcher and as the first li
 every scheduler process. It registers the radix-cache backend `prism_dart`, selected
 with `--radix-cache-backend prism_dart`: the scheduler's `create_tree_cache` then calls
 `build_dart_cache`, which builds a `DartRadixCache` (SGLang's Python tree, not the Rust
-unified core) and starts the control RPC of this scheduler process if
-`PRISM_CONTROL_PORT` is set (dp rank r listens on port + r).
+unified core) or, with `--enable-hierarchical-cache`, a `DartUnifiedRadixCache`
+(SGLang's unified tree on its Python core with DART's order, carrying the host tier),
+and starts the control RPC of this scheduler process if `PRISM_CONTROL_PORT` is set
+(dp rank r listens on port + r).
 
 Tensor parallelism: every TP rank owns a tree and must evict identically, but the RPC
 reaches one process; rather than broadcast updates through the TP group, the backend
@@ -14,6 +16,7 @@ refuses `--tp-size > 1` with a clear error (SPEC §3's requirement, option "refu
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -57,10 +60,10 @@ def build_dart_cache(ctx: Any) -> Any:
         )
     if ctx.disable_radix_cache:
         raise ValueError(f"--radix-cache-backend {BACKEND_NAME} needs the radix cache enabled")
-    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm or ctx.enable_hierarchical_cache:
+    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
         raise ValueError(
-            f"--radix-cache-backend {BACKEND_NAME} supports full-attention models without "
-            "HiCache only (hybrid SWA/SSM and hierarchical caches are not supported)"
+            f"--radix-cache-backend {BACKEND_NAME} supports full-attention models only "
+            "(hybrid SWA/SSM caches are not supported)"
         )
     config = load_config()
     core = DartCore(
@@ -69,7 +72,18 @@ def build_dart_cache(ctx: Any) -> Any:
         protect_fraction=config.protect_fraction,
         retain_fraction=config.retain_fraction,
     )
-    cache = DartRadixCache(ctx.params, core)  # hands the KV pool's size to the core
+    if ctx.enable_hierarchical_cache:
+        # HiCache lives only in SGLang's UnifiedRadixCache: DART runs as its tree core,
+        # and SGLang's own builder attaches the host tier.
+        from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+        from backend_plugin.sglang_unified import DartUnifiedRadixCache
+
+        cache = create_unified_radix_cache(
+            ctx, cache_class=functools.partial(DartUnifiedRadixCache, core=core)
+        )
+    else:
+        cache = DartRadixCache(ctx.params, core)  # hands the KV pool's size to the core
     if config.control.port is not None:
         from backend_plugin.control_rpc import ControlThread
 

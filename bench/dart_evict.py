@@ -10,10 +10,15 @@ key, one protection-set snapshot per pass). Each system head is its own owner wi
 table entry, and DART is told of a KV pool as large as the tree, so F_t's
 bound (a quarter of it) is tracked as a server tracks it.
 
-    python -m bench.dart_evict [--tokens 1000000] [--evict 100000] [--tree sim|sglang]
+    python -m bench.dart_evict [--tokens 1000000] [--evict 100000]
+                               [--tree sim|sglang|unified]
                                [--gc-freeze]
 
 `--tree sglang` runs SGLang's own RadixCache/DartRadixCache (needs .venv-sglang).
+`--tree unified` runs SGLang's UnifiedRadixCache, the tree HiCache needs:
+DartUnifiedRadixCache (DART's Python tree core) under LRU and under DART, same splits, and
+SGLang's own tree on its default Rust core without anchors, compared per evicted token
+(the Python core's own cost included).
 `--gc-freeze` moves the built trees out of the cyclic GC's reach (`gc.freeze()`, as a
 server does after warm-up): DART's tuple keys allocate twice LRU's objects per leaf per
 pass, and with the tree under the collector much of the many-pass gap is GC time.
@@ -159,10 +164,74 @@ def sglang_tree(policy: str, table: dict[str, float] | None, capacity: int) -> T
     return Tree(insert, evict, cache.evictable_size)
 
 
+def unified_tree(policy: str, table: dict[str, float] | None, capacity: int) -> Tree:
+    """SGLang's `UnifiedRadixCache` (the tree that carries HiCache): `DartUnifiedRadixCache`
+    on DART's Python tree core under `policy`, or with policy `rust` SGLang's own tree on
+    its default Rust core, LRU, without anchors (as a server runs it without DART)."""
+    _torchvision_shim()
+    import dataclasses
+    from array import array
+
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from backend_plugin.sglang_unified import DartUnifiedRadixCache
+
+    class Allocator:
+        device = "cpu"
+        page_size = 1
+        size = capacity
+        freed_nodes = 0
+
+        def free_segment(self, indices: Any, start_pos: int = 0) -> None:
+            self.freed_nodes += 1
+
+    allocator = Allocator()
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=allocator,
+        page_size=1,
+        tree_components=(ComponentType.FULL,),
+    )
+    dart: DartUnifiedRadixCache | None = None
+    if policy == "rust":
+        cache = UnifiedRadixCache(dataclasses.replace(params, tree_core_backend="rust"))
+    else:
+        dart = DartUnifiedRadixCache(params, DartCore(policy, protect=8))
+        cache = dart
+        if table is not None:
+            dart.dart.inbox.submit(PriorityUpdate(1, table, protect=8))
+
+    def insert(rid: str, tokens: list[int], kv_hints: Any) -> None:
+        key = RadixKey(array("q", tokens))
+        value = torch.arange(len(tokens), dtype=torch.int64)
+        if dart is None:
+            cache.insert(InsertParams(key=key, value=value))
+        else:
+            dart.insert_with_anchors(key, parse_kv_hints(kv_hints), rid=rid, value=value)
+
+    def evict(n: int) -> int:
+        before = allocator.freed_nodes
+        cache.evict(EvictParams(num_tokens=n))
+        return allocator.freed_nodes - before
+
+    return Tree(insert, evict, cache.evictable_size)
+
+
+BUILDERS = {"sim": sim_tree, "sglang": sglang_tree, "unified": unified_tree}
+
+
 def build_trees(tree_kind: str, workload: Workload, verbose: bool) -> dict[str, Tree]:
-    build = sim_tree if tree_kind == "sim" else sglang_tree
+    build = BUILDERS[tree_kind]
     capacity = workload.capacity_tokens
     trees = {"lru": build("lru", None, capacity), "dart": build("dart", workload.table, capacity)}
+    if tree_kind == "unified":
+        trees["rust"] = build("rust", None, capacity)
     for name, tree in trees.items():
         start = time.perf_counter()
         for rid, tokens, kv_hints in workload.requests:
@@ -196,7 +265,7 @@ def run(
         gc.unfreeze()
         if gc_freeze:
             gc.freeze()
-        per_node, per_pass = {}, {}
+        per_node, per_pass, per_token = {}, {}, {}
         for name, tree in trees.items():
             nodes, done, passes = 0, 0, 0
             start = time.perf_counter()
@@ -211,6 +280,7 @@ def run(
             elapsed = time.perf_counter() - start
             per_node[name] = elapsed / max(nodes, 1)
             per_pass[name] = elapsed / passes
+            per_token[name] = elapsed / max(done, 1)
             print(
                 f"  {label:>16} {name:>4}: {passes:4d} passes, {nodes:6,d} nodes, "
                 f"{done:8,d} tokens, {elapsed * 1e3:8.1f} ms, {per_node[name] * 1e6:7.2f} us/node"
@@ -219,6 +289,11 @@ def run(
             f"  {label:>16} DART/LRU: {per_node['dart'] / per_node['lru']:.2f}x per evicted node, "
             f"{per_pass['dart'] / per_pass['lru']:.2f}x per pass"
         )
+        if "rust" in per_token:  # node counts differ (no anchors there): per token
+            print(
+                f"  {label:>16} DART/SGLang's Rust LRU: "
+                f"{per_token['dart'] / per_token['rust']:.2f}x per evicted token"
+            )
     gc.unfreeze()
 
 
@@ -227,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=1_000_000)
     parser.add_argument("--evict", type=int, default=100_000)
     parser.add_argument("--pass-tokens", type=int, default=1_000)
-    parser.add_argument("--tree", choices=("sim", "sglang"), default="sim")
+    parser.add_argument("--tree", choices=sorted(BUILDERS), default="sim")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args(argv)

@@ -106,6 +106,30 @@ def test_refuses_tensor_parallelism_and_an_unauthenticated_rpc(published_server_
         create_tree_cache(build_context(published_server_args))
 
 
+def test_with_hicache_the_backend_is_dart_on_sglangs_unified_tree(published_server_args):
+    """`--enable-hierarchical-cache` routes the backend through SGLang's own
+    `create_unified_radix_cache` with `DartUnifiedRadixCache`; SGLang's `init_hicache`
+    then allocates the host pool, which on this CPU-only torch stops at its CUDA host
+    registration (HiCache is GPU-only in 0.5.23; the tree is tested in
+    test_sglang_dart_unified.py)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from backend_plugin.sglang_unified import DartTreeCore, DartUnifiedRadixCache
+
+    kv = MHATokenToKVPool(256, 1, torch.float32, 2, 8, 2, "cpu", False)
+    ctx = build_context(
+        published_server_args,
+        allocator=TokenToKVPoolAllocator(256, torch.float32, "cpu", kv, False),
+    )
+    ctx.enable_hierarchical_cache = True
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as info:
+        create_tree_cache(ctx)
+    hosts = [entry.locals.get("self") for entry in info.traceback]
+    caches = [c for c in hosts if isinstance(c, DartUnifiedRadixCache)]
+    assert caches and all(type(c.tree_core) is DartTreeCore for c in caches)
+    assert any(entry.name == "init_hicache" for entry in info.traceback)
+
+
 def test_launcher_runs_sglangs_own_entry_point():
     """`python -m backend_plugin.launch` reaches SGLang's launch_server argument parser
     (with `--help` it stops there: no model can be served on this CPU-only machine)."""

@@ -1,0 +1,212 @@
+"""DART on SGLang 0.5.23's `UnifiedRadixCache`, the tree that carries HiCache.
+
+SGLang's host-memory KV tier (`--enable-hierarchical-cache`) exists only in
+`UnifiedRadixCache`, whose tree lives in a separate "tree core". Its default core is
+Rust and takes only SGLang's own eviction policies; its Python core
+(`unified_cache/unified_tree_core.py`) orders device and host eviction by
+`eviction_strategy.get_priority(node)`, as `RadixCache` does. So DART runs there as a
+registered tree core (`register_tree_core_backend`, name `prism_dart`):
+
+* `DartTreeCore` is SGLang's Python `UnifiedTreeCore` whose `eviction_strategy` is DART's
+  keys; it snapshots the priorities at the start of every device-eviction walk, carries
+  a node's owner to the upper half of a split, and counts a node's tokens as evicted
+  when its device KV is freed. A node whose device KV goes (deleted, or demoted to host
+  memory under HiCache) loses its annotation: DART's residency is what the device
+  holds, and a history loaded back from host is annotated again by the next request
+  that reaches it. Host eviction therefore sees those nodes unannotated and drops them
+  least recently used first, as SGLang does.
+* `DartUnifiedRadixCache` is SGLang's `UnifiedRadixCache` built on that core; its
+  `checkpoint` places the request's anchors after SGLang's own insert, as
+  `DartRadixCache` does on the plain tree.
+
+`build_dart_cache` picks this tree when HiCache is on and `DartRadixCache` (the plain
+tree, faster) otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+from sglang.srt.mem_cache.unified_cache.components.base import EvictLayer
+from sglang.srt.mem_cache.unified_cache.tree_core_registry import (
+    get_tree_core_factory,
+    register_tree_core_backend,
+)
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import (
+    UnifiedTreeCore,
+    UnifiedTreeNode,
+)
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+from backend_plugin.dart.core import DartCore
+from backend_plugin.dart.keys import NodeMeta
+from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
+from backend_plugin.sglang_cache import kv_capacity_tokens, request_anchor_hints
+from prism_wire import AnchorHints
+
+logger = logging.getLogger(__name__)
+
+TREE_CORE_NAME = "prism_dart"
+FULL = ComponentType.FULL
+
+
+class DartTreeCore(UnifiedTreeCore):
+    """SGLang's Python tree core with DART's eviction order once `attach` gave it a core
+    (until then, during construction, it is SGLang's own)."""
+
+    dart: DartCore | None = None
+
+    def attach(self, core: DartCore) -> None:
+        self.dart = core
+        self.eviction_strategy = DartStrategy(core)
+
+    def reset(self) -> None:
+        super().reset()
+        if self.dart is not None:
+            self.dart.clear_residency()
+
+    def evict_device_start(self, component_type: ComponentType, request_cnt: int) -> None:
+        if component_type is FULL and self.dart is not None:
+            self.dart.begin_eviction()
+        super().evict_device_start(component_type, request_cnt)
+
+    def _split_node(self, key: RadixKey, child: UnifiedTreeNode, split_len: int) -> Any:
+        new_node, action = super()._split_node(key, child, split_len)
+        meta: NodeMeta | None = getattr(child, META_ATTR, None)
+        if meta is not None:
+            setattr(new_node, META_ATTR, meta.as_prefix())
+        return new_node, action
+
+    def _evict_component_and_detach_lru(
+        self, node: UnifiedTreeNode, comp: Any, *args: Any, **kwargs: Any
+    ) -> tuple[int, int]:
+        target = kwargs.get("target", EvictLayer.DEVICE)
+        watched = comp.component_type is FULL and EvictLayer.DEVICE in target
+        meta: NodeMeta | None = getattr(node, META_ATTR, None) if watched else None
+        freed = super()._evict_component_and_detach_lru(node, comp, *args, **kwargs)
+        if watched and freed[0] > 0 and self.dart is not None:
+            self.dart.on_evicted(meta, len(node.key))
+            setattr(node, META_ATTR, None)
+        return freed
+
+
+def _tree_core_factory(params: CacheInitParams, components: dict) -> DartTreeCore:
+    return DartTreeCore(params, components)
+
+
+def register_tree_core() -> None:
+    """Register the `prism_dart` tree core with SGLang (idempotent)."""
+    if get_tree_core_factory(TREE_CORE_NAME) is None:
+        register_tree_core_backend(TREE_CORE_NAME, _tree_core_factory)
+
+
+class UnifiedTreeAdapter:
+    """`TreeAdapter` over a `DartUnifiedRadixCache` for one key namespace. The walk
+    follows nodes whose KV is on the device and stops at the first that is not."""
+
+    def __init__(
+        self,
+        cache: DartUnifiedRadixCache,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.cache = cache
+        self.core: DartTreeCore = cache.tree_core
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt
+
+    def walk(self, tokens: Sequence[int]) -> list[tuple[UnifiedTreeNode, int, int]]:
+        page = self.core.page_size
+        toks = list(tokens)
+        toks = toks[: len(toks) // page * page]
+        key = RadixKey(toks, self.extra_key, cache_salt=self.cache_salt)
+        node, pos, path = self.core.root_node, 0, []
+        while pos < len(toks):
+            child = node.children.get(key.child_key_at(pos, page))
+            if child is None or child.evicted:
+                break
+            size = len(child.key)
+            if list(child.key.raw_token_ids()) != toks[pos : pos + size]:
+                break
+            path.append((child, pos, pos + size))
+            node, pos = child, pos + size
+        return path
+
+    def split(self, node: UnifiedTreeNode, at: int) -> UnifiedTreeNode:
+        parent, action = self.core._split_node(node.key, node, at)
+        if action is not None:  # a pending write-through now covers both halves
+            self.cache._apply_cache_actions([action])
+        return parent
+
+    def get_meta(self, node: UnifiedTreeNode) -> NodeMeta | None:
+        return getattr(node, META_ATTR, None)
+
+    def set_meta(self, node: UnifiedTreeNode, meta: NodeMeta | None) -> None:
+        setattr(node, META_ATTR, meta)
+
+
+class DartUnifiedRadixCache(UnifiedRadixCache):
+    """SGLang's `UnifiedRadixCache` on the `prism_dart` tree core (`self.dart` holds the
+    state). HiCache is attached by SGLang's own `create_unified_radix_cache`."""
+
+    tree_core: DartTreeCore
+
+    def __init__(self, params: CacheInitParams, core: DartCore) -> None:
+        register_tree_core()
+        self.dart = core
+        self.control: Any = None  # the ControlThread, when this process serves the RPC
+        super().__init__(dataclasses.replace(params, tree_core_backend=TREE_CORE_NAME))
+        if not isinstance(self.tree_core, DartTreeCore):
+            raise ValueError(f"the {TREE_CORE_NAME} tree core was not built")
+        self.tree_core.attach(core)
+        capacity = kv_capacity_tokens(params)
+        if capacity is not None:
+            core.set_capacity(capacity)
+        elif not self.disable:
+            logger.warning("PRISM DART: KV pool size unknown; F_t is not bounded by it")
+
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        self.dart.apply_pending()
+        super().checkpoint(req, up_to=up_to, **kwargs)
+        if self.disable:
+            return
+        hints = request_anchor_hints(req)
+        if hints is not None:
+            self.dart.request_started(str(req.rid), hints)
+            self.place(req.full_untruncated_fill_ids[:up_to], hints, req.extra_key, req.cache_salt)
+
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        super().on_release(req, checkpointed=checkpointed)
+        self.dart.request_finished(str(req.rid))
+
+    def place(
+        self,
+        token_ids: Sequence[int],
+        hints: AnchorHints,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Split and annotate the device-resident path of `token_ids` at the anchors."""
+        adapter = UnifiedTreeAdapter(self, extra_key, cache_salt)
+        page = self.tree_core.page_size
+        return place_anchors(adapter, token_ids, hints, self.dart, page_size=page)
+
+    def insert_with_anchors(
+        self, key: RadixKey, hints: AnchorHints | None, *, rid: str | None = None, value=None
+    ) -> int:
+        """`insert` then place the anchors, as `checkpoint` does for a scheduled request
+        (for callers without a `Req`: tests, benchmarks). Returns the matched prefix."""
+        self.dart.apply_pending()
+        result = self.insert(InsertParams(key=key, value=value))
+        if hints is not None:
+            if rid is not None:
+                self.dart.request_started(rid, hints)
+            self.place(key.token_ids, hints, key.extra_key, key.cache_salt)
+        return result.prefix_len

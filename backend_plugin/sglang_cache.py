@@ -7,7 +7,8 @@ insertion stay SGLang's own; DART changes which evictable leaf goes first (SPEC 
   leaves by DART keys (O(log V) per evicted node, as for LRU);
 * `evict()` first applies queued priority updates and snapshots F_t, once per pass;
 * `checkpoint(req, up_to=…)` (SGLang's per-request insertion point, called from
-  `mem_cache/common.py`) inserts as usual, then reads `req.rid` / `req.kv_hints` (or,
+  `mem_cache/common.py`; `DartRequests`, shared with the unified tree) inserts as
+  usual, then reads `req.rid` / `req.kv_hints` (or,
   from SGLang's OpenAI endpoint, `req.sampling_params.custom_params`),
   splits nodes at the anchor offsets and annotates the path;
 * `_split_node` carries a node's owner to the new upper half; `_delete_leaf` counts
@@ -60,21 +61,22 @@ class SGLangTreeAdapter:
     """`TreeAdapter` over a `RadixCache` for one key namespace (extra_key, cache_salt)."""
 
     def __init__(
-        self, cache: RadixCache, extra_key: str | None = None, cache_salt: str | None = None
+        self, cache: Any, extra_key: str | None = None, cache_salt: str | None = None
     ) -> None:
         self.cache = cache
+        self.page_size: int = cache.page_size
         self.extra_key = extra_key
         self.cache_salt = cache_salt
 
     def walk(self, tokens: Sequence[int]) -> list[tuple[TreeNode, int, int]]:
-        page = self.cache.page_size
+        page = self.page_size
         toks = list(tokens)
         toks = toks[: len(toks) // page * page]
         key = RadixKey(toks, self.extra_key, cache_salt=self.cache_salt)
         node, pos, path = self.cache.root_node, 0, []
         while pos < len(toks):
             child = node.children.get(key.child_key_at(pos, page))
-            if child is None:
+            if child is None or not self.on_device(child):
                 break
             size = len(child.key)
             if list(child.key.raw_token_ids()) != toks[pos : pos + size]:
@@ -82,6 +84,10 @@ class SGLangTreeAdapter:
             path.append((child, pos, pos + size))
             node, pos = child, pos + size
         return path
+
+    def on_device(self, node: TreeNode) -> bool:
+        """Whether the node's KV is on the device (always, in this tree)."""
+        return True
 
     def split(self, node: TreeNode, at: int) -> TreeNode:
         parent = self.cache._split_node(node.key, node, at)
@@ -97,7 +103,57 @@ class SGLangTreeAdapter:
         setattr(node, META_ATTR, meta)
 
 
-class DartRadixCache(RadixCache):
+class DartRequests:
+    """DART's part in a request's life, for an SGLang tree cache of either kind (mixed in
+    before it): `checkpoint` inserts as SGLang does, then places the request's anchors;
+    `on_release` ends its share of a_t. The cache gives `_tree_adapter`."""
+
+    dart: DartCore
+    disable: bool
+
+    def _tree_adapter(self, extra_key: str | None, cache_salt: str | None) -> Any:
+        raise NotImplementedError
+
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        self.dart.apply_pending()
+        super().checkpoint(req, up_to=up_to, **kwargs)  # type: ignore[misc]
+        if self.disable:
+            return
+        hints = request_anchor_hints(req)
+        if hints is not None:
+            self.dart.request_started(str(req.rid), hints)
+            self.place(req.full_untruncated_fill_ids[:up_to], hints, req.extra_key, req.cache_salt)
+
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        super().on_release(req, checkpointed=checkpointed)  # type: ignore[misc]
+        self.dart.request_finished(str(req.rid))
+
+    def place(
+        self,
+        token_ids: Sequence[int],
+        hints: AnchorHints,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Split and annotate the resident path of `token_ids` at the anchors of `hints`."""
+        adapter = self._tree_adapter(extra_key, cache_salt)
+        return place_anchors(adapter, token_ids, hints, self.dart, page_size=adapter.page_size)
+
+    def insert_with_anchors(
+        self, key: RadixKey, hints: AnchorHints | None, *, rid: str | None = None, value=None
+    ) -> int:
+        """`insert` then place the anchors, as `checkpoint` does for a scheduled request
+        (for callers without a `Req`: tests, benchmarks). Returns the matched prefix."""
+        self.dart.apply_pending()
+        result = self.insert(InsertParams(key=key, value=value))  # type: ignore[attr-defined]
+        if hints is not None:
+            if rid is not None:
+                self.dart.request_started(rid, hints)
+            self.place(key.token_ids, hints, key.extra_key, key.cache_salt)
+        return result.prefix_len
+
+
+class DartRadixCache(DartRequests, RadixCache):
     """SGLang's `RadixCache` whose eviction follows DART (`self.dart` holds the state)."""
 
     def __init__(self, params: CacheInitParams, core: DartCore) -> None:
@@ -133,41 +189,5 @@ class DartRadixCache(RadixCache):
             setattr(new_node, META_ATTR, meta.as_prefix())
         return new_node
 
-    def checkpoint(self, req: Any, *, up_to: int) -> None:
-        self.dart.apply_pending()
-        super().checkpoint(req, up_to=up_to)
-        if self.disable:
-            return
-        hints = request_anchor_hints(req)
-        if hints is not None:
-            self.dart.request_started(str(req.rid), hints)
-            self.place(req.full_untruncated_fill_ids[:up_to], hints, req.extra_key, req.cache_salt)
-
-    def on_release(self, req: Any, *, checkpointed: bool) -> None:
-        super().on_release(req, checkpointed=checkpointed)
-        self.dart.request_finished(str(req.rid))
-
-    # ---- DART ----------------------------------------------------------------------
-    def place(
-        self,
-        token_ids: Sequence[int],
-        hints: AnchorHints,
-        extra_key: str | None = None,
-        cache_salt: str | None = None,
-    ) -> int:
-        """Split and annotate the resident path of `token_ids` at the anchors of `hints`."""
-        adapter = SGLangTreeAdapter(self, extra_key, cache_salt)
-        return place_anchors(adapter, token_ids, hints, self.dart, page_size=self.page_size)
-
-    def insert_with_anchors(
-        self, key: RadixKey, hints: AnchorHints | None, *, rid: str | None = None, value=None
-    ) -> int:
-        """`insert` then place the anchors, as `checkpoint` does for a scheduled request
-        (for callers without a `Req`: tests, benchmarks). Returns the matched prefix."""
-        self.dart.apply_pending()
-        result = self.insert(InsertParams(key=key, value=value))
-        if hints is not None:
-            if rid is not None:
-                self.dart.request_started(rid, hints)
-            self.place(key.token_ids, hints, key.extra_key, key.cache_salt)
-        return result.prefix_len
+    def _tree_adapter(self, extra_key: str | None, cache_salt: str | None) -> SGLangTreeAdapter:
+        return SGLangTreeAdapter(self, extra_key, cache_salt)

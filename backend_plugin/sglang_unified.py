@@ -16,8 +16,8 @@ registered tree core (`register_tree_core_backend`, name `prism_dart`):
   that reaches it. Host eviction therefore sees those nodes unannotated and drops them
   least recently used first, as SGLang does.
 * `DartUnifiedRadixCache` is SGLang's `UnifiedRadixCache` built on that core; its
-  `checkpoint` places the request's anchors after SGLang's own insert, as
-  `DartRadixCache` does on the plain tree.
+  `checkpoint` places the request's anchors after SGLang's own insert, with the code
+  `DartRadixCache` uses on the plain tree (`DartRequests`).
 
 `build_dart_cache` picks this tree when HiCache is on and `DartRadixCache` (the plain
 tree, faster) otherwise.
@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
 from typing import Any
 
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
@@ -47,9 +45,8 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
-from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
-from backend_plugin.sglang_cache import kv_capacity_tokens, request_anchor_hints
-from prism_wire import AnchorHints
+from backend_plugin.dart.tree import META_ATTR, DartStrategy
+from backend_plugin.sglang_cache import DartRequests, SGLangTreeAdapter, kv_capacity_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -107,54 +104,25 @@ def register_tree_core() -> None:
         register_tree_core_backend(TREE_CORE_NAME, _tree_core_factory)
 
 
-class UnifiedTreeAdapter:
-    """`TreeAdapter` over a `DartUnifiedRadixCache` for one key namespace. The walk
-    follows nodes whose KV is on the device and stops at the first that is not."""
+class UnifiedTreeAdapter(SGLangTreeAdapter):
+    """`SGLangTreeAdapter` over a `DartUnifiedRadixCache`: the walk stops at the first
+    node whose KV is not on the device (host-only under HiCache), and splits go through
+    the tree core."""
 
-    def __init__(
-        self,
-        cache: DartUnifiedRadixCache,
-        extra_key: str | None = None,
-        cache_salt: str | None = None,
-    ) -> None:
-        self.cache = cache
-        self.core: DartTreeCore = cache.tree_core
-        self.extra_key = extra_key
-        self.cache_salt = cache_salt
-
-    def walk(self, tokens: Sequence[int]) -> list[tuple[UnifiedTreeNode, int, int]]:
-        page = self.core.page_size
-        toks = list(tokens)
-        toks = toks[: len(toks) // page * page]
-        key = RadixKey(toks, self.extra_key, cache_salt=self.cache_salt)
-        node, pos, path = self.core.root_node, 0, []
-        while pos < len(toks):
-            child = node.children.get(key.child_key_at(pos, page))
-            if child is None or child.evicted:
-                break
-            size = len(child.key)
-            if list(child.key.raw_token_ids()) != toks[pos : pos + size]:
-                break
-            path.append((child, pos, pos + size))
-            node, pos = child, pos + size
-        return path
+    def on_device(self, node: UnifiedTreeNode) -> bool:
+        return not node.evicted
 
     def split(self, node: UnifiedTreeNode, at: int) -> UnifiedTreeNode:
-        parent, action = self.core._split_node(node.key, node, at)
+        parent, action = self.cache.tree_core._split_node(node.key, node, at)
         if action is not None:  # a pending write-through now covers both halves
             self.cache._apply_cache_actions([action])
         return parent
 
-    def get_meta(self, node: UnifiedTreeNode) -> NodeMeta | None:
-        return getattr(node, META_ATTR, None)
 
-    def set_meta(self, node: UnifiedTreeNode, meta: NodeMeta | None) -> None:
-        setattr(node, META_ATTR, meta)
-
-
-class DartUnifiedRadixCache(UnifiedRadixCache):
+class DartUnifiedRadixCache(DartRequests, UnifiedRadixCache):
     """SGLang's `UnifiedRadixCache` on the `prism_dart` tree core (`self.dart` holds the
-    state). HiCache is attached by SGLang's own `create_unified_radix_cache`."""
+    state), with DART's `checkpoint` and `on_release` (`DartRequests`). HiCache is
+    attached by SGLang's own `create_unified_radix_cache`."""
 
     tree_core: DartTreeCore
 
@@ -172,41 +140,5 @@ class DartUnifiedRadixCache(UnifiedRadixCache):
         elif not self.disable:
             logger.warning("PRISM DART: KV pool size unknown; F_t is not bounded by it")
 
-    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
-        self.dart.apply_pending()
-        super().checkpoint(req, up_to=up_to, **kwargs)
-        if self.disable:
-            return
-        hints = request_anchor_hints(req)
-        if hints is not None:
-            self.dart.request_started(str(req.rid), hints)
-            self.place(req.full_untruncated_fill_ids[:up_to], hints, req.extra_key, req.cache_salt)
-
-    def on_release(self, req: Any, *, checkpointed: bool) -> None:
-        super().on_release(req, checkpointed=checkpointed)
-        self.dart.request_finished(str(req.rid))
-
-    def place(
-        self,
-        token_ids: Sequence[int],
-        hints: AnchorHints,
-        extra_key: str | None = None,
-        cache_salt: str | None = None,
-    ) -> int:
-        """Split and annotate the device-resident path of `token_ids` at the anchors."""
-        adapter = UnifiedTreeAdapter(self, extra_key, cache_salt)
-        page = self.tree_core.page_size
-        return place_anchors(adapter, token_ids, hints, self.dart, page_size=page)
-
-    def insert_with_anchors(
-        self, key: RadixKey, hints: AnchorHints | None, *, rid: str | None = None, value=None
-    ) -> int:
-        """`insert` then place the anchors, as `checkpoint` does for a scheduled request
-        (for callers without a `Req`: tests, benchmarks). Returns the matched prefix."""
-        self.dart.apply_pending()
-        result = self.insert(InsertParams(key=key, value=value))
-        if hints is not None:
-            if rid is not None:
-                self.dart.request_started(rid, hints)
-            self.place(key.token_ids, hints, key.extra_key, key.cache_salt)
-        return result.prefix_len
+    def _tree_adapter(self, extra_key: str | None, cache_salt: str | None) -> UnifiedTreeAdapter:
+        return UnifiedTreeAdapter(self, extra_key, cache_salt)

@@ -125,6 +125,21 @@ def _torchvision_shim() -> Any:
     return lib
 
 
+class CountingAllocator:
+    """The KV allocator surface SGLang's trees touch, counting the nodes freed; `size`
+    (the pool DART is told of) is the tree's own size."""
+
+    device = "cpu"
+    page_size = 1
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.freed_nodes = 0
+
+    def free_segment(self, indices: Any, start_pos: int = 0) -> None:
+        self.freed_nodes += 1
+
+
 def sglang_tree(policy: str, table: dict[str, float] | None, capacity: int) -> Tree:
     _torchvision_shim()
     from array import array
@@ -135,16 +150,7 @@ def sglang_tree(policy: str, table: dict[str, float] | None, capacity: int) -> T
 
     from backend_plugin.sglang_cache import DartRadixCache
 
-    class Allocator:
-        device = "cpu"
-        page_size = 1
-        size = capacity
-        freed_nodes = 0
-
-        def free_segment(self, indices: Any, start_pos: int = 0) -> None:
-            self.freed_nodes += 1
-
-    allocator = Allocator()
+    allocator = CountingAllocator(capacity)
     params = CacheInitParams(
         disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator, page_size=1
     )
@@ -181,16 +187,7 @@ def unified_tree(policy: str, table: dict[str, float] | None, capacity: int) -> 
 
     from backend_plugin.sglang_unified import DartUnifiedRadixCache
 
-    class Allocator:
-        device = "cpu"
-        page_size = 1
-        size = capacity
-        freed_nodes = 0
-
-        def free_segment(self, indices: Any, start_pos: int = 0) -> None:
-            self.freed_nodes += 1
-
-    allocator = Allocator()
+    allocator = CountingAllocator(capacity)
     params = CacheInitParams(
         disable=False,
         req_to_token_pool=None,

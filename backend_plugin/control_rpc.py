@@ -20,7 +20,8 @@
                             prism:dart_priority_epoch, prism:dart_segments_resident,
                             prism:dart_residency_version,
                             prism:dart_over_cap_evicted_tokens_total,
-                            prism:dart_late_retentions_total
+                            prism:dart_late_retentions_total,
+                            prism:dart_host_demoted_tokens_total (with HiCache)
 
 Every route but health needs `Authorization: Bearer <token>`. The handlers never touch
 the tree: an accepted update is queued in the core's inbox (staleness is decided at
@@ -199,6 +200,12 @@ class DartCollector(Collector):
             "Retention entries that arrived when none of the owner's tokens were resident",
             value=stats.late_retentions,
         )
+        if stats.host_demoted_tokens is not None:
+            yield CounterMetricFamily(
+                "prism:dart_host_demoted_tokens",
+                "Evicted tokens whose KV went to the host tier (HiCache) instead of being freed",
+                value=stats.host_demoted_tokens,
+            )
 
 
 def create_control_app(

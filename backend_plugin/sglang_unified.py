@@ -10,11 +10,12 @@ registered tree core (`register_tree_core_backend`, name `prism_dart`):
 * `DartTreeCore` is SGLang's Python `UnifiedTreeCore` whose `eviction_strategy` is DART's
   keys; it snapshots the priorities at the start of every device-eviction walk, carries
   a node's owner to the upper half of a split, and counts a node's tokens as evicted
-  when its device KV is freed. A node whose device KV goes (deleted, or demoted to host
-  memory under HiCache) loses its annotation: DART's residency is what the device
-  holds, and a history loaded back from host is annotated again by the next request
-  that reaches it. Host eviction therefore sees those nodes unannotated and drops them
-  least recently used first, as SGLang does.
+  when its device KV is freed (and as demoted to host when a host copy stays). A node
+  whose device KV goes (deleted, or demoted to host memory under HiCache) loses its
+  annotation: DART's residency is what the device holds, and a history loaded back
+  from host is annotated again by the next request that reaches it. Host eviction
+  therefore sees those nodes unannotated and drops them least recently used first, as
+  SGLang does.
 * `DartUnifiedRadixCache` is SGLang's `UnifiedRadixCache` built on that core; its
   `checkpoint` places the request's anchors after SGLang's own insert, with the code
   `DartRadixCache` uses on the plain tree (`DartRequests`).
@@ -63,6 +64,13 @@ class DartTreeCore(UnifiedTreeCore):
     def attach(self, core: DartCore) -> None:
         self.dart = core
         self.eviction_strategy = DartStrategy(core)
+        if self.enable_hicache:
+            core.use_host_tier()
+
+    def set_hicache_enabled(self) -> None:
+        super().set_hicache_enabled()  # by init_hicache, once the host pool exists
+        if self.dart is not None:
+            self.dart.use_host_tier()
 
     def reset(self) -> None:
         super().reset()
@@ -89,7 +97,7 @@ class DartTreeCore(UnifiedTreeCore):
         meta: NodeMeta | None = getattr(node, META_ATTR, None) if watched else None
         freed = super()._evict_component_and_detach_lru(node, comp, *args, **kwargs)
         if watched and freed[0] > 0 and self.dart is not None:
-            self.dart.on_evicted(meta, len(node.key))
+            self.dart.on_evicted(meta, len(node.key), to_host=node.backuped)
             setattr(node, META_ATTR, None)
         return freed
 

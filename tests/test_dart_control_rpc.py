@@ -229,6 +229,32 @@ async def test_metrics_count_retention_lost_over_the_cap_and_retention_too_late(
     assert samples["prism:dart_late_retentions_total"] == 1
 
 
+async def test_a_host_tier_counts_demotions_and_keeps_a_demoted_retention(rpc):
+    """Without a host tier nothing about one is reported. With it, an eviction whose KV
+    stays on host counts as demoted, and a retained owner demoted is not lost (it comes
+    back as a host hit); one freed is."""
+    core, client = rpc
+    assert "host_demoted_tokens" not in (await client.get("/prism/stats", headers=AUTH)).json()
+    r = await client.get("/prism/metrics", headers=AUTH)
+    assert "prism:dart_host_demoted_tokens" not in r.text
+    core.use_host_tier()
+    core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "A", True), 6)
+    core.on_assign(None, NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
+    core.inbox.submit_retain(Retention({"A": (2.0, 60.0, None), "B": (1.0, 60.0, None)}))
+    core.apply_pending()
+    core.on_evicted(NodeMeta(AnchorKind.SEGMENT, "A", True), 6, to_host=True)
+    core.on_evicted(NodeMeta(AnchorKind.SEGMENT, "B", True), 5)
+    core.on_evicted(None, 3, to_host=True)
+    assert core.retained_loss("A").in_cap_at is None
+    assert core.retained_loss("B").in_cap_at is not None
+    stats = (await client.get("/prism/stats", headers=AUTH)).json()
+    assert stats["host_demoted_tokens"] == 9
+    assert stats["evicted_tokens"] == {"private": 3, "segment": 0, "protected": 0, "retained": 11}
+    r = await client.get("/prism/metrics", headers=AUTH)
+    samples = {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples}
+    assert samples["prism:dart_host_demoted_tokens_total"] == 9
+
+
 async def test_a_head_is_ranked_by_its_pushed_entry_and_shown_readably(rpc):
     """The proxy pushes a head's demand under its owner ("\u0000sys:" + its
     id, JSON-escaped on the wire); stats name it `<system:ID>`."""

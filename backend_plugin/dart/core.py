@@ -125,6 +125,9 @@ class DartStats:
     # tokens of owners with a live retention entry that R_t's cap left out, evicted
     over_cap_evicted_tokens: int = 0
     late_retentions: int = 0  # new retention entries for owners with nothing resident
+    # of the evicted tokens, those whose KV went to the host tier (HiCache) instead of
+    # being freed; None: the tree has no host tier
+    host_demoted_tokens: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -152,7 +155,11 @@ class DartStats:
             "discards": self.discards,
             "over_cap_evicted_tokens": self.over_cap_evicted_tokens,
             "late_retentions": self.late_retentions,
-        }
+        } | (
+            {}
+            if self.host_demoted_tokens is None
+            else {"host_demoted_tokens": self.host_demoted_tokens}
+        )
 
 
 class RetainedLoss(NamedTuple):
@@ -224,6 +231,7 @@ class DartCore:
         self._lost_retained: dict[str, RetainedLoss] = {}
         self._over_cap_evicted = 0
         self._late_retentions = 0
+        self._host_demoted: int | None = None  # counted once the tree has a host tier
         self.set_capacity(capacity_tokens)
 
     # ---- capacity -------------------------------------------------------------------
@@ -423,11 +431,21 @@ class DartCore:
             self._account(old_owner, -num_tokens)
             self._account(new_owner, num_tokens)
 
-    def on_evicted(self, meta: NodeMeta | None, num_tokens: int) -> None:
+    def use_host_tier(self) -> None:
+        """The tree keeps a host copy of what it may evict (SGLang's HiCache)."""
+        if self._host_demoted is None:
+            self._host_demoted = 0
+
+    def on_evicted(self, meta: NodeMeta | None, num_tokens: int, *, to_host: bool = False) -> None:
+        """A resident node of `num_tokens` left the device: freed, or (`to_host`) demoted
+        to the host tier, from which a later request loads it instead of prefilling it
+        (so a retained owner's demotion is not a loss)."""
         kind = eviction_class(meta, self._protected, self._retaining)
         self._evicted[kind.value] += num_tokens
+        if to_host and self._host_demoted is not None:
+            self._host_demoted += num_tokens
         owner = meta.owner if meta is not None else None
-        if owner is not None and owner in self._retained:
+        if owner is not None and owner in self._retained and not to_host:
             # a live entry in R_t, or one R_t's cap left out
             within = owner in self._retaining
             self._lose(owner, "in_cap_at" if within else "over_cap_at", self.clock())
@@ -528,4 +546,5 @@ class DartCore:
             discards=self._discards,
             over_cap_evicted_tokens=self._over_cap_evicted,
             late_retentions=self._late_retentions,
+            host_demoted_tokens=self._host_demoted,
         )

@@ -107,6 +107,7 @@ def test_the_unified_tree_runs_on_dart_s_core_and_order():
         "private": 16, "segment": 20, "protected": 12, "retained": 0
     }  # fmt: skip
     assert cache.dart.stats().anchors_resident == 0
+    assert cache.dart.stats().host_demoted_tokens is None  # no host tier
 
 
 def test_with_no_table_the_scenario_is_lru():
@@ -144,6 +145,7 @@ def test_host_tier_demotes_in_dart_order_and_forgets_what_left_the_device():
     assert dict(cache.dart.stats().evicted_tokens) == {
         "private": 16, "segment": 6, "protected": 0, "retained": 0
     }  # fmt: skip
+    assert cache.dart.stats().host_demoted_tokens == 22  # all of it kept on host
     assert resident(cache) == {"A", "C", "D"}
     b = cache.match_prefix(MatchPrefixParams(key=key(request_tokens("B"))))
     assert (b.device_prefix_len, b.host_hit_length) == (8, 10)  # head on device, B+pB on host

@@ -4,10 +4,13 @@ several choices, tools), completions (logprobs, batches) and `/generate` (batche
 `n`, logprobs), on an engine that streams cumulative chunks (`ample`) and one that
 streams increments (`hostile`, as deployed). Greedy decoding, so both answers are the
 same text; what only differs by when it ran (ids, timestamps, latencies, the cache
-state) is left out of the comparison."""
+state) is left out of the comparison. The engine's cache is emptied before each answer:
+a logprob depends on which of the prompt's tokens came from the cache (by 1e-6 to 1e-3
+on this CPU)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -49,6 +52,20 @@ RUN_SPECIFIC = re.compile(
 )
 
 
+def difference(a: Any, b: Any, path: str = "") -> str | None:
+    """Where `a` and `b` differ first (None: they are equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return f"{path}: keys {sorted(a)} != {sorted(b)}"
+        return next((d for k in a if (d := difference(a[k], b[k], f"{path}.{k}"))), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} items != {len(b)}"
+        pairs = enumerate(zip(a, b, strict=True))
+        return next((d for i, (x, y) in pairs if (d := difference(x, y, f"{path}[{i}]"))), None)
+    return None if a == b else f"{path}: {a!r} != {b!r}"
+
+
 def comparable(value: Any) -> Any:
     """`value` without run-specific fields; a field SGLang leaves null in one shape
     and out of the other (`completion_tokens_details` of a streamed usage) is out."""
@@ -63,16 +80,34 @@ def comparable(value: Any) -> Any:
     return value
 
 
+async def cold(client: httpx.AsyncClient, server: LiveServer) -> None:
+    """Empty the engine's cache (once its last request is done), so that each of the
+    two answers compared is prefilled from nothing: a logprob depends on which of the
+    prompt's tokens came from the cache."""
+
+    async def flushed() -> bool:
+        url = server.url + "/flush_cache"
+        return (await client.post(url, headers=server.admin_headers)).status_code == 200
+
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while not await flushed():
+        assert asyncio.get_running_loop().time() < deadline, "the engine never went idle"
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize("engine", ["ample", "hostile"], ids=["cumulative", "incremental"])
 async def test_assembled_answers_equal_the_engines_own(live, live_proxy_factory, engine) -> None:
     server: LiveServer = live[engine]
     proxy = await live_proxy_factory(server)
     async with httpx.AsyncClient(timeout=120.0) as client:
         for path, body in CASES:
+            await cold(client, server)
             direct = await client.post(server.url + path, json=body, headers=server.headers)
+            await cold(client, server)
             through = await client.post(proxy.url + path, json=body)
             assert direct.status_code == through.status_code == 200, (path, through.text)
-            assert comparable(through.json()) == comparable(direct.json()), (path, body)
+            mine, theirs = comparable(through.json()), comparable(direct.json())
+            assert difference(mine, theirs) is None, (path, body, difference(mine, theirs))
 
 
 STREAMED_GENERATE = [
@@ -105,11 +140,14 @@ async def test_a_streamed_generate_batch_is_relayed_and_counted(live, live_proxy
     prompt_tokens = 0
     async with httpx.AsyncClient(timeout=120.0) as client:
         for body in STREAMED_GENERATE:
+            await cold(client, server)
             direct = await _last_chunks(client, server.url, body, server.headers)
+            await cold(client, server)
             through = await _last_chunks(client, proxy.url, body, None)
             assert sorted(through) == sorted(direct) == [0, 1]
             for index, chunk in through.items():
-                assert comparable(chunk) == comparable(direct[index]), (body, index)
+                mine, theirs = comparable(chunk), comparable(direct[index])
+                assert difference(mine, theirs) is None, (body, index, difference(mine, theirs))
             prompt_tokens += sum(chunk["meta_info"]["prompt_tokens"] for chunk in through.values())
     admission = proxy.app[GATEWAY].admission
     await eventually(lambda: admission.inflight == 0)  # counted at each answer's end

@@ -333,10 +333,15 @@ agent_step_call() {
   # the lpm and hrrn lines on the real stack, seed 1 (~10 min, a machine running nothing else)
   prism-loadgen sessions --real 4 --out $out/real/seed1-lpm-hrrn --seed 1 --rate 0.5 $trace \
     --lines sglang-lpm,prism+sessions+returns/lpm-unpaced,$hrrn
-  # the host tier at the main point, seeds 0-9
-  for seed in 0 1 2 3 4 5 6 7 8 9; do
+  # the host tier at the main point, seeds 0-14, and at 1 and 2 sessions/s, seeds 0-4
+  local host=sglang-lru,sglang-lru+host,prism+sessions+returns,prism+sessions+returns+host
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
     prism-loadgen sessions --out $out/twin/host/seed$seed --seed $seed --rate 0.5 $trace \
-      --lines sglang-lru,sglang-lru+host,prism+sessions+returns,prism+sessions+returns+host
+      --lines $host
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/host-rates/seed$seed --seed $seed --rate 1,2 $trace \
+      --lines sglang-lru,sglang-lru+host,continuum-style,prism+sessions+returns,prism+sessions+returns+host
   done
   for line in ${more//,/ }; do
     [ "$line" = sglang-lru ] && continue
@@ -353,8 +358,10 @@ agent_step_call() {
       --line $line > $out/twin/hrrn/over-seeds-0-4-rates-${line//\//-}.md
   done
   for line in sglang-lru+host prism+sessions+returns+host prism+sessions+returns; do
-    python -m bench.sessions_over_seeds $out/twin/host/seed{0..9} --line $line \
+    python -m bench.sessions_over_seeds $out/twin/host/seed{0..14} --line $line \
       > $out/twin/host/over-seeds-${line//\//-}.md
+    python -m bench.sessions_over_seeds $out/twin/host-rates/seed{0..4} --line $line \
+      > $out/twin/host-rates/over-seeds-${line//\//-}.md
   done
   # the slowest calls of the seeds not loaded at the main point (the records stay in runs/)
   for seed in 0 2 3 4 5 6 7 8 9 11 13 14; do

@@ -40,7 +40,7 @@ REAL_NAMES = (
     "sglang-lru", "sglang-lpm", "sglang-hrrn", "prism", "prism+sessions",
     "prism+sessions+returns", "prism+sessions+returns+backlog",
     "prism+sessions+returns/lpm-unpaced", "prism+sessions+returns/hrrn-unpaced",
-    "continuum-style",
+    "continuum-style", "sglang-lru+host", "prism+sessions+returns+host",
 )  # fmt: skip
 
 
@@ -82,6 +82,13 @@ def test_the_real_stack_args_of_a_line_come_from_it() -> None:
     sim, proxy = stack_settings(REAL_LINES["prism+sessions+returns/lpm-unpaced"], 5000, 4.0, 31001)
     assert engine_args(sim)[-4:] == ["--schedule-policy", "lpm", "--control-port", "31001"]
     assert proxy is not None and proxy_args(proxy)[-2:] == ["--prefill-batch", "1024"]
+    # the host tier is prism-sim's (SGLang's flag), under the proxy's line too
+    sim, proxy = stack_settings(REAL_LINES["prism+sessions+returns+host"], 5000, 4.0, 31001)
+    assert engine_args(sim)[-5:] == [
+        "--eviction", "dart", "--enable-hierarchical-cache", "--control-port", "31001"
+    ] and proxy is not None  # fmt: skip
+    sim, proxy = stack_settings(REAL_LINES["sglang-lru+host"], 5000, 4.0, None)
+    assert engine_args(sim)[-1] == "--enable-hierarchical-cache" and proxy is None
     # continuum-style retains paused sessions: DART's control RPC without P̂_t
     continuum = REAL_LINES["continuum-style"]
     assert continuum.control_rpc and not continuum.pushes_priorities

@@ -135,5 +135,7 @@ REAL_LINES = {
         "prism+sessions+returns/lpm-unpaced",
         "prism+sessions+returns/hrrn-unpaced",
         "continuum-style",
+        "sglang-lru+host",
+        "prism+sessions+returns+host",
     )
 }

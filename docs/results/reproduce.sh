@@ -333,6 +333,9 @@ agent_step_call() {
   # the lpm and hrrn lines on the real stack, seed 1 (~10 min, a machine running nothing else)
   prism-loadgen sessions --real 4 --out $out/real/seed1-lpm-hrrn --seed 1 --rate 0.5 $trace \
     --lines sglang-lpm,prism+sessions+returns/lpm-unpaced,$hrrn
+  # the host-tier lines on the real stack, seed 1 (~5 min, a machine running nothing else)
+  prism-loadgen sessions --real 4 --out $out/real/seed1-host --seed 1 --rate 0.5 $trace \
+    --lines sglang-lru+host,prism+sessions+returns+host
   # the host tier at the main point, seeds 0-14, and at 1 and 2 sessions/s, seeds 0-4
   local host=sglang-lru,sglang-lru+host,prism+sessions+returns,prism+sessions+returns+host
   for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do

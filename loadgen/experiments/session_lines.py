@@ -30,7 +30,9 @@ the real stack's settings both come from it.
                                those lines with SGLang's hierarchical cache on at its
                                defaults (`prism_sim.host_tier`); sglang-lru+host/ratio1:
                                a host pool of 1 × the device pool; /8gbps: loads at
-                               8 GB/s instead of 25
+                               8 GB/s instead of 25; prism+sessions+returns/unpaced+host
+                               and /lpm-unpaced+host: with it, no pacing (the engine's
+                               FCFS or lpm order over every request)
 
 The KV pool is each run's own (a fraction of the live sessions' unique KV), so it is no
 part of a line.
@@ -116,6 +118,23 @@ LINES = _named(
     # through, PCIe 4.0 loads; `prism_sim.host_tier`) under the same lines
     replace(NATIVE, label="sglang-lru+host", hicache=True),
     replace(PRISM, label="prism+sessions+returns+host", hicache=True, **RETURNS),
+    # with the host tier, no pacing: the engine's own order (FCFS, or longest prefix
+    # first) over every request the proxy sees
+    replace(
+        PRISM,
+        label="prism+sessions+returns/unpaced+host",
+        hicache=True,
+        prefill_batch=1024,
+        **RETURNS,
+    ),
+    replace(
+        PRISM,
+        label="prism+sessions+returns/lpm-unpaced+host",
+        hicache=True,
+        schedule_policy="lpm",
+        prefill_batch=1024,
+        **RETURNS,
+    ),
     # the same with a host pool only as large as the device pool, and with a third
     # of the PCIe 4.0 rate (a Gen3 or shared link)
     replace(NATIVE, label="sglang-lru+host/ratio1", hicache=True, hicache_ratio=1.0),

@@ -360,6 +360,24 @@ agent_step_call() {
     python -m bench.sessions_over_seeds $out/twin/rates/seed{0..4} $out/twin/hrrn/rates/seed{0..4} \
       --line $line > $out/twin/hrrn/over-seeds-0-4-rates-${line//\//-}.md
   done
+  # with the host tier and no pacing: the engine's FCFS, and its lpm order
+  local unpaced=prism+sessions+returns/unpaced+host,prism+sessions+returns/lpm-unpaced+host
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $out/twin/host-unpaced/seed$seed --seed $seed --rate 0.5 \
+      $trace --lines $unpaced
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/host-unpaced-rates/seed$seed --seed $seed \
+      --rate 1,2 $trace --lines $unpaced
+  done
+  for line in sglang-lru+host prism+sessions+returns+host ${unpaced//,/ }; do
+    python -m bench.sessions_over_seeds $out/twin/host/seed{0..14} \
+      $out/twin/host-unpaced/seed{0..14} --line $line \
+      > $out/twin/host-unpaced/over-seeds-${line//\//-}.md
+    python -m bench.sessions_over_seeds $out/twin/host-rates/seed{0..4} \
+      $out/twin/host-unpaced-rates/seed{0..4} --line $line \
+      > $out/twin/host-unpaced-rates/over-seeds-${line//\//-}.md
+  done
   for line in sglang-lru+host prism+sessions+returns+host prism+sessions+returns; do
     python -m bench.sessions_over_seeds $out/twin/host/seed{0..14} --line $line \
       > $out/twin/host/over-seeds-${line//\//-}.md

@@ -34,7 +34,8 @@ SESSION_NAMES = (
     "prism+sessions+returns/lpm", "prism+sessions+returns+backlog/lpm",
     "prism+sessions/lru", "prism+sessions+precedence",
     "prism+precedence", "sglang-lru+host", "prism+sessions+returns+host",
-    "prism+sessions+returns/unpaced+host", "prism+sessions+returns/lpm-unpaced+host",
+    "prism+sessions+returns/unpaced+host", "prism+sessions+returns/lru+host",
+    "prism+sessions+returns/lpm-unpaced+host",
     "sglang-lru+host/ratio1", "sglang-lru+host/8gbps",
 )  # fmt: skip
 REAL_NAMES = (

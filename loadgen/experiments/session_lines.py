@@ -32,7 +32,8 @@ the real stack's settings both come from it.
                                a host pool of 1 × the device pool; /8gbps: loads at
                                8 GB/s instead of 25; prism+sessions+returns/unpaced+host
                                and /lpm-unpaced+host: with it, no pacing (the engine's
-                               FCFS or lpm order over every request)
+                               FCFS or lpm order over every request); /lru+host: with
+                               it, SGLang's LRU eviction instead of DART's order
 
 The KV pool is each run's own (a fraction of the live sessions' unique KV), so it is no
 part of a line.
@@ -126,6 +127,10 @@ LINES = _named(
         hicache=True,
         prefill_batch=1024,
         **RETURNS,
+    ),
+    # with the host tier, the proxy's line over SGLang's LRU eviction (DART's order off)
+    replace(
+        PRISM, label="prism+sessions+returns/lru+host", hicache=True, eviction="lru", **RETURNS
     ),
     replace(
         PRISM,

@@ -370,6 +370,21 @@ agent_step_call() {
     prism-loadgen sessions --out $out/twin/host-unpaced-rates/seed$seed --seed $seed \
       --rate 1,2 $trace --lines $unpaced
   done
+  # the proxy's line over SGLang's LRU eviction with the host tier
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $out/twin/host-lru/seed$seed --seed $seed --rate 0.5 $trace \
+      --lines prism+sessions+returns/lru+host
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/host-lru-rates/seed$seed --seed $seed --rate 1,2 \
+      $trace --lines prism+sessions+returns/lru+host
+  done
+  local lru=prism+sessions+returns/lru+host
+  python -m bench.sessions_over_seeds $out/twin/host/seed{0..14} $out/twin/host-unpaced/seed{0..14} \
+    $out/twin/host-lru/seed{0..14} --line $lru > $out/twin/host-lru/over-seeds-${lru//\//-}.md
+  python -m bench.sessions_over_seeds $out/twin/host-rates/seed{0..4} \
+    $out/twin/host-unpaced-rates/seed{0..4} $out/twin/host-lru-rates/seed{0..4} --line $lru \
+    > $out/twin/host-lru-rates/over-seeds-${lru//\//-}.md
   for line in sglang-lru+host prism+sessions+returns+host ${unpaced//,/ }; do
     python -m bench.sessions_over_seeds $out/twin/host/seed{0..14} \
       $out/twin/host-unpaced/seed{0..14} --line $line \

@@ -29,7 +29,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
-from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
+from backend_plugin.dart.tree import META_ATTR, DartStrategy, carry_owner, place_anchors
 from prism_wire import AnchorError, AnchorHints, request_hints
 
 logger = logging.getLogger(__name__)
@@ -114,6 +114,14 @@ class DartRequests:
     def _tree_adapter(self, extra_key: str | None, cache_salt: str | None) -> Any:
         raise NotImplementedError
 
+    def _bound_by_pool(self, params: CacheInitParams) -> None:
+        """Hand the KV pool's size (tokens) to the core, which bounds F_t by it."""
+        capacity = kv_capacity_tokens(params)
+        if capacity is not None:
+            self.dart.set_capacity(capacity)
+        elif not self.disable:
+            logger.warning("PRISM DART: KV pool size unknown; F_t is not bounded by it")
+
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         self.dart.apply_pending()
         super().checkpoint(req, up_to=up_to, **kwargs)  # type: ignore[misc]
@@ -161,11 +169,7 @@ class DartRadixCache(DartRequests, RadixCache):
         self.control: Any = None  # the ControlThread, when this process serves the RPC
         super().__init__(params)
         self.eviction_strategy = DartStrategy(core)
-        capacity = kv_capacity_tokens(params)
-        if capacity is not None:
-            core.set_capacity(capacity)
-        elif not self.disable:
-            logger.warning("PRISM DART: KV pool size unknown; F_t is not bounded by it")
+        self._bound_by_pool(params)
 
     # ---- SGLang hooks --------------------------------------------------------------
     def reset(self) -> None:
@@ -184,9 +188,7 @@ class DartRadixCache(DartRequests, RadixCache):
 
     def _split_node(self, key: RadixKey, child: TreeNode, split_len: int) -> TreeNode:
         new_node = super()._split_node(key, child, split_len)
-        meta: NodeMeta | None = getattr(child, META_ATTR, None)
-        if meta is not None:
-            setattr(new_node, META_ATTR, meta.as_prefix())
+        carry_owner(child, new_node)
         return new_node
 
     def _tree_adapter(self, extra_key: str | None, cache_salt: str | None) -> SGLangTreeAdapter:

@@ -27,7 +27,6 @@ tree, faster) otherwise.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -46,10 +45,8 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
-from backend_plugin.dart.tree import META_ATTR, DartStrategy
-from backend_plugin.sglang_cache import DartRequests, SGLangTreeAdapter, kv_capacity_tokens
-
-logger = logging.getLogger(__name__)
+from backend_plugin.dart.tree import META_ATTR, DartStrategy, carry_owner
+from backend_plugin.sglang_cache import DartRequests, SGLangTreeAdapter
 
 TREE_CORE_NAME = "prism_dart"
 FULL = ComponentType.FULL
@@ -84,18 +81,24 @@ class DartTreeCore(UnifiedTreeCore):
 
     def _split_node(self, key: RadixKey, child: UnifiedTreeNode, split_len: int) -> Any:
         new_node, action = super()._split_node(key, child, split_len)
-        meta: NodeMeta | None = getattr(child, META_ATTR, None)
-        if meta is not None:
-            setattr(new_node, META_ATTR, meta.as_prefix())
+        carry_owner(child, new_node)
         return new_node, action
 
     def _evict_component_and_detach_lru(
-        self, node: UnifiedTreeNode, comp: Any, *args: Any, **kwargs: Any
+        self,
+        node: UnifiedTreeNode,
+        comp: Any,
+        device_frees: Any,
+        host_frees: Any,
+        cache_actions: Any,
+        target: EvictLayer = EvictLayer.DEVICE,
+        tracker: Any = None,
     ) -> tuple[int, int]:
-        target = kwargs.get("target", EvictLayer.DEVICE)
         watched = comp.component_type is FULL and EvictLayer.DEVICE in target
         meta: NodeMeta | None = getattr(node, META_ATTR, None) if watched else None
-        freed = super()._evict_component_and_detach_lru(node, comp, *args, **kwargs)
+        freed = super()._evict_component_and_detach_lru(
+            node, comp, device_frees, host_frees, cache_actions, target, tracker
+        )
         if watched and freed[0] > 0 and self.dart is not None:
             self.dart.on_evicted(meta, len(node.key), to_host=node.backuped)
             setattr(node, META_ATTR, None)
@@ -142,11 +145,7 @@ class DartUnifiedRadixCache(DartRequests, UnifiedRadixCache):
         if not isinstance(self.tree_core, DartTreeCore):
             raise ValueError(f"the {TREE_CORE_NAME} tree core was not built")
         self.tree_core.attach(core)
-        capacity = kv_capacity_tokens(params)
-        if capacity is not None:
-            core.set_capacity(capacity)
-        elif not self.disable:
-            logger.warning("PRISM DART: KV pool size unknown; F_t is not bounded by it")
+        self._bound_by_pool(params)
 
     def _tree_adapter(self, extra_key: str | None, cache_salt: str | None) -> UnifiedTreeAdapter:
         return UnifiedTreeAdapter(self, extra_key, cache_salt)

@@ -23,7 +23,7 @@ from typing import Any
 from backend_plugin.config import ControlConfig, load_config
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
-from backend_plugin.dart.tree import META_ATTR, DartStrategy, place_anchors
+from backend_plugin.dart.tree import META_ATTR, DartStrategy, carry_owner, place_anchors
 from prism_wire import AnchorError, request_hints
 
 logger = logging.getLogger(__name__)
@@ -87,9 +87,7 @@ class DartSimExtension:
         self.core.begin_eviction()
 
     def on_split(self, upper: Any, lower: Any) -> None:
-        meta: NodeMeta | None = getattr(lower, META_ATTR, None)
-        if meta is not None:
-            setattr(upper, META_ATTR, meta.as_prefix())
+        carry_owner(lower, upper)
 
     def on_insert(self, req: Any, cache: Any, key: list[int]) -> None:
         self._follow(cache)

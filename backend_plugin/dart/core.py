@@ -130,7 +130,7 @@ class DartStats:
     host_demoted_tokens: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "policy": self.policy,
             "epoch": self.epoch,
             "protect": self.protect,
@@ -155,11 +155,10 @@ class DartStats:
             "discards": self.discards,
             "over_cap_evicted_tokens": self.over_cap_evicted_tokens,
             "late_retentions": self.late_retentions,
-        } | (
-            {}
-            if self.host_demoted_tokens is None
-            else {"host_demoted_tokens": self.host_demoted_tokens}
-        )
+        }
+        if self.host_demoted_tokens is not None:  # only with a host tier
+            out["host_demoted_tokens"] = self.host_demoted_tokens
+        return out
 
 
 class RetainedLoss(NamedTuple):

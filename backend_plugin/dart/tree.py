@@ -55,6 +55,14 @@ def _merge(old: NodeMeta | None, new: NodeMeta) -> NodeMeta:
     return new
 
 
+def carry_owner(lower: Any, upper: Any) -> None:
+    """A split made `upper` the parent of `lower`'s first tokens: it gets `lower`'s
+    owner, no longer at the anchor (the tree's own splits, not only DART's)."""
+    meta: NodeMeta | None = getattr(lower, META_ATTR, None)
+    if meta is not None:
+        setattr(upper, META_ATTR, meta.as_prefix())
+
+
 def place_anchors(
     adapter: TreeAdapter[Any],
     tokens: Sequence[int],

@@ -100,6 +100,26 @@ def _job(args: tuple[str, SessionParams, int, int, str, bool]) -> dict[str, Any]
     return run_line(name, trace, pool, tokenizer, save_calls)
 
 
+def unlimited_reference(params: SessionParams, tokenizer: Tokenizer, seed: int) -> dict[str, Any]:
+    """The trace of `params` played by sglang-lru with a pool that never evicts: the
+    live KV a point's pool is a fraction of, and the bounds without eviction."""
+    trace = build_session_trace(params, tokenizer, seed)
+    ref = run_line("sglang-lru", trace, UNLIMITED_TOKENS, tokenizer)
+    return {
+        "live_history_tokens": ref["summary"]["live_history_tokens"],
+        "live_unique_tokens": ref["summary"]["live_unique_tokens"],
+        "unlimited": ref["summary"],
+        "unlimited_kv_bound": asdict(unlimited_kv_bound(trace, tokenizer)),
+        "trace": trace_summary(trace),
+    }
+
+
+def pool_tokens(base: SessionParams, reference: dict[str, Any], kv_fraction: float) -> int:
+    """A point's pool: `kv_fraction` of the mean live KV (`pool_basis`) of its reference."""
+    basis = "live_unique_tokens" if base.pool_basis == "unique" else "live_history_tokens"
+    return max(1, int(kv_fraction * reference[basis]["mean"]))
+
+
 def sweep(
     base: SessionParams,
     points: list[Point],
@@ -126,23 +146,12 @@ def sweep(
             params = replace(base, session_rate=point.rate, tool_scale=point.tool_scale)
             key = (point.rate, point.tool_scale)
             if key not in reference:
-                trace = build_session_trace(params, tokenizer, seed)
-                ref = run_line("sglang-lru", trace, UNLIMITED_TOKENS, tokenizer)
-                bound = unlimited_kv_bound(trace, tokenizer)
-                reference[key] = {
-                    "live_history_tokens": ref["summary"]["live_history_tokens"],
-                    "live_unique_tokens": ref["summary"]["live_unique_tokens"],
-                    "unlimited": ref["summary"],
-                    "unlimited_kv_bound": asdict(bound),
-                    "trace": trace_summary(trace),
-                }
+                reference[key] = unlimited_reference(params, tokenizer, seed)
                 mean = reference[key]["live_unique_tokens"]["mean"]
-                jct = ref["summary"]["mean_jct_ms"] / 1e3
+                jct = reference[key]["unlimited"]["mean_jct_ms"] / 1e3
                 log(f"rate {point.rate} scale {point.tool_scale}: live unique KV {mean:.0f} "
                     f"tokens (mean), unlimited JCT {jct:.1f} s")  # fmt: skip
-            basis = "live_unique_tokens" if base.pool_basis == "unique" else "live_history_tokens"
-            live = reference[key][basis]["mean"]
-            pool = max(1, int(point.kv_fraction * live))
+            pool = pool_tokens(base, reference[key], point.kv_fraction)
             work = [(name, params, seed, pool, tokenizer_spec, save_calls) for name in lines]
             if real_speed is None:
                 results = pool_.map(_job, work)

@@ -21,12 +21,22 @@ Secrets never travel on a command line, which every local user can read in
     PRISM_ENGINE_ADMIN_API_KEY[_FILE]  → --admin-api-key  (cache flush, weights, profile)
 
 Giving either of those two flags on the command line is refused as well.
+
+SGLang flags a deployment adds without editing its command come from the environment:
+
+    PRISM_SGLANG_EXTRA_ARGS            → appended to the command line, split as a shell
+                                         would (e.g. `--enable-hierarchical-cache
+                                         --hicache-ratio 2`; docs/deploy.md)
+
+They go through the same rules as the command line: our options are moved into the
+environment and the secret flags are refused.
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import shlex
 import sys
 from collections.abc import MutableMapping, Sequence
 
@@ -48,6 +58,8 @@ _KEY_FLAGS = {
     "--api-key": "PRISM_ENGINE_API_KEY",
     "--admin-api-key": "PRISM_ENGINE_ADMIN_API_KEY",
 }
+# SGLang flags from the environment, after the command line's.
+EXTRA_ARGS = "PRISM_SGLANG_EXTRA_ARGS"
 # Flags whose value would be a secret on the command line, and where it goes instead.
 _REFUSED = {
     "--prism-control-token": "PRISM_CONTROL_TOKEN or --prism-control-token-file",
@@ -59,7 +71,11 @@ def build_argv(argv: Sequence[str], env: MutableMapping[str, str]) -> list[str]:
     """SGLang's argv (our options moved into `env`, the engine's keys added from it),
     with the DART backend selected."""
     out: list[str] = []
-    args = list(argv)
+    try:
+        extra = shlex.split(env.get(EXTRA_ARGS, ""))
+    except ValueError as exc:  # an unclosed quote: stop before SGLang starts
+        raise SystemExit(f"{EXTRA_ARGS}: {exc}") from None
+    args = [*argv, *extra]
     i = 0
     while i < len(args):
         name, eq, value = args[i].partition("=")

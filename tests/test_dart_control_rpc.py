@@ -359,6 +359,32 @@ def test_launcher_refuses_a_secret_on_the_command_line(flag: str) -> None:
         build_argv(["--model-path", "m", flag, "t0k"], {})
 
 
+def test_launcher_appends_sglang_flags_from_the_environment() -> None:
+    """PRISM_SGLANG_EXTRA_ARGS (docs/deploy.md) follows the command line, split as a shell
+    splits it, under the command line's rules: our options go to the environment, a
+    backend given there is kept, a secret is refused, a broken quote stops the launch."""
+    from backend_plugin.launch import build_argv
+
+    env = {"PRISM_SGLANG_EXTRA_ARGS": "--enable-hierarchical-cache --hicache-ratio 2 "
+           "--prism-policy lru --served-model-name 'my model'"}  # fmt: skip
+    argv = build_argv(["--model-path", "m"], env)
+    assert argv == [
+        "--model-path", "m", "--enable-hierarchical-cache", "--hicache-ratio", "2",
+        "--served-model-name", "my model", "--radix-cache-backend", "prism_dart",
+    ]  # fmt: skip
+    assert env["PRISM_DART_POLICY"] == "lru"
+    assert build_argv([], {"PRISM_SGLANG_EXTRA_ARGS": "--radix-cache-backend=lru"}) == [
+        "--radix-cache-backend=lru"
+    ]
+    assert build_argv(["--model-path", "m"], {"PRISM_SGLANG_EXTRA_ARGS": "  "}) == [
+        "--model-path", "m", "--radix-cache-backend", "prism_dart"
+    ]  # fmt: skip
+    with pytest.raises(SystemExit, match="never given on the command line"):
+        build_argv([], {"PRISM_SGLANG_EXTRA_ARGS": "--api-key t0k"})
+    with pytest.raises(SystemExit, match="PRISM_SGLANG_EXTRA_ARGS: No closing quotation"):
+        build_argv([], {"PRISM_SGLANG_EXTRA_ARGS": "--served-model-name 'open"})
+
+
 def test_launcher_gives_sglang_its_keys_from_the_environment_or_a_file(tmp_path) -> None:
     """SGLang's `--api-key` and `--admin-api-key` reach its argv inside the process (the
     kernel's command line never had them); the file variant strips its newline."""

@@ -55,6 +55,26 @@ def test_compose_command_is_a_valid_sglang_command_with_dart() -> None:
     assert args.tp_size == 1  # the plugin refuses tp > 1
 
 
+def test_the_env_examples_extra_args_give_sglang_its_host_tier_with_dart() -> None:
+    """`SGLANG_EXTRA_ARGS` reaches the launcher as PRISM_SGLANG_EXTRA_ARGS; the HiCache
+    example deploy/.env.example gives parses with SGLang's own parser, DART kept."""
+    from backend_plugin.launch import EXTRA_ARGS, build_argv
+
+    service = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["sglang"]
+    assert service["environment"][EXTRA_ARGS] == "${SGLANG_EXTRA_ARGS:-}"
+    example = (REPO / "deploy" / ".env.example").read_text()
+    extra = re.search(r"^#\s+SGLANG_EXTRA_ARGS=(.+)$", example, re.MULTILINE).group(1)
+    command = [with_defaults(str(a)) for a in service["command"]]
+    args = sglang_parser().parse_args(build_argv(command, {**KEYS, EXTRA_ARGS: extra}))
+    assert args.enable_hierarchical_cache is True
+    assert args.hicache_ratio == 2.0
+    assert args.hicache_write_policy == "write_through"
+    assert args.radix_cache_backend == "prism_dart"
+    assert args.api_key == "k3y"
+    unset = sglang_parser().parse_args(build_argv(command, {**KEYS, EXTRA_ARGS: ""}))
+    assert unset.enable_hierarchical_cache is False
+
+
 def test_dockerfile_cmd_is_a_valid_sglang_command_with_dart() -> None:
     text = (REPO / "deploy" / "sglang.Dockerfile").read_text().replace("\\\n", " ")
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.MULTILINE).group(1))

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 
 from backend_plugin.dart.keys import EvictionPolicy
 from backend_plugin.dart.priority import (
+    DEFAULT_HOST_ORDER,
     DEFAULT_PROTECT,
     DEFAULT_PROTECT_FRACTION,
     DEFAULT_RETAIN_FRACTION,
+    HOST_ORDERS,
 )
 from prism_wire.secret import SecretError, read_secret
 
@@ -94,6 +96,7 @@ class PluginConfig:
     control: ControlConfig = ControlConfig()
     protect_fraction: float = DEFAULT_PROTECT_FRACTION
     retain_fraction: float = DEFAULT_RETAIN_FRACTION
+    host_order: str = DEFAULT_HOST_ORDER
 
     def __post_init__(self) -> None:
         if self.protect < 0:
@@ -105,6 +108,11 @@ class PluginConfig:
         if not 0.0 <= self.retain_fraction <= 1.0:
             raise ValueError(
                 f"PRISM_DART_RETAIN_FRACTION must be in [0, 1], got {self.retain_fraction}"
+            )
+        if self.host_order not in HOST_ORDERS:
+            raise ValueError(
+                f"PRISM_DART_HOST_ORDER must be one of {', '.join(HOST_ORDERS)}, "
+                f"got {self.host_order!r}"
             )
 
 
@@ -127,6 +135,7 @@ def load_config(env: Mapping[str, str] | None = None) -> PluginConfig:
         protect=int(env.get("PRISM_DART_PROTECT", DEFAULT_PROTECT)),
         protect_fraction=float(env.get("PRISM_DART_PROTECT_FRACTION", DEFAULT_PROTECT_FRACTION)),
         retain_fraction=float(env.get("PRISM_DART_RETAIN_FRACTION", DEFAULT_RETAIN_FRACTION)),
+        host_order=env.get("PRISM_DART_HOST_ORDER", DEFAULT_HOST_ORDER),
         control=ControlConfig(
             port=int(port) if port else None,
             host=env.get("PRISM_CONTROL_HOST", DEFAULT_CONTROL_HOST),

@@ -71,6 +71,7 @@ def build_dart_cache(ctx: Any) -> Any:
         config.protect,
         protect_fraction=config.protect_fraction,
         retain_fraction=config.retain_fraction,
+        host_order=config.host_order,
     )
     if ctx.enable_hierarchical_cache:
         # HiCache lives only in SGLang's UnifiedRadixCache: DART runs as its tree core,

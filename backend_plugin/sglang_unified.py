@@ -13,9 +13,12 @@ registered tree core (`register_tree_core_backend`, name `prism_dart`):
   when its device KV is freed (and as demoted to host when a host copy stays). A node
   whose device KV goes (deleted, or demoted to host memory under HiCache) loses its
   annotation: DART's residency is what the device holds, and a history loaded back
-  from host is annotated again by the next request that reaches it. Host eviction
-  therefore sees those nodes unannotated and drops them least recently used first, as
-  SGLang does.
+  from host is annotated again by the next request that reaches it. A demoted node
+  keeps its owner apart (`HOST_META_ATTR`), and SGLang's host eviction, which heaps
+  the host-only leaves by the same strategy, ranks it by that owner: what DART keeps
+  (retained, protected, in demand) stays on host longest, finished sessions' pieces go
+  first. With `PRISM_DART_HOST_ORDER=lru` the owner is not kept and host eviction is
+  least recently used first, as SGLang's own.
 * `DartUnifiedRadixCache` is SGLang's `UnifiedRadixCache` built on that core; its
   `checkpoint` places the request's anchors after SGLang's own insert, with the code
   `DartRadixCache` uses on the plain tree (`DartRequests`).
@@ -45,7 +48,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
-from backend_plugin.dart.tree import META_ATTR, DartStrategy, carry_owner
+from backend_plugin.dart.tree import HOST_META_ATTR, META_ATTR, DartStrategy, carry_owner
 from backend_plugin.sglang_cache import DartRequests, SGLangTreeAdapter
 
 TREE_CORE_NAME = "prism_dart"
@@ -102,6 +105,8 @@ class DartTreeCore(UnifiedTreeCore):
         if watched and freed[0] > 0 and self.dart is not None:
             self.dart.on_evicted(meta, len(node.key), to_host=node.backuped)
             setattr(node, META_ATTR, None)
+            if node.backuped and self.dart.host_order == "dart":
+                setattr(node, HOST_META_ATTR, meta)  # ranks the host copy (DartStrategy)
         return freed
 
 

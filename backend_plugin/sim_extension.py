@@ -23,7 +23,13 @@ from typing import Any
 from backend_plugin.config import ControlConfig, load_config
 from backend_plugin.dart.core import DartCore
 from backend_plugin.dart.keys import NodeMeta
-from backend_plugin.dart.tree import META_ATTR, DartStrategy, carry_owner, place_anchors
+from backend_plugin.dart.tree import (
+    HOST_META_ATTR,
+    META_ATTR,
+    DartStrategy,
+    carry_owner,
+    place_anchors,
+)
 from prism_wire import AnchorError, request_hints
 
 logger = logging.getLogger(__name__)
@@ -62,6 +68,7 @@ class DartSimExtension:
         self.control_port: int | None = None
         self._cache: Any = None
         self._root: Any = None  # the cache's root when last seen: a new one means a flush
+        self._host: Any = None  # the host tier's tree (`attach_host`)
 
     # ---- tree hooks ----------------------------------------------------------------
     def attach(self, cache: Any) -> None:
@@ -103,7 +110,45 @@ class DartSimExtension:
         place_anchors(SimTreeAdapter(cache), key, hints, self.core)
 
     def on_evict(self, node: Any) -> None:
-        self.core.on_evicted(getattr(node, META_ATTR, None), len(node.key))
+        meta = getattr(node, META_ATTR, None)
+        to_host = self._host is not None and self._host_copy(node, meta)
+        self.core.on_evicted(meta, len(node.key), to_host=to_host)
+
+    def attach_host(self, host: Any) -> None:
+        """The engine's host tier (`prism_sim.host_tier`: a tree of the host copies). A
+        device eviction whose tokens host holds counts as a demotion; with `host_order`
+        "dart" the host tier drops its copies in DART's order, as SGLang's unified tree
+        does with DART's strategy: a copy ranks by the owner its node had on the device
+        (`HOST_META_ATTR`, handed over by `on_evict`). With "lru" it keeps its LRU order."""
+        self.core.use_host_tier()
+        self._host = host
+        if self.core.host_order == "dart":
+            host.strategy = self.strategy
+            host.split_listeners.append(self.on_split)
+
+    def _host_copy(self, node: Any, meta: NodeMeta | None) -> bool:
+        """Whether host holds a copy of `node`'s tokens; with `host_order` "dart", that
+        copy gets `meta`'s owner, cut at the same bounds (the host tree's node boundaries
+        are its own)."""
+        path = self._cache.node_path_tokens(node)
+        start, end = len(path) - len(node.key), len(path)
+        host = self._host
+        covered = 0
+        for _, s, e in host.walk(path):
+            if s != covered:
+                break
+            covered = min(e, end)
+        if covered < end:
+            return False
+        if meta is None or self.core.host_order != "dart":
+            return True
+        if start > 0:
+            host.split_at(path, start)
+        host.split_at(path, end)
+        for copy, s, e in host.walk(path):
+            if s >= start:
+                setattr(copy, HOST_META_ATTR, meta if e == end else meta.as_prefix())
+        return True
 
     def on_finish(self, req: Any) -> None:
         """The request finished or was aborted: it leaves a_t (`lru+active`)."""
@@ -147,6 +192,7 @@ def create_extension(config: Any) -> DartSimExtension:
         capacity_tokens=config.resolved_profile().kv_capacity_tokens,
         protect_fraction=settings.protect_fraction if fraction is None else fraction,
         retain_fraction=settings.retain_fraction,
+        host_order=settings.host_order,
     )
     extension = DartSimExtension(core, config, settings.control)
     control = extension.control_settings()

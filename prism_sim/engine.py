@@ -239,6 +239,9 @@ class EngineCore:
         # The device tree and its eviction order are untouched: DART (or any order)
         # still picks what leaves the device; the host tier only keeps a copy.
         host_tier = HostTier(host_config, cache) if host_config is not None else None
+        attach_host = getattr(extension, "attach_host", None)
+        if host_tier is not None and attach_host is not None:
+            attach_host(host_tier.host)  # e.g. DART orders the host tier's evictions too
 
         def on_insert(req: SimRequest, cache: RadixCache, key: list[int]) -> None:
             for hook in hooks:

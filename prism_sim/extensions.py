@@ -39,7 +39,9 @@ class EngineExtension(Protocol):
     def on_insert(self, req: SimRequest, cache: RadixCache, key: list[int]) -> None:
         """After `key` (a prefix of the request's tokens) was inserted; may split nodes."""
 
-    # Optional: `on_finish(req)` is called once when a request finishes or is aborted.
+    # Optional: `on_finish(req)` is called once when a request finishes or is aborted;
+    # `attach_host(cache)` once with the host tier's tree of copies (`prism_sim.host_tier`)
+    # when the engine has one, before any request.
 
     def lifecycle(self, engine: Any) -> AbstractAsyncContextManager[None]:
         """Entered when the server starts, exited when it stops (e.g. a control RPC)."""

@@ -79,9 +79,11 @@ from backend_plugin.dart.keys import (
     eviction_key,
 )
 from backend_plugin.dart.priority import (
+    DEFAULT_HOST_ORDER,
     DEFAULT_PROTECT,
     DEFAULT_PROTECT_FRACTION,
     DEFAULT_RETAIN_FRACTION,
+    HOST_ORDERS,
     PriorityUpdate,
     Reset,
     UpdateInbox,
@@ -128,6 +130,7 @@ class DartStats:
     # of the evicted tokens, those whose KV went to the host tier (HiCache) instead of
     # being freed; None: the tree has no host tier
     host_demoted_tokens: int | None = None
+    host_order: str = DEFAULT_HOST_ORDER  # how the host tier orders what it drops
 
     def as_dict(self) -> dict[str, Any]:
         out = {
@@ -158,6 +161,7 @@ class DartStats:
         }
         if self.host_demoted_tokens is not None:  # only with a host tier
             out["host_demoted_tokens"] = self.host_demoted_tokens
+            out["host_order"] = self.host_order
         return out
 
 
@@ -188,13 +192,18 @@ class DartCore:
         capacity_tokens: int | None = None,
         protect_fraction: float = DEFAULT_PROTECT_FRACTION,
         retain_fraction: float = DEFAULT_RETAIN_FRACTION,
+        host_order: str = DEFAULT_HOST_ORDER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         for name, value in (("protect_fraction", protect_fraction),
                             ("retain_fraction", retain_fraction)):  # fmt: skip
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if host_order not in HOST_ORDERS:
+            raise ValueError(f"host_order: one of {', '.join(HOST_ORDERS)}, got {host_order!r}")
         self.retain_fraction = retain_fraction
+        # read by the tree when its device KV goes to host (`HOST_META_ATTR`)
+        self.host_order = host_order
         self.policy = EvictionPolicy(policy)
         self.inbox = UpdateInbox()
         self.residency = residency if residency is not None else ResidencyLog()
@@ -546,4 +555,5 @@ class DartCore:
             over_cap_evicted_tokens=self._over_cap_evicted,
             late_retentions=self._late_retentions,
             host_demoted_tokens=self._host_demoted,
+            host_order=self.host_order,
         )

@@ -29,6 +29,12 @@ DEFAULT_PROTECT_FRACTION = 0.25
 # R_t's path tokens stay within this share of the pool: agents' paused histories may take
 # most of it (that is their purpose), never all of it.
 DEFAULT_RETAIN_FRACTION = 0.75
+# How a host tier (SGLang's HiCache) orders what it drops: "dart" ranks a host copy by
+# the owner its node had on the device (what DART keeps stays on host longest); "lru"
+# by last access alone, as without DART. Measured: docs/results/agent-step-call, "DART
+# orders the host tier too".
+HOST_ORDERS = ("dart", "lru")
+DEFAULT_HOST_ORDER = "dart"
 
 
 class StaleEpochError(ValueError):

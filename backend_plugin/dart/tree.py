@@ -32,6 +32,10 @@ from prism_wire import AnchorHints
 NodeT = TypeVar("NodeT")
 
 META_ATTR = "prism_meta"
+# The owner a node had when its KV left the device for the host tier (SGLang's HiCache):
+# the host tier's eviction ranks the host copy by it (`DartStrategy`), so what DART keeps
+# is kept on host too. DART's residency and counters never read it: they are the device's.
+HOST_META_ATTR = "prism_host_meta"
 
 
 class TreeAdapter(Protocol[NodeT]):
@@ -58,9 +62,10 @@ def _merge(old: NodeMeta | None, new: NodeMeta) -> NodeMeta:
 def carry_owner(lower: Any, upper: Any) -> None:
     """A split made `upper` the parent of `lower`'s first tokens: it gets `lower`'s
     owner, no longer at the anchor (the tree's own splits, not only DART's)."""
-    meta: NodeMeta | None = getattr(lower, META_ATTR, None)
-    if meta is not None:
-        setattr(upper, META_ATTR, meta.as_prefix())
+    for attr in (META_ATTR, HOST_META_ATTR):
+        meta: NodeMeta | None = getattr(lower, attr, None)
+        if meta is not None:
+            setattr(upper, attr, meta.as_prefix())
 
 
 def place_anchors(
@@ -127,9 +132,8 @@ class DartStrategy:
         return self._generic(node)
 
     def _generic(self, node: Any) -> Any:
-        return self.core.key(
-            getattr(node, META_ATTR, None), node.last_access_time, getattr(node, "hit_count", 0)
-        )
+        meta = getattr(node, META_ATTR, None) or getattr(node, HOST_META_ATTR, None)
+        return self.core.key(meta, node.last_access_time, getattr(node, "hit_count", 0))
 
     @staticmethod
     def _lru(node: Any) -> float:
@@ -138,7 +142,7 @@ class DartStrategy:
     def _dart(self, node: Any) -> tuple[int, float, float]:
         core = self.core
         table = core._table
-        meta = getattr(node, META_ATTR, None)
+        meta = getattr(node, META_ATTR, None) or getattr(node, HOST_META_ATTR, None)
         owner = meta.owner if meta is not None else None
         if owner is None:
             return (0, 0.0, node.last_access_time)

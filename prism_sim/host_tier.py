@@ -33,8 +33,11 @@ Where the simulator differs, on purpose:
   those are skipped by host eviction as SGLang skips device-resident nodes; when only
   such copies are left, the oldest of them are dropped (SGLang would refuse the new
   backup instead: either way the data without a host copy is on the device);
-* host eviction is LRU whatever the device order (SGLang reuses the device strategy;
-  for DART that is a difference noted in docs/results/agent-host-tier/README.md);
+* host eviction is LRU, as SGLang's is under LRU; an engine extension may give the
+  host tree its own strategy (`attach_host`): DART does, with the owners its demoted
+  nodes had, as SGLang's unified tree heaps host leaves with the device's strategy
+  (`PRISM_DART_HOST_ORDER`, docs/dart-plugin.md); SGLang's other policies on host are
+  not modeled;
 * only `write_through` is modeled;
 * the H2D copy is charged in full before the prefill that needs it
   (`host_load_time_s`); SGLang's kernel IO backend copies layer by layer and lets each
@@ -105,7 +108,8 @@ def _resident_len(cache: RadixCache, key: list[int]) -> int:
 
 
 class HostTier:
-    """Host copies of the device tree's KV (write-through), bounded, LRU-evicted."""
+    """Host copies of the device tree's KV (write-through), bounded, LRU-evicted unless
+    an extension orders them (`host.strategy`)."""
 
     def __init__(self, config: HostTierConfig, device: RadixCache) -> None:
         self.config = config

@@ -161,10 +161,10 @@ def test_what_retention_does_not_reach_is_past_the_key_or_lost_before_it(tokeniz
     evicted: dict[str, list[float]] = {}
     on_evicted = core.on_evicted
 
-    def spy(meta: Any, num_tokens: int) -> None:
+    def spy(meta: Any, num_tokens: int, **how: Any) -> None:
         if meta is not None and meta.owner is not None:
             evicted.setdefault(meta.owner, []).append(core.clock())
-        on_evicted(meta, num_tokens)
+        on_evicted(meta, num_tokens, **how)
 
     core.on_evicted = spy  # type: ignore[method-assign]
     twin.run()

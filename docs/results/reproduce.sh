@@ -333,17 +333,22 @@ agent_step_call() {
   # the lpm and hrrn lines on the real stack, seed 1 (~10 min, a machine running nothing else)
   prism-loadgen sessions --real 4 --out $out/real/seed1-lpm-hrrn --seed 1 --rate 0.5 $trace \
     --lines sglang-lpm,prism+sessions+returns/lpm-unpaced,$hrrn
+  # The host-tier runs below (real/seed1-host, twin/host*, twin/host-unpaced*) were made
+  # with DART's host tier in LRU order (PRISM_DART_HOST_ORDER=lru, which the twin's and
+  # prism-sim's DART read); twin/host-order* runs the same prism lines in DART's order,
+  # the default since.
   # the host-tier lines on the real stack, seed 1 (~5 min, a machine running nothing else)
-  prism-loadgen sessions --real 4 --out $out/real/seed1-host --seed 1 --rate 0.5 $trace \
-    --lines sglang-lru+host,prism+sessions+returns+host
+  PRISM_DART_HOST_ORDER=lru prism-loadgen sessions --real 4 --out $out/real/seed1-host \
+    --seed 1 --rate 0.5 $trace --lines sglang-lru+host,prism+sessions+returns+host
   # the host tier at the main point, seeds 0-14, and at 1 and 2 sessions/s, seeds 0-4
   local host=sglang-lru,sglang-lru+host,prism+sessions+returns,prism+sessions+returns+host
   for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
-    prism-loadgen sessions --out $out/twin/host/seed$seed --seed $seed --rate 0.5 $trace \
-      --lines $host
+    PRISM_DART_HOST_ORDER=lru prism-loadgen sessions --out $out/twin/host/seed$seed \
+      --seed $seed --rate 0.5 $trace --lines $host
   done
   for seed in 0 1 2 3 4; do
-    prism-loadgen sessions --out $out/twin/host-rates/seed$seed --seed $seed --rate 1,2 $trace \
+    PRISM_DART_HOST_ORDER=lru prism-loadgen sessions --out $out/twin/host-rates/seed$seed \
+      --seed $seed --rate 1,2 $trace \
       --lines sglang-lru,sglang-lru+host,continuum-style,prism+sessions+returns,prism+sessions+returns+host
   done
   for line in ${more//,/ }; do
@@ -363,12 +368,13 @@ agent_step_call() {
   # with the host tier and no pacing: the engine's FCFS, and its lpm order
   local unpaced=prism+sessions+returns/unpaced+host,prism+sessions+returns/lpm-unpaced+host
   for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
-    prism-loadgen sessions --out $out/twin/host-unpaced/seed$seed --seed $seed --rate 0.5 \
-      $trace --lines $unpaced
+    PRISM_DART_HOST_ORDER=lru prism-loadgen sessions --out $out/twin/host-unpaced/seed$seed \
+      --seed $seed --rate 0.5 $trace --lines $unpaced
   done
   for seed in 0 1 2 3 4; do
-    prism-loadgen sessions --out $out/twin/host-unpaced-rates/seed$seed --seed $seed \
-      --rate 1,2 $trace --lines $unpaced
+    PRISM_DART_HOST_ORDER=lru prism-loadgen sessions \
+      --out $out/twin/host-unpaced-rates/seed$seed --seed $seed --rate 1,2 $trace \
+      --lines $unpaced
   done
   # the proxy's line over SGLang's LRU eviction with the host tier
   for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
@@ -398,6 +404,24 @@ agent_step_call() {
       > $out/twin/host/over-seeds-${line//\//-}.md
     python -m bench.sessions_over_seeds $out/twin/host-rates/seed{0..4} --line $line \
       > $out/twin/host-rates/over-seeds-${line//\//-}.md
+  done
+  # DART orders the host tier too (the default): the three prism host lines again
+  local ordered=prism+sessions+returns+host,$unpaced
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $out/twin/host-order/seed$seed --seed $seed --rate 0.5 \
+      $trace --lines $ordered
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/host-order-rates/seed$seed --seed $seed --rate 1,2 \
+      $trace --lines $ordered
+  done
+  for line in sglang-lru+host ${ordered//,/ }; do
+    python -m bench.sessions_over_seeds $out/twin/host/seed{0..14} \
+      $out/twin/host-order/seed{0..14} --line $line \
+      > $out/twin/host-order/over-seeds-${line//\//-}.md
+    python -m bench.sessions_over_seeds $out/twin/host-rates/seed{0..4} \
+      $out/twin/host-order-rates/seed{0..4} --line $line \
+      > $out/twin/host-order-rates/over-seeds-${line//\//-}.md
   done
   # the slowest calls of the seeds not loaded at the main point (the records stay in runs/)
   for seed in 0 2 3 4 5 6 7 8 9 11 13 14; do

@@ -106,7 +106,9 @@ def test_refuses_tensor_parallelism_and_an_unauthenticated_rpc(published_server_
         create_tree_cache(build_context(published_server_args))
 
 
-def test_with_hicache_the_backend_is_dart_on_sglangs_unified_tree(published_server_args):
+def test_with_hicache_the_backend_is_dart_on_sglangs_unified_tree(
+    published_server_args, monkeypatch
+):
     """`--enable-hierarchical-cache` routes the backend through SGLang's own
     `create_unified_radix_cache` with `DartUnifiedRadixCache`; SGLang's `init_hicache`
     then allocates the host pool, which on this CPU-only torch stops at its CUDA host
@@ -122,11 +124,13 @@ def test_with_hicache_the_backend_is_dart_on_sglangs_unified_tree(published_serv
         allocator=TokenToKVPoolAllocator(256, torch.float32, "cpu", kv, False),
     )
     ctx.enable_hierarchical_cache = True
+    monkeypatch.setenv("PRISM_DART_HOST_ORDER", "lru")  # reaches the tree's DART core
     with pytest.raises(AssertionError, match="not compiled with CUDA") as info:
         create_tree_cache(ctx)
     hosts = [entry.locals.get("self") for entry in info.traceback]
     caches = [c for c in hosts if isinstance(c, DartUnifiedRadixCache)]
     assert caches and all(type(c.tree_core) is DartTreeCore for c in caches)
+    assert all(c.dart.host_order == "lru" for c in caches)
     assert any(entry.name == "init_hicache" for entry in info.traceback)
 
 

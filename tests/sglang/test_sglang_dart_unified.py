@@ -153,6 +153,50 @@ def test_host_tier_demotes_in_dart_order_and_forgets_what_left_the_device():
     assert [(s, e) for _, s, e in path] == [(0, 8)]  # the walk stops at host-only nodes
     node_b = cache.tree_core.node_by_id(b.last_host_node).parent
     assert node_b.evicted and node_b.backuped and node_b.prism_meta is None
+    assert node_b.prism_host_meta.owner == "B"  # kept apart, for the host tier's order
+
+
+def host_copies(cache: UnifiedRadixCache) -> set[tuple[int, ...]]:
+    """The token values of every host copy in the tree."""
+    out, stack = set(), list(cache.tree_core.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        host = node.component_data[ComponentType.FULL].host_value
+        if host is not None:
+            out.add(tuple(host.tolist()))
+    return out
+
+
+def evict_host_one_by_one(cache: UnifiedRadixCache) -> list[list[int]]:
+    """SGLang's host eviction (`evict_host`, what the host pool calls when full), a token
+    at a time; the evicted copies in order."""
+    order = []
+    while copies := host_copies(cache):
+        cache.evict_host(1)
+        gone = copies - host_copies(cache)
+        assert gone, "host eviction made no progress"
+        order.extend(sorted(list(g) for g in gone))
+    return order
+
+
+@pytest.mark.parametrize("host_order", ["dart", "lru"])
+def test_sglangs_host_eviction_follows_darts_order_or_lru(host_order: str):
+    """Once everything is on host only, SGLang's own host eviction heaps the host leaves
+    by the tree core's strategy: DART's order with the owners kept at demotion (private
+    first, then by P̂, protected last), or least recently used first with "lru"."""
+    cache, allocator = dart_unified(host=True)
+    cache.dart.host_order = host_order  # PRISM_DART_HOST_ORDER (build_dart_cache)
+    for name in "ABCD":
+        hints = parse_kv_hints(make_kv_hints(anchors_for([name], 4), message_id=name))
+        tokens = request_tokens(name)
+        cache.insert_with_anchors(key(tokens), hints, rid=f"r{name}", value=token_ids(tokens))
+    back_up(cache)
+    cache.dart.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
+    evict(cache, allocator, 10**6)  # every node demoted
+    assert cache.dart.stats().host_demoted_tokens == 8 + 4 * 10
+    expected = "pA pB pC pD B D C A S" if host_order == "dart" else "pA A pB B pC C pD D S"
+    assert evict_host_one_by_one(cache) == expected_nodes(expected)
 
 
 def test_a_history_loaded_back_from_host_is_annotated_again():

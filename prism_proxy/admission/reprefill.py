@@ -40,6 +40,11 @@ session table knew of its pause and what DART knew of its key:
   (the generation prompt the template adds after the last message: a few tokens), or
   of a key only partly evicted before the retention arrived.
 
+With a host tier (SGLang's HiCache) DART counts a retained key's demotion to host as no
+eviction (a later request loads it back), so a retained history that the host tier then
+dropped is counted under `expired` or `unheld`: the causes are the device's view, and
+no cause of its own says "dropped from host".
+
 The parts sum to the total by construction; the scenarios in tests/test_reprefill.py
 reach each cause on the twin.
 """

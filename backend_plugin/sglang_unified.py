@@ -99,9 +99,16 @@ class DartTreeCore(UnifiedTreeCore):
     ) -> tuple[int, int]:
         watched = comp.component_type is FULL and EvictLayer.DEVICE in target
         meta: NodeMeta | None = getattr(node, META_ATTR, None) if watched else None
+        host_meta: NodeMeta | None = (
+            getattr(node, HOST_META_ATTR, None)
+            if comp.component_type is FULL and EvictLayer.HOST in target
+            else None
+        )
         freed = super()._evict_component_and_detach_lru(
             node, comp, device_frees, host_frees, cache_actions, target, tracker
         )
+        if host_meta is not None and freed[1] > 0 and self.dart is not None:
+            self.dart.on_host_evicted(host_meta, freed[1])  # the host copy is gone
         if watched and freed[0] > 0 and self.dart is not None:
             self.dart.on_evicted(meta, len(node.key), to_host=node.backuped)
             setattr(node, META_ATTR, None)

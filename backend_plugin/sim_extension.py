@@ -119,12 +119,18 @@ class DartSimExtension:
         device eviction whose tokens host holds counts as a demotion; with `host_order`
         "dart" the host tier drops its copies in DART's order, as SGLang's unified tree
         does with DART's strategy: a copy ranks by the owner its node had on the device
-        (`HOST_META_ATTR`, handed over by `on_evict`). With "lru" it keeps its LRU order."""
+        (`HOST_META_ATTR`, handed over by `on_evict`), and a retained owner's copy it
+        drops is recorded as lost (`on_host_evicted`). With "lru" it keeps its LRU order."""
         self.core.use_host_tier()
         self._host = host
         if self.core.host_order == "dart":
             host.strategy = self.strategy
             host.split_listeners.append(self.on_split)
+            host.evict_listeners.append(self.on_host_evict)
+
+    def on_host_evict(self, copy: Any) -> None:
+        """The host tier dropped `copy`: a retained owner's history is lost there."""
+        self.core.on_host_evicted(getattr(copy, HOST_META_ATTR, None), len(copy.key))
 
     def _host_copy(self, node: Any, meta: NodeMeta | None) -> bool:
         """Whether host holds a copy of `node`'s tokens; with `host_order` "dart", that

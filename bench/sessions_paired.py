@@ -24,7 +24,10 @@ from prism_proxy.admission.reprefill import Cause
 
 
 def pair_report(base: str, changed: str, seeds: dict[str, dict[str, Any]]) -> list[str]:
-    causes = [c.value for c in Cause]
+    # the causes the files know (a file made before a cause existed lacks its key)
+    known = {k for rows in seeds.values() for row in rows.values()
+             for k in row["summary"].get("reprefill_tokens", {})}  # fmt: skip
+    causes = [c.value for c in Cause if c.value in known]
     out = [
         "| seed | hit | P99 s | mean JCT s | re-prefilled | "
         + " | ".join(c.replace("_", " ") for c in causes)
@@ -42,13 +45,13 @@ def pair_report(base: str, changed: str, seeds: dict[str, dict[str, Any]]) -> li
         jcts.append(b["mean_jct_ms"] / a["mean_jct_ms"])
         p99s.append(b["p99_ttft_ms"] / a["p99_ttft_ms"])
         for name, pair in totals.items():
-            pair[0] += ra[name]
-            pair[1] += rb[name]
+            pair[0] += ra.get(name, 0)
+            pair[1] += rb.get(name, 0)
         cells = [
             f"{a['hit_rate']:.3f} → {b['hit_rate']:.3f}",
             f"{a['p99_ttft_ms'] / 1e3:.2f} → {b['p99_ttft_ms'] / 1e3:.2f}",
             f"{a['mean_jct_ms'] / 1e3:.1f} → {b['mean_jct_ms'] / 1e3:.1f}",
-            *(f"{ra[name]:,} → {rb[name]:,}" for name in ("total", *causes)),
+            *(f"{ra.get(name, 0):,} → {rb.get(name, 0):,}" for name in ("total", *causes)),
         ]
         out.append(f"| {seed} | " + " | ".join(cells) + " |")
     if not hits:

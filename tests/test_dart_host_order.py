@@ -14,6 +14,7 @@ from dart_scenario import PRIVATE, SEGMENTS, SYSTEM, anchors_for
 
 from backend_plugin.config import load_config
 from backend_plugin.dart import DartCore, DartStrategy
+from backend_plugin.dart.core import RetainedLoss
 from backend_plugin.dart.tree import HOST_META_ATTR, carry_owner
 from backend_plugin.sim_extension import DartSimExtension
 from prism_sim.engine import SimConfig, SimEngine
@@ -84,6 +85,24 @@ def test_the_host_tier_drops_in_darts_order_or_its_own(host_order: str) -> None:
         # least recently used first: A's suffix and segment, the older ones
         assert kept == {"A": 8, "B": 18}
     assert host.host_evicted_tokens_total == (14 if host_order == "dart" else 10)
+
+
+def test_a_retained_history_dropped_by_the_host_tier_is_recorded_lost() -> None:
+    """Demoted while retained: no loss. Dropped from host while retained: lost there
+    (`RetainedLoss.host_at`, the re-prefill cause `dropped_from_host`)."""
+    device, host, ext, clock = tiers("dart", host_tokens=18)  # S + A + pA
+    clock.now += 1
+    serve(device, host, ext, "A", tokens_of("A"))
+    ext.core.inbox.submit_retain(Retention({"A": (1.0, 60.0, None)}))
+    clock.now += 1
+    device.evict(10**6)
+    assert ext.core.retained_loss("A") == RetainedLoss()  # demoted: no loss
+    clock.now += 1
+    fresh = list(range(5000, 5018))
+    device.insert(fresh)
+    host.backup(fresh)  # the whole host pool is needed: A's copy goes
+    assert _resident_len(host.host, tokens_of("A")) == 0
+    assert ext.core.retained_loss("A").host_at == clock.now
 
 
 def test_a_host_copy_keeps_its_owner_across_the_host_trees_splits() -> None:

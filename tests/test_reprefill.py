@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from backend_plugin.dart.core import DartCore, RetainedLoss
+from backend_plugin.dart.keys import NodeMeta
 from loadgen.twin.session_twin import SessionFeatures, SessionTwin, simulate_sessions
 from loadgen.twin.twin import TwinSetup
 from loadgen.workloads.session_trace import SessionParams, build_session_trace
@@ -23,7 +24,7 @@ from prism_proxy.admission.reprefill import (
 )
 from prism_proxy.admission.sessions import SessionParams as TableParams
 from prism_tokens.tokenizer import load_tokenizer
-from prism_wire import Retention
+from prism_wire import AnchorKind, Retention
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,10 @@ KEPT = Pause("k", paused_at=10.0, ttl_s=5.0, retained=True)
         (KEPT, 20.0, RetainedLoss(in_cap_at=14.0), Cause.EVICTED_WHILE_RETAINED),  # late too
         (KEPT, 12.0, RetainedLoss(in_cap_at=9.0), Cause.UNHELD),  # an earlier pause's loss
         (KEPT, 12.0, RetainedLoss(over_cap_at=11.0), Cause.OVER_CAP),
+        (KEPT, 12.0, RetainedLoss(host_at=11.0), Cause.DROPPED_FROM_HOST),
+        (KEPT, 20.0, RetainedLoss(host_at=14.0), Cause.DROPPED_FROM_HOST),  # before the TTL
+        (KEPT, 12.0, RetainedLoss(host_at=9.0), Cause.UNHELD),  # an earlier pause's copy
+        (KEPT, 12.0, RetainedLoss(in_cap_at=11.0, host_at=11.5), Cause.EVICTED_WHILE_RETAINED),
         (KEPT, 20.0, RetainedLoss(), Cause.EXPIRED),  # back after 10 s of a 5 s TTL
         (KEPT, 14.0, RetainedLoss(), Cause.UNHELD),
     ],
@@ -72,6 +77,26 @@ def test_dart_records_what_became_of_a_retained_owner() -> None:
     core.apply_pending()
     assert core.retained_loss("gone") == RetainedLoss(absent_at=5.0)
     assert core.retained_loss("never") == RetainedLoss()
+
+
+def test_dart_records_a_retained_owners_copy_dropped_by_the_host_tier() -> None:
+    """A demotion to host is no loss; the host tier dropping the copy while the
+    retention is live is (`host_at`); an owner without a live entry records nothing."""
+    now = [5.0]
+    core = DartCore("dart", capacity_tokens=1000, clock=lambda: now[0])
+    core.use_host_tier()
+    seg = NodeMeta(AnchorKind.SEGMENT, "kept")
+    core.on_assign(None, seg, 10)
+    core.inbox.submit_retain(Retention({"kept": (1.0, 60.0, 10)}))
+    core.apply_pending()
+    core.on_evicted(seg, 10, to_host=True)
+    assert core.retained_loss("kept") == RetainedLoss()
+    now[0] = 7.0
+    core.on_host_evicted(seg, 10)
+    assert core.retained_loss("kept") == RetainedLoss(host_at=7.0)
+    core.on_host_evicted(NodeMeta(AnchorKind.SEGMENT, "other"), 10)
+    core.on_host_evicted(None, 10)
+    assert core.retained_loss("other") == RetainedLoss()
 
 
 # ---- the twin -----------------------------------------------------------------------------

@@ -169,11 +169,14 @@ class RetainedLoss(NamedTuple):
     """What became of an owner's retention, each the latest time on DART's clock (None:
     never): its tokens evicted while it had a live entry, in R_t (`in_cap_at`) or left
     out by R_t's token cap (`over_cap_at`); a new entry for it applied when none of its
-    tokens were resident (`absent_at`: lost before the retention arrived)."""
+    tokens were resident (`absent_at`: lost before the retention arrived); its host copy
+    dropped by the host tier while it had a live entry (`host_at`: demoted to host,
+    which is no loss, then lost there)."""
 
     in_cap_at: float | None = None
     over_cap_at: float | None = None
     absent_at: float | None = None
+    host_at: float | None = None
 
 
 class DartCore:
@@ -461,6 +464,13 @@ class DartCore:
         if meta is not None:
             self._count_anchor(meta, -1)
             self._account(meta.owner, -num_tokens)
+
+    def on_host_evicted(self, meta: NodeMeta | None, num_tokens: int) -> None:
+        """The host tier dropped a copy of `num_tokens` whose node had `meta`'s owner on
+        the device (`HOST_META_ATTR`): a retained owner's history is lost there."""
+        owner = meta.owner if meta is not None else None
+        if owner is not None and owner in self._retained:
+            self._lose(owner, "host_at", self.clock())
 
     def _lose(self, owner: str, field: str, now: float) -> None:
         lost = self._lost_retained

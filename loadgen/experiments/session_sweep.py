@@ -232,7 +232,8 @@ def _reprefill_table(group: list[dict[str, Any]]) -> list[str]:
     measured = [r for r in group if "reprefill_tokens" in r["summary"]]
     if not measured:
         return []
-    causes = [c.value for c in Cause]
+    causes = [c.value for c in Cause if any(c.value in r["summary"]["reprefill_tokens"]
+                                            for r in measured)]  # fmt: skip
     out = [
         "",
         "History the continuations re-prefilled, in tokens, by cause "

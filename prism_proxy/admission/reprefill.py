@@ -17,6 +17,8 @@ session table knew of its pause and what DART knew of its key:
       | no
     key evicted while outside R_t's token cap?     --yes-->  over_cap
       | no
+    key's host copy dropped while retained?        --yes-->  dropped_from_host
+      | no
     back after its TTL?                            --yes-->  expired
       | no
     unheld
@@ -33,6 +35,10 @@ session table knew of its pause and what DART knew of its key:
 * `over_cap`: retained, and DART evicted tokens of the key while its entry was live but
   outside R_t (the longest prefix by score within `retain_fraction` of the pool), so it
   ranked with unretained segments;
+* `dropped_from_host`: with a host tier (SGLang's HiCache), the retained key was demoted
+  to host (which is no loss: a later request loads it back) and the host tier then
+  dropped its copy while the retention was live (DART tells it only where it keeps the
+  owner of a demoted node: `PRISM_DART_HOST_ORDER=dart`);
 * `expired`: retained, never evicted while in R_t, and back after its TTL: the tokens
   went after the retention ended;
 * `unheld`: retained, back in time, never evicted while in R_t, yet tokens were
@@ -40,10 +46,9 @@ session table knew of its pause and what DART knew of its key:
   (the generation prompt the template adds after the last message: a few tokens), or
   of a key only partly evicted before the retention arrived.
 
-With a host tier (SGLang's HiCache) DART counts a retained key's demotion to host as no
-eviction (a later request loads it back), so a retained history that the host tier then
-dropped is counted under `expired` or `unheld`: the causes are the device's view, and
-no cause of its own says "dropped from host".
+With a host tier in LRU order (`PRISM_DART_HOST_ORDER=lru`) DART does not know whose
+copies the host tier drops, so a retained history lost there is counted under `expired`
+or `unheld`.
 
 The parts sum to the total by construction; the scenarios in tests/test_reprefill.py
 reach each cause on the twin.
@@ -61,6 +66,7 @@ class Cause(StrEnum):
     LATE = "late"
     EVICTED_WHILE_RETAINED = "evicted_while_retained"
     OVER_CAP = "over_cap"
+    DROPPED_FROM_HOST = "dropped_from_host"
     EXPIRED = "expired"
     UNHELD = "unheld"
 
@@ -88,8 +94,8 @@ class Continuation:
     """One continuation's facts: the history it re-sent and what of it was cached, the
     pause it continued (None: none known), when it came back and when its prefill read
     the cache, and what DART last saw of the pause's key (`DartCore.retained_loss`: its
-    tokens evicted while retained, in R_t or outside its cap, and an entry applied when
-    none were resident; None: never)."""
+    tokens evicted while retained, in R_t or outside its cap, an entry applied when none
+    were resident, its host copy dropped while retained; None: never)."""
 
     history_tokens: int
     cached_tokens: int
@@ -99,6 +105,7 @@ class Continuation:
     evicted_in_cap_at: float | None = None
     evicted_over_cap_at: float | None = None
     absent_at: float | None = None
+    dropped_from_host_at: float | None = None
 
     @property
     def missing_tokens(self) -> int:
@@ -123,6 +130,8 @@ def cause(call: Continuation) -> Cause:
         return Cause.EVICTED_WHILE_RETAINED
     if since_held(call.evicted_over_cap_at):
         return Cause.OVER_CAP
+    if since_held(call.dropped_from_host_at):
+        return Cause.DROPPED_FROM_HOST
     if call.returned_at - pause.paused_at > pause.ttl_s:
         return Cause.EXPIRED
     return Cause.UNHELD

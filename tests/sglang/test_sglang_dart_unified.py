@@ -29,8 +29,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang_support import MockAllocator, cache_params, evict, evict_one_by_one, key, token_ids
 
 from backend_plugin.dart import DartCore, PriorityUpdate
+from backend_plugin.dart.core import RetainedLoss
 from backend_plugin.sglang_unified import DartTreeCore, DartUnifiedRadixCache, UnifiedTreeAdapter
-from prism_wire import make_kv_hints, parse_kv_hints
+from prism_wire import Retention, make_kv_hints, parse_kv_hints
 
 pytestmark = pytest.mark.sglang
 
@@ -184,7 +185,8 @@ def evict_host_one_by_one(cache: UnifiedRadixCache) -> list[list[int]]:
 def test_sglangs_host_eviction_follows_darts_order_or_lru(host_order: str):
     """Once everything is on host only, SGLang's own host eviction heaps the host leaves
     by the tree core's strategy: DART's order with the owners kept at demotion (private
-    first, then by P̂, protected last), or least recently used first with "lru"."""
+    first, then by P̂, the retained B above those, protected last), or least recently used
+    first with "lru"."""
     cache, allocator = dart_unified(host=True)
     cache.dart.host_order = host_order  # PRISM_DART_HOST_ORDER (build_dart_cache)
     for name in "ABCD":
@@ -193,10 +195,15 @@ def test_sglangs_host_eviction_follows_darts_order_or_lru(host_order: str):
         cache.insert_with_anchors(key(tokens), hints, rid=f"r{name}", value=token_ids(tokens))
     back_up(cache)
     cache.dart.inbox.submit(PriorityUpdate(1, TABLE, protect=2))
-    evict(cache, allocator, 10**6)  # every node demoted
+    cache.dart.inbox.submit_retain(Retention({"B": (1.0, 60.0, None)}))
+    evict(cache, allocator, 10**6)  # every node demoted: no loss for the retained B
     assert cache.dart.stats().host_demoted_tokens == 8 + 4 * 10
-    expected = "pA pB pC pD B D C A S" if host_order == "dart" else "pA A pB B pC C pD D S"
+    assert cache.dart.retained_loss("B") == RetainedLoss()
+    expected = "pA pB pC pD D B C A S" if host_order == "dart" else "pA A pB B pC C pD D S"
     assert evict_host_one_by_one(cache) == expected_nodes(expected)
+    # the host tier dropped B's copy while retained: lost there (only DART's order knows)
+    dropped = cache.dart.retained_loss("B").host_at
+    assert (dropped is not None) is (host_order == "dart")
 
 
 def test_a_history_loaded_back_from_host_is_annotated_again():

@@ -335,9 +335,9 @@ agent_step_call() {
     --lines sglang-lpm,prism+sessions+returns/lpm-unpaced,$hrrn
   # The host-tier runs below (real/seed1-host, twin/host*, twin/host-unpaced*) were made
   # with DART's host tier in LRU order (PRISM_DART_HOST_ORDER=lru, which the twin's and
-  # prism-sim's DART read: the same timing, hits and job times; their re-prefill causes
-  # now count a demotion to host apart); twin/host-order* runs the same prism lines in
-  # DART's order, the default since.
+  # prism-sim's DART read: the same timing, hits and job times; not the same re-prefill
+  # causes, a demotion to host being counted apart now); twin/host-order* runs the same
+  # prism lines in DART's order, the default since.
   # the host-tier lines on the real stack, seed 1 (~5 min, a machine running nothing else)
   PRISM_DART_HOST_ORDER=lru prism-loadgen sessions --real 4 --out $out/real/seed1-host \
     --seed 1 --rate 0.5 $trace --lines sglang-lru+host,prism+sessions+returns+host

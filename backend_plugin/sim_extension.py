@@ -139,12 +139,8 @@ class DartSimExtension:
         path = self._cache.node_path_tokens(node)
         start, end = len(path) - len(node.key), len(path)
         host = self._host
-        covered = 0
-        for _, s, e in host.walk(path):
-            if s != covered:
-                break
-            covered = min(e, end)
-        if covered < end:
+        held = host.walk(path)  # contiguous from the root, as far as host holds `path`
+        if not held or held[-1][2] < end:
             return False
         if meta is None or self.core.host_order != "dart":
             return True

@@ -36,7 +36,8 @@ SESSION_NAMES = (
     "prism+precedence", "sglang-lru+host", "prism+sessions+returns+host",
     "prism+sessions+returns/unpaced+host", "prism+sessions+returns/lru+host",
     "prism+sessions+returns/lpm-unpaced+host",
-    "sglang-lru+host/ratio1", "sglang-lru+host/8gbps",
+    "sglang-lru+host/ratio1", "sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4",
+    "sglang-lru+host/8gbps",
 )  # fmt: skip
 REAL_NAMES = (
     "sglang-lru", "sglang-lpm", "sglang-hrrn", "prism", "prism+sessions",
@@ -128,6 +129,8 @@ def test_the_twin_setup_of_a_line() -> None:
     assert tlru.eviction_config == {"threshold": 2048, "next_prompt_estimate": 700}
     ratio = twin_setup(LINES["sglang-lru+host/ratio1"])
     assert ratio.hicache and ratio.hicache_ratio == 1.0
+    for name in ("sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4"):
+        assert twin_setup(LINES[name]).hicache_ratio == 4.0
     assert session_features(spec_line("prism")) is None  # the sweep's lines set none
     # the sweep's QAS variant and `--set qas.NAME=X` reach prism lines only
     overrides = (("cold_deadline_ms", 500.0),)

@@ -29,7 +29,8 @@ the real stack's settings both come from it.
     sglang-lru+host, prism+sessions+returns+host
                                those lines with SGLang's hierarchical cache on at its
                                defaults (`prism_sim.host_tier`); sglang-lru+host/ratio1:
-                               a host pool of 1 × the device pool; /8gbps: loads at
+                               a host pool of 1 × the device pool, /ratio4 (both
+                               lines) 4 × instead of SGLang's 2 ×; /8gbps: loads at
                                8 GB/s instead of 25; prism+sessions+returns/unpaced+host
                                and /lpm-unpaced+host: with it, no pacing (the engine's
                                FCFS or lpm order over every request); /lru+host: with
@@ -143,6 +144,15 @@ LINES = _named(
     # the same with a host pool only as large as the device pool, and with a third
     # of the PCIe 4.0 rate (a Gen3 or shared link)
     replace(NATIVE, label="sglang-lru+host/ratio1", hicache=True, hicache_ratio=1.0),
+    # a host pool of 4 × the device pool (SGLang's --hicache-ratio 4), for both lines
+    replace(NATIVE, label="sglang-lru+host/ratio4", hicache=True, hicache_ratio=4.0),
+    replace(
+        PRISM,
+        label="prism+sessions+returns+host/ratio4",
+        hicache=True,
+        hicache_ratio=4.0,
+        **RETURNS,
+    ),
     replace(NATIVE, label="sglang-lru+host/8gbps", hicache=True, hicache_bandwidth_gbps=8.0),
 )
 

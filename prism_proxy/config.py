@@ -95,6 +95,9 @@ class ProxyConfig:
     sessions: bool = True
     session_ttl_quantile: float = 0.9
     session_max_ttl_s: float = 60.0
+    session_min_ttl_s: float = 0.5
+    session_default_ttl_s: float = 10.0
+    session_credit_half_life_s: float = 60.0
     session_rank: str = "recent"
     session_retain_from: str = "end"
     backend_timeout_s: float = 600.0
@@ -233,6 +236,9 @@ class ProxyConfig:
         return SessionParams(
             ttl_quantile=self.session_ttl_quantile,
             max_ttl_s=self.session_max_ttl_s,
+            min_ttl_s=self.session_min_ttl_s,
+            default_ttl_s=self.session_default_ttl_s,
+            credit_half_life_s=self.session_credit_half_life_s,
             rank=self.session_rank,
             retain_from=self.session_retain_from,
         )

@@ -149,6 +149,11 @@ _HELP = {
     "session_ttl_quantile": "how long DART keeps a paused session: this quantile of the "
     "return delays seen for its agent type",
     "session_max_ttl_s": "longest a paused session is kept",
+    "session_min_ttl_s": "shortest a paused session is kept",
+    "session_default_ttl_s": "how long a paused session is kept before the return delays "
+    "of its agent type are known (the return model's prior too)",
+    "session_credit_half_life_s": "how long an account's returns count towards the "
+    "retention it is granted (half-life)",
     "session_rank": "which paused session DART lets go first when the pool runs short: "
     "recent (the longest-paused), program (the youngest program; Continuum's order) or "
     "predicted (the one expected back last, by the return delays learned per agent type "

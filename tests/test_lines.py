@@ -14,6 +14,7 @@ from loadgen.experiments.sweep import SweepConfig, proxy_command, sim_command
 from loadgen.stack.lines import (
     ALL_POLICIES,
     KNOWN_LINES,
+    SESSION_TIMES,
     Line,
     line_engine_settings,
     line_proxy_settings,
@@ -21,6 +22,8 @@ from loadgen.stack.lines import (
 )
 from loadgen.stack.processes import engine_args, proxy_args
 from loadgen.twin.line_setup import session_features, twin_setup
+from prism_proxy.admission.sessions import SessionParams
+from prism_proxy.config_sources import parse_serve_args
 from prism_proxy.qas.params import qas_params
 
 # The names results files and docs refer to.
@@ -69,10 +72,21 @@ def test_the_real_stack_args_of_a_line_come_from_it() -> None:
         "serve", "--control-url", "http://127.0.0.1:31001", "--window-ms", "2.5",
         "--log-level", "warning", "--policy", "prism", "--qas", "full",
         "--set", "sessions=true", "--set", "session_rank=predicted",
+        # the session table's times, in the engine's time as in the twin
+        "--set", "session_max_ttl_s=15", "--set", "session_min_ttl_s=0.125",
+        "--set", "session_default_ttl_s=2.5", "--set", "session_credit_half_life_s=15",
         "--set", "backlog_ms=250", "--set", "age_cap_ms=2000",
         "--set", "cold_deadline_ms=500",  # the variant's 2 s deadline, in the engine's time
     ]  # fmt: skip
     assert "cold_deadline_ms" not in stack_settings(line, 5000, 1.0, 31001)[1]  # the variant's
+    # the proxy those args start keeps a paused session as long in the engine's time as
+    # the twin's table does (its clock runs at a quarter of the engine's)
+    table = parse_serve_args(proxy_args(proxy)[1:], environ={}).session_params()
+    twin = SessionParams()
+    for name in ("max_ttl_s", "min_ttl_s", "default_ttl_s", "credit_half_life_s"):
+        assert getattr(table, name) * 4.0 == getattr(twin, name), name
+    at_speed_1 = stack_settings(line, 5000, 1.0, 31001)[1]
+    assert at_speed_1 is not None and not any(name in at_speed_1 for name in SESSION_TIMES)
     # another line, other args: each setting is the line's
     other = replace(line, eviction="lru", session_rank="recent", qas_overrides=())
     sim, proxy = stack_settings(other, 5000, 4.0, 31001)
@@ -163,6 +177,9 @@ def test_the_sweep_commands_of_a_spec_line() -> None:
         "serve", "--backend", "http://b", "--policy", "prism", "--tokenizer", "builtin",
         "--window-ms", "5", "--log-level", "warning",
         "--control-url", "http://127.0.0.1:31001", "--qas", "full",
+        # and the session table's times
+        "--set", "session_max_ttl_s=30", "--set", "session_min_ttl_s=0.25",
+        "--set", "session_default_ttl_s=5", "--set", "session_credit_half_life_s=30",
         "--set", "w_c=0", "--set", "q_cold=4",
         # at speed 2 the QAS times in force are halved (the variant's 2 s deadline, the
         # default 8 s age cap)

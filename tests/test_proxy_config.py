@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from prism_proxy.admission.sessions import SessionParams
 from prism_proxy.config import AUTOMATIC, ConfigError
 from prism_proxy.config_sources import parse_serve_args
 from prism_proxy.options import FLAGS, options
@@ -20,6 +21,8 @@ def test_defaults_without_any_source() -> None:
         "auto",
     )
     assert config.qas.q_cold == 2 and config.qas.f_front == 3
+    # the session table's defaults are the table's own (the twin builds it without a config)
+    assert config.session_params() == SessionParams()
 
 
 def test_precedence_flag_over_env_over_file(tmp_path) -> None:
@@ -53,6 +56,8 @@ def test_json_config_file_and_flag_path(tmp_path) -> None:
         ([], {"PRISM_K": "0"}, "k"),
         # more segments than a hint's prompt may hold would be refused later, not here
         (["--set", "max_segments=257"], {}, "max_segments: at most 256"),
+        (["--set", "session_default_ttl_s=0"], {}, "default_ttl_s must be > 0"),
+        (["--set", "session_min_ttl_s=90"], {}, "min_ttl_s <= max_ttl_s"),
     ],
 )
 def test_bad_values_name_the_setting(argv, env, needle) -> None:

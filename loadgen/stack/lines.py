@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from loadgen.stack.processes import parse_line
+from prism_proxy.config import ProxyConfig
 from prism_proxy.qas.params import QAS_VARIANTS, QasParams, qas_params
 
 PROXY_BASELINES = ("fifo", "klpm", "contextpilot-style")
@@ -57,6 +58,14 @@ KNOWN_LINES = (*ALL_POLICIES, *PEER_LINES)
 LINE_KEYS = ("eviction", "q_cold", "qas", "prefill_batch")
 
 Pairs = tuple[tuple[str, Any], ...]  # settings as (name, value) pairs, in order
+
+# The session table's times in the proxy's config, at their defaults (seconds of the
+# proxy's clock; `line_proxy_settings` scales them to the engine's at a speed).
+SESSION_TIMES = {
+    field.name: field.default
+    for field in fields(ProxyConfig)
+    if field.name.startswith("session_") and field.name.endswith("_s")
+}
 
 
 @dataclass(frozen=True)
@@ -199,11 +208,13 @@ def line_proxy_settings(
     policy, the QAS variant (the line's, else the experiment's `qas` on prism lines), the
     session features, the experiment's `qas_overrides` (on prism lines, as given), the
     line's own QAS overrides, the prefill batch. QAS times (`*_ms`: the variant's, the
-    experiment's and the line's) are in modeled time and the proxy's clock is the
-    wall's: at a `speed` other than 1 (the engine's clock rate) every one in force on a
-    prism line is given, divided by `speed`, so that a deadline of 2 s means 2 s of the
-    engine's time, as in the twin. ValueError for session features the proxy cannot set
-    (it detects and retains together, by `sessions`)."""
+    experiment's and the line's) and the session table's (`session_*_s`) are in modeled
+    time and the proxy's clock is the wall's: at a `speed` other than 1 (the engine's
+    clock rate) every QAS time in force on a prism line, and every session time, is
+    given, divided by `speed`, so that a deadline of 2 s or a paused session's longest
+    time-to-live of 60 s means that much of the engine's time, as in the twin.
+    ValueError for session features the proxy cannot set (it detects and retains
+    together, by `sessions`)."""
     if line.policy is None:
         raise ValueError(f"line {line.label!r} has no proxy")
     prism = line.pushes_priorities
@@ -214,6 +225,9 @@ def line_proxy_settings(
         settings["sessions"] = line.detect
     settings["session_rank"] = line.session_rank
     settings["session_retain_from"] = line.session_retain_from
+    if speed != 1.0:
+        for name, value in SESSION_TIMES.items():
+            settings[name] = value / speed
     if prism:
         settings |= dict(qas_overrides)
     for name, value in line.qas_overrides:

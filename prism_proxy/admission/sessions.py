@@ -117,8 +117,8 @@ class SessionParams:
             raise ValueError(f"rank: one of {', '.join(RANKS)}")
         if self.max_sessions < 1 or self.min_samples < 1:
             raise ValueError("max_sessions and min_samples must be >= 1")
-        if self.credit_half_life_s <= 0:
-            raise ValueError("credit_half_life_s must be > 0")
+        if self.credit_half_life_s <= 0 or self.default_ttl_s <= 0:
+            raise ValueError("credit_half_life_s and default_ttl_s must be > 0")
         if self.retain_from not in RETAIN_FROM:
             raise ValueError(f"retain_from: one of {', '.join(RETAIN_FROM)}")
 

@@ -38,7 +38,7 @@ SESSION_NAMES = (
     "prism+sessions/lru", "prism+sessions+precedence",
     "prism+precedence", "sglang-lru+host", "prism+sessions+returns+host",
     "prism+sessions+returns/unpaced+host", "prism+sessions+returns/lru+host",
-    "prism+sessions+returns/lpm-unpaced+host",
+    "prism+sessions+returns/lpm-unpaced+host", "prism+sessions+returns+backlog+host",
     "sglang-lru+host/ratio1", "sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4",
     "sglang-lru+host/8gbps",
 )  # fmt: skip

@@ -34,7 +34,9 @@ the real stack's settings both come from it.
                                8 GB/s instead of 25; prism+sessions+returns/unpaced+host
                                and /lpm-unpaced+host: with it, no pacing (the engine's
                                FCFS or lpm order over every request); /lru+host: with
-                               it, SGLang's LRU eviction instead of DART's order
+                               it, SGLang's LRU eviction instead of DART's order;
+                               prism+sessions+returns+backlog+host: the backlog rule
+                               with it
 
 The KV pool is each run's own (a fraction of the live sessions' unique KV), so it is no
 part of a line.
@@ -139,6 +141,15 @@ LINES = _named(
         hicache=True,
         schedule_policy="lpm",
         prefill_batch=1024,
+        **RETURNS,
+    ),
+    # with the host tier, the backlog rule (the longest cached prefix first under a
+    # backlog, within the age cap)
+    replace(
+        PRISM,
+        label="prism+sessions+returns+backlog+host",
+        hicache=True,
+        qas_overrides=BACKLOG,
         **RETURNS,
     ),
     # the same with a host pool only as large as the device pool, and with a third

@@ -40,6 +40,8 @@ SESSION_NAMES = (
     "prism+sessions+returns/unpaced+host", "prism+sessions+returns/lru+host",
     "prism+sessions+returns/lpm-unpaced+host", "prism+sessions+returns+backlog+host",
     "sglang-lru+host/ratio1", "sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4",
+    "prism+sessions+returns+host/ttl300", "prism+sessions+returns+host/ratio4/q99",
+    "prism+sessions+returns+host/q99",
     "sglang-lru+host/8gbps",
 )  # fmt: skip
 REAL_NAMES = (
@@ -145,6 +147,21 @@ def test_the_twin_setup_of_a_line() -> None:
     assert ratio.hicache and ratio.hicache_ratio == 1.0
     for name in ("sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4"):
         assert twin_setup(LINES[name]).hicache_ratio == 4.0
+    # a line's session settings: the twin's table in modeled time, the proxy's times in
+    # its own (divided by the speed), its other settings as they are
+    longer = LINES["prism+sessions+returns+host/ttl300"]
+    features = session_features(longer)
+    assert features is not None and features.params.max_ttl_s == 300.0
+    assert line_proxy_settings(longer)["session_max_ttl_s"] == 300.0
+    assert line_proxy_settings(longer, speed=4.0)["session_max_ttl_s"] == 75.0
+    q99 = LINES["prism+sessions+returns+host/q99"]
+    features = session_features(q99)
+    assert features is not None and features.params.ttl_quantile == 0.99
+    assert line_proxy_settings(q99, speed=4.0)["session_ttl_quantile"] == 0.99
+    assert "session_max_ttl_s" not in line_proxy_settings(q99)
+    assert "session_max_ttl_s" not in line_proxy_settings(LINES["prism+sessions+returns+host"])
+    with pytest.raises(ValueError, match="the proxy has no session_min_samples"):
+        line_proxy_settings(replace(q99, session_overrides=(("min_samples", 4),)))
     assert session_features(spec_line("prism")) is None  # the sweep's lines set none
     # the sweep's QAS variant and `--set qas.NAME=X` reach prism lines only
     overrides = (("cold_deadline_ms", 500.0),)

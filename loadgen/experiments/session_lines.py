@@ -30,7 +30,9 @@ the real stack's settings both come from it.
                                those lines with SGLang's hierarchical cache on at its
                                defaults (`prism_sim.host_tier`); sglang-lru+host/ratio1:
                                a host pool of 1 × the device pool, /ratio4 (both
-                               lines) 4 × instead of SGLang's 2 ×; /8gbps: loads at
+                               lines) 4 × instead of SGLang's 2 ×; /ttl300: paused
+                               sessions kept up to 300 s, not 60; /q99: for the 0.99
+                               quantile of their delays, not 0.9; /8gbps: loads at
                                8 GB/s instead of 25; prism+sessions+returns/unpaced+host
                                and /lpm-unpaced+host: with it, no pacing (the engine's
                                FCFS or lpm order over every request); /lru+host: with
@@ -162,6 +164,30 @@ LINES = _named(
         label="prism+sessions+returns+host/ratio4",
         hicache=True,
         hicache_ratio=4.0,
+        **RETURNS,
+    ),
+    # paused sessions kept up to 300 s instead of 60, or for the 0.99 quantile of their
+    # return delays instead of 0.9 (host memory holds what the device does not)
+    replace(
+        PRISM,
+        label="prism+sessions+returns+host/ttl300",
+        hicache=True,
+        session_overrides=(("max_ttl_s", 300.0),),
+        **RETURNS,
+    ),
+    replace(
+        PRISM,
+        label="prism+sessions+returns+host/ratio4/q99",
+        hicache=True,
+        hicache_ratio=4.0,
+        session_overrides=(("ttl_quantile", 0.99),),
+        **RETURNS,
+    ),
+    replace(
+        PRISM,
+        label="prism+sessions+returns+host/q99",
+        hicache=True,
+        session_overrides=(("ttl_quantile", 0.99),),
         **RETURNS,
     ),
     replace(NATIVE, label="sglang-lru+host/8gbps", hicache=True, hicache_bandwidth_gbps=8.0),

@@ -81,10 +81,12 @@ class Line:
 
     The session features: `detect` continuations and `retain` paused sessions in DART,
     ranked by `session_rank`, retention asked from `session_retain_from` (None: the
-    session table's defaults). `detect` and `retain` None: not set, so the proxy keeps
-    its default and the twin runs without them (the sweep's lines, whose traces have no
-    sessions). `hicache` turns SGLang's hierarchical cache on (`prism_sim.host_tier`),
-    `hicache_ratio` and `hicache_bandwidth_gbps` None: its defaults."""
+    session table's defaults), with `session_overrides` on top (the table's parameters
+    by name, such as `ttl_quantile`; times in modeled seconds). `detect` and `retain`
+    None: not set, so the proxy keeps its default and the twin runs without them (the
+    sweep's lines, whose traces have no sessions). `hicache` turns SGLang's hierarchical
+    cache on (`prism_sim.host_tier`), `hicache_ratio` and `hicache_bandwidth_gbps` None:
+    its defaults."""
 
     label: str
     policy: str | None = None
@@ -99,6 +101,7 @@ class Line:
     retain: bool | None = None
     session_rank: str | None = None
     session_retain_from: str | None = None
+    session_overrides: Pairs = ()
     hicache: bool = False
     hicache_ratio: float | None = None
     hicache_bandwidth_gbps: float | None = None
@@ -206,15 +209,16 @@ def line_proxy_settings(
 ) -> dict[str, Any]:
     """The proxy's settings for `line` (its config keys; None: not set), in order: the
     policy, the QAS variant (the line's, else the experiment's `qas` on prism lines), the
-    session features, the experiment's `qas_overrides` (on prism lines, as given), the
-    line's own QAS overrides, the prefill batch. QAS times (`*_ms`: the variant's, the
-    experiment's and the line's) and the session table's (`session_*_s`) are in modeled
+    session features with the line's `session_overrides`, the experiment's
+    `qas_overrides` (on prism lines, as given), the line's own QAS overrides, the
+    prefill batch. QAS times (`*_ms`: the variant's, the experiment's and the line's)
+    and the session table's (`session_*_s`, the line's or the defaults) are in modeled
     time and the proxy's clock is the wall's: at a `speed` other than 1 (the engine's
     clock rate) every QAS time in force on a prism line, and every session time, is
     given, divided by `speed`, so that a deadline of 2 s or a paused session's longest
     time-to-live of 60 s means that much of the engine's time, as in the twin.
     ValueError for session features the proxy cannot set (it detects and retains
-    together, by `sessions`)."""
+    together, by `sessions`; a table parameter without a `session_` setting)."""
     if line.policy is None:
         raise ValueError(f"line {line.label!r} has no proxy")
     prism = line.pushes_priorities
@@ -225,9 +229,14 @@ def line_proxy_settings(
         settings["sessions"] = line.detect
     settings["session_rank"] = line.session_rank
     settings["session_retain_from"] = line.session_retain_from
-    if speed != 1.0:
-        for name, value in SESSION_TIMES.items():
-            settings[name] = value / speed
+    overrides = {f"session_{name}": value for name, value in line.session_overrides}
+    unknown = sorted(set(overrides) - {field.name for field in fields(ProxyConfig)})
+    if unknown:
+        raise ValueError(f"line {line.label!r}: the proxy has no {', '.join(unknown)}")
+    for name, default in SESSION_TIMES.items():  # in the engine's time
+        if speed != 1.0 or name in overrides:
+            settings[name] = overrides.pop(name, default) / speed
+    settings |= overrides
     if prism:
         settings |= dict(qas_overrides)
     for name, value in line.qas_overrides:

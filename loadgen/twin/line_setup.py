@@ -41,6 +41,7 @@ def session_features(line: Line) -> SessionFeatures | None:
     if line.detect is None and line.retain is None:
         return None
     table = {"rank": line.session_rank, "retain_from": line.session_retain_from}
+    table |= dict(line.session_overrides)
     return SessionFeatures(
         detect=bool(line.detect),
         retain=bool(line.retain),

@@ -424,6 +424,22 @@ agent_step_call() {
       $out/twin/host-order-rates/seed{0..4} --line $line \
       > $out/twin/host-order-rates/over-seeds-${line//\//-}.md
   done
+  # a host pool of 4x the device pool, both lines
+  local ratio4=sglang-lru+host/ratio4,prism+sessions+returns+host/ratio4
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $out/twin/host-ratio4/seed$seed --seed $seed --rate 0.5 \
+      $trace --lines $ratio4
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/host-ratio4-rates/seed$seed --seed $seed \
+      --rate 1,2 $trace --lines $ratio4
+  done
+  # the host lines on the real stack with DART's host order and the session times in the
+  # engine's time, and prism+sessions again (~8 min, a machine running nothing else)
+  prism-loadgen sessions --real 4 --out $out/real/seed1-host-order --seed 1 --rate 0.5 \
+    $trace --lines sglang-lru+host,prism+sessions+returns+host
+  prism-loadgen sessions --real 4 --out $out/real/seed1-session-times --seed 1 --rate 0.5 \
+    $trace --lines prism+sessions --save-calls
   # the slowest calls of the seeds not loaded at the main point (the records stay in runs/)
   for seed in 0 2 3 4 5 6 7 8 9 11 13 14; do
     prism-loadgen sessions --out runs/agent-tail/seed$seed --seed $seed --rate 0.5 $trace \

@@ -39,10 +39,10 @@ SESSION_NAMES = (
     "prism+precedence", "sglang-lru+host", "prism+sessions+returns+host",
     "prism+sessions+returns/unpaced+host", "prism+sessions+returns/lru+host",
     "prism+sessions+returns/lpm-unpaced+host", "prism+sessions+returns+backlog+host",
-    "sglang-lru+host/ratio1", "sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4",
+    "sglang-lru+host/ratio1", "sglang-lru+host/8gbps",
+    "sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4",
     "prism+sessions+returns+host/ttl300", "prism+sessions+returns+host/ratio4/q99",
     "prism+sessions+returns+host/q99",
-    "sglang-lru+host/8gbps",
 )  # fmt: skip
 REAL_NAMES = (
     "sglang-lru", "sglang-lpm", "sglang-hrrn", "prism", "prism+sessions",

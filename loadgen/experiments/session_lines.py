@@ -157,6 +157,7 @@ LINES = _named(
     # the same with a host pool only as large as the device pool, and with a third
     # of the PCIe 4.0 rate (a Gen3 or shared link)
     replace(NATIVE, label="sglang-lru+host/ratio1", hicache=True, hicache_ratio=1.0),
+    replace(NATIVE, label="sglang-lru+host/8gbps", hicache=True, hicache_bandwidth_gbps=8.0),
     # a host pool of 4 × the device pool (SGLang's --hicache-ratio 4), for both lines
     replace(NATIVE, label="sglang-lru+host/ratio4", hicache=True, hicache_ratio=4.0),
     replace(
@@ -190,7 +191,6 @@ LINES = _named(
         session_overrides=(("ttl_quantile", 0.99),),
         **RETURNS,
     ),
-    replace(NATIVE, label="sglang-lru+host/8gbps", hicache=True, hicache_bandwidth_gbps=8.0),
 )
 
 REAL_LINES = {

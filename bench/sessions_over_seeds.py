@@ -1,7 +1,7 @@
 """One line of the agent_sessions sweep against every other, over seeds (issue 37's
 must-show table).
 
-    python -m bench.sessions_over_seeds DIR [DIR ...] [--line prism+sessions+returns]
+    python -m bench.sessions_over_seeds DIR [DIR ...] [--line LINE] [--without LINE]
 
 Each DIR is one seed's `prism-loadgen sessions --out DIR` (its `results.json`); DIRs of
 the same name are one seed's runs of more lines (the twin is deterministic: a line run
@@ -26,7 +26,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +56,16 @@ def arithmetic(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> 
     return f"{found.mean:.{digits}f} ± {found.half_width:.{digits}f}"
 
 
-def load(dirs: Sequence[Path]) -> dict[tuple[float, float, float], dict[str, dict[str, Any]]]:
-    """{point: {seed dir name: {line: row}}} (dirs of one name merged)."""
+def load(
+    dirs: Sequence[Path], without: Collection[str] = ()
+) -> dict[tuple[float, float, float], dict[str, dict[str, Any]]]:
+    """{point: {seed dir name: {line: row}}} (dirs of one name merged), the lines named
+    in `without` left out."""
     points: dict[tuple[float, float, float], dict[str, dict[str, Any]]] = {}
     for directory in dirs:
         for row in json.loads((directory / "results.json").read_text()):
+            if row["line"] in without:
+                continue
             point = (row["rate"], row["tool_scale"], row["kv_fraction"])
             points.setdefault(point, {}).setdefault(directory.name, {})[row["line"]] = row
     return points
@@ -123,9 +128,12 @@ def point_report(line: str, seeds: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def report(dirs: Sequence[Path], line: str) -> str:
-    out = [f"`{line}` against every other line, seeds {', '.join(d.name for d in dirs)}", ""]
-    for (rate, scale, fraction), seeds in sorted(load(dirs).items()):
+def report(dirs: Sequence[Path], line: str, without: Collection[str] = ()) -> str:
+    out = [f"`{line}` against every other line, seeds {', '.join(d.name for d in dirs)}"]
+    if without:
+        out.append(f"(left out: {', '.join(sorted(without))})")
+    out.append("")
+    for (rate, scale, fraction), seeds in sorted(load(dirs, without).items()):
         out += [f"## {rate:g} sessions/s, tool scale {scale:g}, pool {fraction:g}", ""]
         out += point_report(line, seeds)
         out.append("")
@@ -140,8 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("dirs", nargs="+", type=Path, help="one sweep dir per seed")
     parser.add_argument("--line", default="prism+sessions+returns")
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a line of the dirs not to compare with (repeatable)",
+    )
     args = parser.parse_args(argv)
-    print(report(args.dirs, args.line))
+    print(report(args.dirs, args.line, set(args.without)))
     return 0
 
 

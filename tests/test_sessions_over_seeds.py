@@ -30,3 +30,15 @@ def test_runs_of_one_seed_are_merged_and_compared(tmp_path: Path) -> None:
     # best native 60 s, never-evict 50 s: 5 of the 10 s recovered; P99 half LRU's
     assert "| seed3 | 0.850 | 0.900 | 0.860 (continuum-style) | 55.0 | 60.0 | 50.0 | 0.50 |" in text
     assert "P99 TTFT: / sglang-lru 0.50; / best other line 0.50 (largest 0.50)" in text
+
+
+def test_lines_left_out_are_not_compared(tmp_path: Path) -> None:
+    seed = tmp_path / "seed0"
+    seed.mkdir()
+    rows = [_row("sglang-lru", 1000, 60_000, 0.80), _row("mine", 500, 55_000, 0.85),
+            _row("bigger-pool", 400, 52_000, 0.90)]  # fmt: skip
+    (seed / "results.json").write_text(json.dumps(rows))
+    assert "0.900 (bigger-pool)" in report([seed], "mine")
+    text = report([seed], "mine", without={"bigger-pool"})
+    assert "(left out: bigger-pool)" in text and "bigger-pool)" not in text.split("\n", 2)[2]
+    assert "| seed0 | 0.850 | 0.900 | 0.800 (sglang-lru) |" in text

@@ -434,6 +434,27 @@ agent_step_call() {
     prism-loadgen sessions --out $out/twin/host-ratio4-rates/seed$seed --seed $seed \
       --rate 1,2 $trace --lines $ratio4
   done
+  # the backlog rule and the 0.99 TTL quantile with the host tier (2x and 4x pools)
+  local more=prism+sessions+returns+backlog+host,prism+sessions+returns+host/q99
+  more=$more,prism+sessions+returns+host/ratio4/q99
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $out/twin/host-more/seed$seed --seed $seed --rate 0.5 \
+      $trace --lines $more
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/host-more-rates/seed$seed --seed $seed \
+      --rate 1,2 $trace --lines $more
+  done
+  local without="--without prism+sessions+returns+host/q99"
+  without="$without --without prism+sessions+returns+host/ratio4/q99"
+  for line in prism+sessions+returns+backlog+host prism+sessions+returns+host; do
+    python -m bench.sessions_over_seeds $out/twin/host/seed{0..14} \
+      $out/twin/host-order/seed{0..14} $out/twin/host-more/seed{0..14} --line $line \
+      $without > $out/twin/host-more/over-seeds-${line//\//-}.md
+    python -m bench.sessions_over_seeds $out/twin/host-rates/seed{0..4} \
+      $out/twin/host-order-rates/seed{0..4} $out/twin/host-more-rates/seed{0..4} \
+      --line $line $without > $out/twin/host-more-rates/over-seeds-${line//\//-}.md
+  done
   # the host lines on the real stack with DART's host order and the session times in the
   # engine's time, and prism+sessions again (~8 min, a machine running nothing else)
   prism-loadgen sessions --real 4 --out $out/real/seed1-host-order --seed 1 --rate 0.5 \

@@ -279,6 +279,17 @@ agent_call() {
   done
 }
 
+session_points() {
+  # LINES ($2) at the main point, seeds 0-14, into DIR/seed<N> ($1), and at 1 and 2
+  # sessions/s, seeds 0-4, into DIR-rates/seed<N>; the caller's $trace
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $1/seed$seed --seed $seed --rate 0.5 $trace --lines $2
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $1-rates/seed$seed --seed $seed --rate 1,2 $trace --lines $2
+  done
+}
+
 agent_step_call() {
   # Issue 37: agent_sessions once both stacks make the step's tool call (each chat names
   # the step's tool, prism-sim's model calls it, the twin generates the same call): the
@@ -425,26 +436,11 @@ agent_step_call() {
       > $out/twin/host-order-rates/over-seeds-${line//\//-}.md
   done
   # a host pool of 4x the device pool, both lines
-  local ratio4=sglang-lru+host/ratio4,prism+sessions+returns+host/ratio4
-  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
-    prism-loadgen sessions --out $out/twin/host-ratio4/seed$seed --seed $seed --rate 0.5 \
-      $trace --lines $ratio4
-  done
-  for seed in 0 1 2 3 4; do
-    prism-loadgen sessions --out $out/twin/host-ratio4-rates/seed$seed --seed $seed \
-      --rate 1,2 $trace --lines $ratio4
-  done
+  session_points $out/twin/host-ratio4 \
+    sglang-lru+host/ratio4,prism+sessions+returns+host/ratio4
   # the backlog rule and the 0.99 TTL quantile with the host tier (2x and 4x pools)
   local more=prism+sessions+returns+backlog+host,prism+sessions+returns+host/q99
-  more=$more,prism+sessions+returns+host/ratio4/q99
-  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
-    prism-loadgen sessions --out $out/twin/host-more/seed$seed --seed $seed --rate 0.5 \
-      $trace --lines $more
-  done
-  for seed in 0 1 2 3 4; do
-    prism-loadgen sessions --out $out/twin/host-more-rates/seed$seed --seed $seed \
-      --rate 1,2 $trace --lines $more
-  done
+  session_points $out/twin/host-more $more,prism+sessions+returns+host/ratio4/q99
   local without="--without prism+sessions+returns+host/q99"
   without="$without --without prism+sessions+returns+host/ratio4/q99"
   for line in prism+sessions+returns+backlog+host prism+sessions+returns+host; do

@@ -43,6 +43,7 @@ SESSION_NAMES = (
     "sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4",
     "prism+sessions+returns+host/ttl300", "prism+sessions+returns+host/ratio4/q99",
     "prism+sessions+returns+host/q99",
+    "prism+sessions+known+host", "prism+sessions+known+host/ttl3600",
 )  # fmt: skip
 REAL_NAMES = (
     "sglang-lru", "sglang-lpm", "sglang-hrrn", "prism", "prism+sessions",
@@ -162,6 +163,15 @@ def test_the_twin_setup_of_a_line() -> None:
     assert "session_max_ttl_s" not in line_proxy_settings(LINES["prism+sessions+returns+host"])
     with pytest.raises(ValueError, match="the proxy has no session_min_samples"):
         line_proxy_settings(replace(q99, session_overrides=(("min_samples", 4),)))
+    # the known-returns bound: the twin's table ranks by its return model, which knows;
+    # no proxy can run it
+    known = LINES["prism+sessions+known+host/ttl3600"]
+    features = session_features(known)
+    assert features is not None and features.known_returns and features.params.rank == "predicted"
+    assert features.params.max_ttl_s == 3600.0 and twin_setup(known).hicache
+    assert not session_features(LINES["prism+sessions+returns+host"]).known_returns  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="knows return times"):
+        line_proxy_settings(known)
     assert session_features(spec_line("prism")) is None  # the sweep's lines set none
     # the sweep's QAS variant and `--set qas.NAME=X` reach prism lines only
     overrides = (("cold_deadline_ms", 500.0),)

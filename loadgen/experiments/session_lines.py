@@ -39,6 +39,10 @@ the real stack's settings both come from it.
                                it, SGLang's LRU eviction instead of DART's order;
                                prism+sessions+returns+backlog+host: the backlog rule
                                with it
+    prism+sessions+known+host  a bound, twin only: prism+sessions+returns+host with
+                               the true return times in place of the predicted ones
+                               (rank and time-to-live); /ttl3600: kept up to the
+                               longest time-to-live DART takes, not 60 s
 
 The KV pool is each run's own (a fraction of the live sessions' unique KV), so it is no
 part of a line.
@@ -48,7 +52,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loadgen.stack.lines import Line
+from loadgen.stack.lines import KNOWN_RETURNS, Line
+from prism_wire import MAX_RETAIN_TTL_S
 
 # T-LRU's budget: a conversation keeps only what holds its next prefill within this
 # many uncached tokens (SGLang's `threshold`), its next prompt estimated at the median
@@ -59,6 +64,7 @@ NATIVE = Line("sglang-lru")
 OFF = {"detect": False, "retain": False}
 ON = {"detect": True, "retain": True}
 RETURNS = {**ON, "session_rank": "predicted"}
+KNOWN = {**ON, "session_rank": KNOWN_RETURNS}
 AT_CALL = {**RETURNS, "session_retain_from": "call"}
 PRISM = Line("prism", policy="prism", eviction="dart", qas="full", **OFF)
 PRECEDENCE = (("continuation_share", 0.5),)
@@ -190,6 +196,16 @@ LINES = _named(
         hicache=True,
         session_overrides=(("ttl_quantile", 0.99),),
         **RETURNS,
+    ),
+    # the twin's bound on retention: each paused session ranked and timed by when it
+    # will really be back (no proxy knows that)
+    replace(PRISM, label="prism+sessions+known+host", hicache=True, **KNOWN),
+    replace(
+        PRISM,
+        label="prism+sessions+known+host/ttl3600",
+        hicache=True,
+        session_overrides=(("max_ttl_s", MAX_RETAIN_TTL_S),),
+        **KNOWN,
     ),
 )
 

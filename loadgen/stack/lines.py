@@ -66,6 +66,9 @@ SESSION_TIMES = {
     for field in fields(ProxyConfig)
     if field.name.startswith("session_") and field.name.endswith("_s")
 }
+# The session rank that knows each paused session's true return time: a bound the twin
+# alone can run (it knows when each tool will have run), no proxy's rank.
+KNOWN_RETURNS = "known"
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,9 @@ class Line:
     times in modeled ms); `prefill_batch` fixes B (None: the proxy's own rule).
 
     The session features: `detect` continuations and `retain` paused sessions in DART,
-    ranked by `session_rank`, retention asked from `session_retain_from` (None: the
-    session table's defaults), with `session_overrides` on top (the table's parameters
+    ranked by `session_rank` (`KNOWN_RETURNS`: by the true return times, in the twin
+    only), retention asked from `session_retain_from` (None: the session table's
+    defaults), with `session_overrides` on top (the table's parameters
     by name, such as `ttl_quantile`; times in modeled seconds). `detect` and `retain`
     None: not set, so the proxy keeps its default and the twin runs without them (the
     sweep's lines, whose traces have no sessions). `hicache` turns SGLang's hierarchical
@@ -218,9 +222,12 @@ def line_proxy_settings(
     given, divided by `speed`, so that a deadline of 2 s or a paused session's longest
     time-to-live of 60 s means that much of the engine's time, as in the twin.
     ValueError for session features the proxy cannot set (it detects and retains
-    together, by `sessions`; a table parameter without a `session_` setting)."""
+    together, by `sessions`; a table parameter without a `session_` setting; the
+    `KNOWN_RETURNS` rank)."""
     if line.policy is None:
         raise ValueError(f"line {line.label!r} has no proxy")
+    if line.session_rank == KNOWN_RETURNS:
+        raise ValueError(f"line {line.label!r} knows return times: the twin's bound, no proxy's")
     prism = line.pushes_priorities
     settings: dict[str, Any] = {"policy": line.policy, "qas": line.qas or (qas if prism else None)}
     if line.detect is not None or line.retain is not None:

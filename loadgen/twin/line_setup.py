@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadgen.stack.lines import Line, Pairs, line_qas
+from loadgen.stack.lines import KNOWN_RETURNS, Line, Pairs, line_qas
 from loadgen.twin.session_twin import SessionFeatures
 from loadgen.twin.twin import TwinSetup
 from prism_proxy.admission.sessions import SessionParams as TableParams
@@ -37,13 +37,17 @@ def twin_setup(
 
 def session_features(line: Line) -> SessionFeatures | None:
     """The proxy's session features on `line` in the twin (None: the line sets none);
-    the session table's rank and retention start where the line names them."""
+    the session table's rank and retention start where the line names them (the
+    `KNOWN_RETURNS` rank: the table ranks and times by its return model, which knows)."""
     if line.detect is None and line.retain is None:
         return None
-    table = {"rank": line.session_rank, "retain_from": line.session_retain_from}
+    known = line.session_rank == KNOWN_RETURNS
+    rank = "predicted" if known else line.session_rank
+    table = {"rank": rank, "retain_from": line.session_retain_from}
     table |= dict(line.session_overrides)
     return SessionFeatures(
         detect=bool(line.detect),
         retain=bool(line.retain),
         params=TableParams(**{key: value for key, value in table.items() if value is not None}),
+        known_returns=known,
     )

@@ -24,11 +24,15 @@ session's path (applied inline, as the twin applies P̂_t); with `retain_from` "
 when the stream shows the tool call (a hop after the answer's `EngineCall.name_tokens`th
 token, its name's last). When a continuation arrives, it releases it. Without a policy it
 is native SGLang: the chat rendered and sent at once.
+
+With `SessionFeatures.known_returns` the table ranks and times paused sessions by their
+true return delays (`KnownReturns`): how much a perfect predictor would be worth.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -46,6 +50,7 @@ from loadgen.twin.twin import Twin, TwinSetup, _Tracked
 from loadgen.workloads.session_trace import Session, SessionTrace
 from loadgen.workloads.trace_format import Trace, TraceHeader, TraceRequest
 from prism_proxy.admission.reprefill import Continuation, Pause, reprefill_tokens
+from prism_proxy.admission.returns import Fit, ReturnModel
 from prism_proxy.admission.sessions import SessionParams, SessionTable
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.prompts.plan import Forward, plan_chat
@@ -91,6 +96,24 @@ class SessionFeatures:
     detect: bool = False
     retain: bool = False
     params: SessionParams = field(default_factory=SessionParams)
+    known_returns: bool = False  # the table's return model knows (`KnownReturns`)
+
+
+class KnownReturns(ReturnModel):
+    """A bound, not a predictor: the return model of a table that knows when each
+    paused session will be back (the twin knows how long each tool runs). Told the
+    pausing session's true delay before the table asks, it answers that delay for the
+    median and, with `margin_s` for the hop, for every quantile (the time-to-live), so
+    the table keeps paused sessions in the order they will be back, each for as long as
+    it will be away, within the table's own bounds."""
+
+    def __init__(self, margin_s: float = 0.05) -> None:
+        super().__init__()
+        self.margin_s = margin_s
+        self.delay_s = 0.0  # the delay of the session the table is told of next
+
+    def fit(self, head: str, tool: str) -> Fit:
+        return Fit(math.log(self.delay_s + self.margin_s), 1e-9, 1, "tool")
 
 
 def tool_call_message(session: Session, number: int, engine_call: EngineCall) -> dict[str, Any]:
@@ -144,6 +167,9 @@ class SessionTwin(Twin):
         self.fmt = content_format(tokenizer.chat_template)
         self.shared = shared_tokens(trace, tokenizer)
         self.table = SessionTable(self.features.params) if self.features.detect else None
+        self.known: KnownReturns | None = None
+        if self.table is not None and self.features.known_returns:
+            self.known = self.table.returns = KnownReturns()
         dart = getattr(self.engine.extension, "core", None)
         self.retainer = dart if self.features.retain and self.core is not None else None
         if self.context is not None:  # the session features cut a chat at its last message
@@ -244,9 +270,21 @@ class SessionTwin(Twin):
             call.named_s = self.now  # the stream shows the call (with the end at the latest)
             if table is not None:
                 tools = (engine_call.call.name,)
-                self._send(lambda: self._retain(table.calling(sim.rid, self.now, tools)))
+                self._send(lambda: self._calling(sim.rid, call, tools))
         if sim.finished:
             self._send(lambda: self._answered(sim))
+
+    def _calling(self, rid: str, call: _Call, tools: tuple[str, ...]) -> None:
+        """The stream shows `call`'s tool call: the table hears of it (`calling`)."""
+        assert self.table is not None
+        self._tell_known(call)
+        self._retain(self.table.calling(rid, self.now, tools))
+
+    def _tell_known(self, call: _Call) -> None:
+        """With `KnownReturns`, tell it how long `call`'s tool will run (the session is
+        back that long after its answer reaches the client)."""
+        if self.known is not None and call.number < len(call.session.steps):
+            self.known.delay_s = call.session.steps[call.number].duration_s
 
     def _submit(self, tracked: _Tracked, sim: SimRequest) -> None:
         super()._submit(tracked, sim)
@@ -279,6 +317,7 @@ class SessionTwin(Twin):
             self._account(call, sim)
         if self.table is not None:
             tools = (call.engine_call.call.name,) if call.engine_call else ()
+            self._tell_known(call)
             self._retain(self.table.finish(sim.rid, step, self.now, tools))
             self.table.expire(self.now)
         if not step:

@@ -159,6 +159,23 @@ def test_a_ttl_shorter_than_the_tools_makes_histories_expire(tokenizer) -> None:
     assert counts[Cause.EXPIRED] > 0
 
 
+def test_a_table_that_knows_the_return_times_lets_no_history_expire(tokenizer) -> None:
+    """The known-returns bound (`KnownReturns`): each pause is kept as long as its tool
+    will run, so none outlives its retention, where the learned model's 0.9 quantile
+    leaves some to expire; and its paused sessions rank by when they will be back."""
+    params = TableParams(rank="predicted", max_ttl_s=3600.0)
+    learned = run(tokenizer, DART, replace(RETAIN, params=params))
+    assert by_cause(learned)[Cause.EXPIRED] > 0
+    known = run(tokenizer, DART, replace(RETAIN, params=params, known_returns=True))
+    assert by_cause(known)[Cause.EXPIRED] == 0 and known.table is not None
+    assert known.table.returns is known.known
+    assert known.table.continued == learned.table.continued > 0  # type: ignore[union-attr]
+    for delay in (0.01, 2.0, 300.0):
+        known.known.delay_s = delay  # type: ignore[union-attr]
+        assert known.table.returns.predict("head", "tool") == pytest.approx(delay + 0.05)
+        assert known.table.ttl("head", "tool") == pytest.approx(max(0.5, delay + 0.05))
+
+
 def test_a_small_retention_cap_leaves_retained_histories_over_it(tokenizer) -> None:
     """R_t may hold a tenth of the pool, less than one history: the other entries rank
     with unretained segments. With the whole pool, only the paused histories beyond it

@@ -42,7 +42,8 @@ the real stack's settings both come from it.
     prism+sessions+known+host  a bound, twin only: prism+sessions+returns+host with
                                the true return times in place of the predicted ones
                                (rank and time-to-live); /ttl3600: kept up to the
-                               longest time-to-live DART takes, not 60 s
+                               longest time-to-live DART takes, not 60 s; /ratio4:
+                               on the host pool of 4 × the device pool
 
 The KV pool is each run's own (a fraction of the live sessions' unique KV), so it is no
 part of a line.
@@ -204,6 +205,17 @@ LINES = _named(
         PRISM,
         label="prism+sessions+known+host/ttl3600",
         hicache=True,
+        session_overrides=(("max_ttl_s", MAX_RETAIN_TTL_S),),
+        **KNOWN,
+    ),
+    replace(
+        PRISM, label="prism+sessions+known+host/ratio4", hicache=True, hicache_ratio=4.0, **KNOWN
+    ),
+    replace(
+        PRISM,
+        label="prism+sessions+known+host/ratio4/ttl3600",
+        hicache=True,
+        hicache_ratio=4.0,
         session_overrides=(("max_ttl_s", MAX_RETAIN_TTL_S),),
         **KNOWN,
     ),

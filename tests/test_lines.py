@@ -43,7 +43,7 @@ SESSION_NAMES = (
     "sglang-lru+host/ratio4", "prism+sessions+returns+host/ratio4",
     "prism+sessions+returns+host/ttl300", "prism+sessions+returns+host/ratio4/q99",
     "prism+sessions+returns+host/q99",
-    "prism+sessions+known+host", "prism+sessions+known+host/ttl3600",
+    "prism+sessions+known", "prism+sessions+known+host", "prism+sessions+known+host/ttl3600",
     "prism+sessions+known+host/ratio4", "prism+sessions+known+host/ratio4/ttl3600",
 )  # fmt: skip
 REAL_NAMES = (

@@ -41,7 +41,8 @@ the real stack's settings both come from it.
                                with it
     prism+sessions+known+host  a bound, twin only: prism+sessions+returns+host with
                                the true return times in place of the predicted ones
-                               (rank and time-to-live); /ttl3600: kept up to the
+                               (rank and time-to-live); prism+sessions+known: without
+                               the host tier; /ttl3600: kept up to the
                                longest time-to-live DART takes, not 60 s; /ratio4:
                                on the host pool of 4 × the device pool
 
@@ -200,6 +201,7 @@ LINES = _named(
     ),
     # the twin's bound on retention: each paused session ranked and timed by when it
     # will really be back (no proxy knows that)
+    replace(PRISM, label="prism+sessions+known", **KNOWN),
     replace(PRISM, label="prism+sessions+known+host", hicache=True, **KNOWN),
     replace(
         PRISM,

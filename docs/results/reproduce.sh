@@ -451,6 +451,20 @@ agent_step_call() {
       $out/twin/host-order-rates/seed{0..4} $out/twin/host-more-rates/seed{0..4} \
       --line $line $without > $out/twin/host-more-rates/over-seeds-${line//\//-}.md
   done
+  # the known-returns bound (the twin's table told each paused session's true return
+  # delay): on the 2x host pool, the 4x one and no host tier, each beside its lines
+  session_points $out/twin/host-known \
+    sglang-lru+host,prism+sessions+returns+host,prism+sessions+known+host,prism+sessions+known+host/ttl3600
+  local ratio4=sglang-lru+host/ratio4,prism+sessions+returns+host/ratio4
+  ratio4=$ratio4,prism+sessions+known+host/ratio4,prism+sessions+known+host/ratio4/ttl3600
+  for seed in 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
+    prism-loadgen sessions --out $out/twin/host-known-ratio4/seed$seed --seed $seed --rate 0.5 \
+      $trace --lines $ratio4
+  done
+  for seed in 0 1 2 3 4; do
+    prism-loadgen sessions --out $out/twin/main-point-known/seed$seed --seed $seed --rate 0.5 \
+      $trace --lines sglang-lru,prism+sessions+returns,prism+sessions+known
+  done
   # the host lines on the real stack with DART's host order and the session times in the
   # engine's time, and prism+sessions again (~8 min, a machine running nothing else)
   prism-loadgen sessions --real 4 --out $out/real/seed1-host-order --seed 1 --rate 0.5 \

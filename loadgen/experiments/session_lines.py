@@ -42,9 +42,9 @@ the real stack's settings both come from it.
     prism+sessions+known+host  a bound, twin only: prism+sessions+returns+host with
                                the true return times in place of the predicted ones
                                (rank and time-to-live); prism+sessions+known: without
-                               the host tier; /ttl3600: kept up to the
-                               longest time-to-live DART takes, not 60 s; /ratio4:
-                               on the host pool of 4 × the device pool
+                               the host tier; /ttl3600: kept up to the longest
+                               time-to-live DART takes, not 60 s; /ratio4: on a host
+                               pool of 4 × the device pool
 
 The KV pool is each run's own (a fraction of the live sessions' unique KV), so it is no
 part of a line.

@@ -102,8 +102,8 @@ class SessionFeatures:
 class KnownReturns(ReturnModel):
     """A bound, not a predictor: the return model of a table that knows when each
     paused session will be back (the twin knows how long each tool runs). Told the
-    pausing session's true delay before the table asks, it answers that delay for the
-    median and, with `margin_s` for the hop, for every quantile (the time-to-live), so
+    pausing session's true delay before the table asks, it answers that delay (and
+    `margin_s` of slack) for the median and for every quantile (the time-to-live), so
     the table keeps paused sessions in the order they will be back, each for as long as
     it will be away, within the table's own bounds."""
 

@@ -471,9 +471,11 @@ agent_step_call() {
     $trace --lines sglang-lru+host,prism+sessions+returns+host
   prism-loadgen sessions --real 4 --out $out/real/seed1-session-times --seed 1 --rate 0.5 \
     $trace --lines prism+sessions --save-calls
-  # the same host lines at real time (~20 min, a machine running nothing else)
-  prism-loadgen sessions --real 1 --out $out/real/speed1/seed1-host-order --seed 1 \
-    --rate 0.5 $trace --lines sglang-lru+host,prism+sessions+returns+host
+  # the same host lines at real time (~20 min a seed, a machine running nothing else)
+  for seed in 1 0; do
+    prism-loadgen sessions --real 1 --out $out/real/speed1/seed$seed-host-order --seed $seed \
+      --rate 0.5 $trace --lines sglang-lru+host,prism+sessions+returns+host
+  done
   # the slowest calls of the seeds not loaded at the main point (the records stay in runs/)
   for seed in 0 2 3 4 5 6 7 8 9 11 13 14; do
     prism-loadgen sessions --out runs/agent-tail/seed$seed --seed $seed --rate 0.5 $trace \

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -26,7 +26,8 @@ ENTRY_OVERHEAD = 104
 
 
 class ByteLRU(Generic[K, V]):
-    """`get`, `put` and `get_or_make`, least recently used evicted first."""
+    """`get`, `put` and `get_or_make` (and `get_many`, `put_many`: many keys under one
+    lock), least recently used evicted first."""
 
     def __init__(self, capacity_bytes: int, size_of: Callable[[K, V], int]) -> None:
         if capacity_bytes < 1:
@@ -51,21 +52,45 @@ class ByteLRU(Generic[K, V]):
             self.hits += 1
             return found[0]
 
+    def get_many(self, keys: Sequence[K]) -> list[V | None]:
+        """`get` of each key in turn (None where missing), under one lock."""
+        found: list[V | None] = []
+        with self._lock:
+            items = self._items
+            for key in keys:
+                entry = items.get(key)
+                if entry is None:
+                    self.misses += 1
+                    found.append(None)
+                else:
+                    items.move_to_end(key)
+                    self.hits += 1
+                    found.append(entry[0])
+        return found
+
     def put(self, key: K, value: V) -> None:
         """Keep `value` under `key`, evicting the least recently used entries to stay
         within the capacity; a value larger than the capacity is not kept."""
-        size = self._size_of(key, value) + ENTRY_OVERHEAD
-        if size > self.capacity_bytes:
-            return
+        self.put_many(((key, value),))
+
+    def put_many(self, entries: Iterable[tuple[K, V]]) -> None:
+        """`put` of each (key, value) in turn, under one lock."""
+        sized = [
+            (key, value, size)
+            for key, value in entries
+            if (size := self._size_of(key, value) + ENTRY_OVERHEAD) <= self.capacity_bytes
+        ]
         with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._items[key] = (value, size)
-            self._bytes += size
-            while self._bytes > self.capacity_bytes:
-                _, (_, evicted) = self._items.popitem(last=False)
-                self._bytes -= evicted
+            items = self._items
+            for key, value, size in sized:
+                old = items.pop(key, None)
+                if old is not None:
+                    self._bytes -= old[1]
+                items[key] = (value, size)
+                self._bytes += size
+                while self._bytes > self.capacity_bytes:
+                    _, (_, evicted) = items.popitem(last=False)
+                    self._bytes -= evicted
 
     def get_or_make(self, key: K, make: Callable[[], V]) -> V:
         """The cached value of `key`, else `make()` (outside the lock) kept and returned."""

@@ -8,7 +8,8 @@ import pytest
 
 from prism_proxy.api.hints import PrismHint
 from prism_proxy.api.segments import SegmentedPrompt
-from prism_proxy.prompts.jobs import PromptError, hinted_job, private_job
+from prism_proxy.prompts.jobs import PromptError, private_job
+from prism_proxy.prompts.plan import hinted_job
 from prism_proxy.prompts.serializer import Serializer
 from prism_tokens.tokenizer import load_tokenizer
 from prism_wire import Anchor, AnchorKind

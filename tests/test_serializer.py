@@ -22,6 +22,7 @@ from prism_proxy.prompts.serializer import (
     Serializer,
     prefix_key_of,
 )
+from prism_tokens.byte_lru import ByteLRU
 from prism_tokens.tokenizer import ChatTemplateError, Tokenizer, load_model_dir, load_tokenizer
 from prism_wire import Anchor, AnchorKind
 
@@ -303,6 +304,36 @@ def test_segment_cache_is_an_lru_bounded_in_bytes(tokenizers: dict[str, Tokenize
     assert (info["hits"], info["misses"]) == (1, 4)
     with pytest.raises(ValueError, match="capacity_bytes"):
         Serializer(tokenizers["builtin"], segment_cache_bytes=0)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from("abcdefgh"), max_size=6),
+            st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(1, 40)), max_size=4),
+        ),
+        max_size=12,
+    ),
+    capacity=st.integers(150, 600),
+)
+def test_many_keys_at_once_are_the_same_as_one_at_a_time(
+    steps: list[tuple[list[str], list[tuple[str, int]]]], capacity: int
+) -> None:
+    """`get_many` and `put_many` (the serializer's one lookup per prompt) keep, evict and
+    count exactly as `get` and `put` of the same keys in turn."""
+
+    def size_of(key: str, value: int) -> int:
+        return value
+
+    many: ByteLRU[str, int] = ByteLRU(capacity, size_of)
+    single: ByteLRU[str, int] = ByteLRU(capacity, size_of)
+    for keys, entries in steps:
+        assert many.get_many(keys) == [single.get(key) for key in keys]
+        many.put_many(entries)
+        for key, value in entries:
+            single.put(key, value)
+        assert many.stats() == single.stats()
+        assert list(many._items.items()) == list(single._items.items())
 
 
 def test_the_caches_count_the_memory_they_really_hold(tokenizers: dict[str, Tokenizer]) -> None:

@@ -28,7 +28,8 @@ from typing import Any
 
 from loadgen.workloads.trace_format import TraceRequest
 from prism_proxy.api.hints import PrismHint
-from prism_proxy.prompts.jobs import TokenJob, hinted_job
+from prism_proxy.prompts.jobs import TokenJob
+from prism_proxy.prompts.plan import hinted_job
 from prism_proxy.prompts.serializer import Serializer
 
 API_NAMES = ("prism", "openai", "sglang", "native")

@@ -2,7 +2,9 @@
 hints are segmented by the proxy").
 
 `extract(text)` returns the message cut into a preamble, documents and a suffix, or None
-when no layout fits. It never changes the text: for every layout but `numbered`,
+when no layout fits; `find_documents` makes what it finds a `SegmentedPrompt` (each
+document's id from its text, what may move decided by the layout or the client's
+evidence). It never changes the text: for every layout but `numbered`,
 
     preamble + "".join(documents) + suffix == text
 
@@ -79,10 +81,14 @@ Whitespace is Python's (`str.isspace`); lines end at "\n".
 from __future__ import annotations
 
 import bisect
+import hashlib
 import re
 from collections.abc import Collection, Sequence
 from itertools import pairwise
 
+from pydantic import ValidationError
+
+from prism_proxy.api.segments import Segment, SegmentedPrompt
 from prism_proxy.prompts.document_spans import (
     MAX_MARKUP_PER_DOCUMENT,
     Extraction,
@@ -93,6 +99,7 @@ from prism_proxy.prompts.document_spans import (
     texts_between,
     through_blank_lines,
 )
+from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
 from prism_proxy.prompts.numbered_layout import find_numbered
 
 ALL_LAYOUTS = ("xml", "dashed", "numbered", "markdown", "blank")
@@ -322,3 +329,92 @@ _FINDERS: dict[str, Finder] = {
     "markdown": _markdown,
     "blank": _blank,
 }
+
+
+def document_id(text: str) -> str:
+    """A found document's segment id: derived from its text (the same document in any
+    request, at any position, under any label, has the same id), in a namespace no
+    client's segment id can enter (NUL first)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    return "\x00doc:" + digest
+
+
+def find_documents(
+    text: str,
+    *,
+    system: str | None,
+    layouts: Collection[str],
+    reorder: bool,
+    evidence: BlockEvidence | ScopedEvidence,
+    user: str | None = None,
+) -> SegmentedPrompt | None:
+    """The documents in one message's (or one prompt's) `text` as a `SegmentedPrompt`
+    (its `layout` the one they were found in), or None when none are found (the request
+    then goes as one private piece).
+    `text` is the user message after `system`, or, with `user`, the system message
+    before the user message `user`.
+
+    The text inside each document is never changed: served in the client's order, the
+    prompt reads exactly as the client wrote it. Documents may move where their
+    boundaries are justified: by the layout itself (tags, numbered labels, headers),
+    or, for blocks split at blank lines, by evidence across the client's requests
+    (`prompts.evidence`): blocks move only as units, runs the evidence never saw apart
+    (`glued`), so a document of several blocks is never split; leading units that only
+    ever opened the list stay in front (`pinned`), trailing ones that only ever closed
+    it at the end (`fixed`). A numbered layout's
+    labels follow the positions served ("[1] " is always the first document the model
+    reads), so the same document under another number is the same segment. Documents
+    joined by one separator keep it between them as a `joiner`, so a document's tokens
+    do not depend on where it lands.
+    """
+    if not layouts:
+        return None
+    found = extract(text, layouts)
+    if found is None:
+        return None
+    if user is not None:
+        # In the system message no question follows the documents: its last block is
+        # one of them (LangChain's RAG tutorial: the instruction, then the documents).
+        found = found.with_no_question()
+    documents, joiner, suffix = list(found.documents), None, found.suffix
+    trailing = [d[len(d.rstrip()) :] for d in documents]
+    if len(set(trailing[:-1])) <= 1:
+        # One separator between documents (the last's goes to the suffix): a joiner
+        # tokenized on its own, so each document's tokens are the same at any position.
+        joiner = trailing[0] if len(documents) > 1 else ""
+        documents = [d.rstrip() for d in documents]
+        suffix = trailing[-1] + suffix
+    ids = [document_id(document.rstrip()) for document in documents]
+    if len(set(ids)) != len(ids):
+        return None  # a document repeated within the request: nothing to gain, and ambiguous
+    fixed: list[str] = []
+    pinned: list[str] = []
+    glued: frozenset[str] = frozenset()
+    if not found.certain:
+        judged = evidence.judge(found.documents)
+        glued = frozenset(i for i, g in zip(ids, judged.glued, strict=True) if g)
+        lead, tail = judged.in_place()
+        pinned = ids[:lead]
+        fixed = pinned + ids[tail:]
+    try:
+        prompt = SegmentedPrompt(
+            system=system,
+            preamble=found.preamble,
+            # ids of the proxy's own making, in the namespace clients' ids are refused
+            segments=[
+                Segment.model_construct(id=i, text=d) for i, d in zip(ids, documents, strict=True)
+            ],
+            suffix=suffix,
+            separator="",
+            joiner=joiner,
+            label_format=found.label_format,
+            reorder=reorder,
+            fixed=frozenset(fixed),
+            pinned=frozenset(pinned),
+            glued=glued,
+            user=user,
+            layout=found.layout,
+        )
+    except ValidationError:
+        return None  # beyond the limits of a segmented prompt: served as one piece
+    return prompt

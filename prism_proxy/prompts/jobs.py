@@ -1,28 +1,21 @@
-"""From a client request to what QAS queues and what the backend receives (SPEC §1, §4).
+"""What QAS queues and what the backend receives, for a request on the token path (SPEC
+§1, §4).
 
-A `TokenJob` is a request on the token path: the skeleton QAS schedules (segment ids,
-reorder flag, head and segment token lengths, prefix key) and `build(order)`, which
-serializes the prompt in the order QAS released it and returns the `/generate` prompt
-fields plus the anchors. Hinted requests go through the serializer, and so do requests
-without hints whose text holds documents in a known layout (`find_documents`, SPEC §1:
-"Requests without hints are segmented by the proxy"); the others are one private piece
-(cold lane).
+A `TokenJob` is the skeleton QAS schedules (segment ids, reorder flag, head and segment
+token lengths, prefix key) and `build(order)`, which serializes the prompt in the order
+QAS released it and returns the `/generate` prompt fields plus the anchors. A segmented
+prompt (hinted, or documents found in its text: `prompts.plan`) becomes one with
+`segmented_job`; any other prompt is one private piece (`private_job`, cold lane), and a
+chat's turns one of `prompts.conversation`.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
-from prism_proxy.api.hints import PrismHint
-from prism_proxy.api.messages import ChatMessage
-from prism_proxy.api.segments import Segment, SegmentedPrompt, format_validation_error
-from prism_proxy.prompts.evidence import BlockEvidence, ScopedEvidence
-from prism_proxy.prompts.extraction import extract
+from prism_proxy.api.segments import SegmentedPrompt
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.qas.types import QueuedRequest
 from prism_wire import Anchor, AnchorKind, make_kv_hints
@@ -116,16 +109,6 @@ class TokenJob:
         )
 
 
-def message_text(message: ChatMessage) -> str:
-    """A message's text (content parts of type `text` joined)."""
-    content = message.content
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.text or "" for part in content)
-
-
 def segmented_job(serializer: Serializer, prompt: SegmentedPrompt, *, chat: bool) -> TokenJob:
     """QAS gets the token lengths from the serializer's caches; the prompt is serialized
     once, at release, in the order QAS chose."""
@@ -174,152 +157,9 @@ def private_job(
     return TokenJob((), False, "", 0, None, lambda _order: dispatch, origin=origin)
 
 
-def hinted_prompt(hint: PrismHint, *, system: str | None, suffix: str | None) -> SegmentedPrompt:
-    """The `SegmentedPrompt` of a hint; `system`/`suffix` fill what the hint omits."""
-    suffix = hint.suffix if hint.suffix is not None else suffix
-    if suffix is None:
-        raise PromptError("prism.suffix", "missing, and the request has no prompt to use")
-    data = {
-        "system": hint.system if hint.system is not None else system,
-        "segments": [{"id": s.id, "text": s.text} for s in hint.segments],
-        "suffix": suffix,
-        "reorder": hint.reorder,
-    }
-    try:
-        return SegmentedPrompt.model_validate(data)
-    except ValidationError as exc:
-        path, _, message = format_validation_error(exc).partition(": ")
-        raise PromptError(f"prism.{path}", message) from None
-
-
-def hinted_job(
-    serializer: Serializer,
-    hint: PrismHint,
-    *,
-    system: str | None,
-    suffix: str | None,
-    chat: bool,
-) -> TokenJob:
-    """The token job of a hinted request; `chat` is the endpoint's default, used when
-    the hint does not set `chat` itself."""
-    prompt = hinted_prompt(hint, system=system, suffix=suffix)
-    return segmented_job(serializer, prompt, chat=chat if hint.chat is None else hint.chat)
-
-
-def chat_defaults(messages: Sequence[ChatMessage]) -> tuple[str | None, str | None]:
-    """(system, suffix): the first system/developer message and the last user message."""
-    system = next((message_text(m) for m in messages if m.role in ("system", "developer")), None)
-    suffix = next((message_text(m) for m in reversed(messages) if m.role == "user"), None)
-    return system, suffix
-
-
 def found_outcome(prompt: SegmentedPrompt) -> str:
     """`found` when QAS may move the documents found in a prompt (at least two units,
     or one among fixed ones), else `found-ordered`."""
     units = sum(1 for s in prompt.segments if s.id not in prompt.fixed and s.id not in prompt.glued)
     movable = units > 1 or (units == 1 and bool(prompt.fixed))
     return "found" if prompt.reorder and movable else "found-ordered"
-
-
-def document_id(text: str) -> str:
-    """A found document's segment id: derived from its text (the same document in any
-    request, at any position, under any label, has the same id), in a namespace no
-    client's segment id can enter (NUL first)."""
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
-    return "\x00doc:" + digest
-
-
-def find_documents(
-    text: str,
-    *,
-    system: str | None,
-    layouts: Collection[str],
-    reorder: bool,
-    evidence: BlockEvidence | ScopedEvidence,
-    user: str | None = None,
-) -> SegmentedPrompt | None:
-    """The documents in one message's (or one prompt's) `text` as a `SegmentedPrompt`
-    (its `layout` the one they were found in), or None when none are found (the request
-    then goes as one private piece).
-    `text` is the user message after `system`, or, with `user`, the system message
-    before the user message `user`.
-
-    The text inside each document is never changed: served in the client's order, the
-    prompt reads exactly as the client wrote it. Documents may move where their
-    boundaries are justified: by the layout itself (tags, numbered labels, headers),
-    or, for blocks split at blank lines, by evidence across the client's requests
-    (`prompts.evidence`): blocks move only as units, runs the evidence never saw apart
-    (`glued`), so a document of several blocks is never split; leading units that only
-    ever opened the list stay in front (`pinned`), trailing ones that only ever closed
-    it at the end (`fixed`). A numbered layout's
-    labels follow the positions served ("[1] " is always the first document the model
-    reads), so the same document under another number is the same segment. Documents
-    joined by one separator keep it between them as a `joiner`, so a document's tokens
-    do not depend on where it lands.
-    """
-    if not layouts:
-        return None
-    found = extract(text, layouts)
-    if found is None:
-        return None
-    if user is not None:
-        # In the system message no question follows the documents: its last block is
-        # one of them (LangChain's RAG tutorial: the instruction, then the documents).
-        found = found.with_no_question()
-    documents, joiner, suffix = list(found.documents), None, found.suffix
-    trailing = [d[len(d.rstrip()) :] for d in documents]
-    if len(set(trailing[:-1])) <= 1:
-        # One separator between documents (the last's goes to the suffix): a joiner
-        # tokenized on its own, so each document's tokens are the same at any position.
-        joiner = trailing[0] if len(documents) > 1 else ""
-        documents = [d.rstrip() for d in documents]
-        suffix = trailing[-1] + suffix
-    ids = [document_id(document.rstrip()) for document in documents]
-    if len(set(ids)) != len(ids):
-        return None  # a document repeated within the request: nothing to gain, and ambiguous
-    fixed: list[str] = []
-    pinned: list[str] = []
-    glued: frozenset[str] = frozenset()
-    if not found.certain:
-        judged = evidence.judge(found.documents)
-        glued = frozenset(i for i, g in zip(ids, judged.glued, strict=True) if g)
-        lead, tail = judged.in_place()
-        pinned = ids[:lead]
-        fixed = pinned + ids[tail:]
-    try:
-        prompt = SegmentedPrompt(
-            system=system,
-            preamble=found.preamble,
-            # ids of the proxy's own making, in the namespace clients' ids are refused
-            segments=[
-                Segment.model_construct(id=i, text=d) for i, d in zip(ids, documents, strict=True)
-            ],
-            suffix=suffix,
-            separator="",
-            joiner=joiner,
-            label_format=found.label_format,
-            reorder=reorder,
-            fixed=frozenset(fixed),
-            pinned=frozenset(pinned),
-            glued=glued,
-            user=user,
-            layout=found.layout,
-        )
-    except ValidationError:
-        return None  # beyond the limits of a segmented prompt: served as one piece
-    return prompt
-
-
-def single_turn(messages: Sequence[ChatMessage]) -> tuple[str | None, str] | None:
-    """(system, user text) of a chat of at most one system message then one user
-    message, all text; None for other chats (they go as one private piece)."""
-    if not messages or messages[-1].role != "user":
-        return None
-    system = None
-    if len(messages) == 2 and messages[0].role in ("system", "developer"):
-        system = message_text(messages[0])
-    elif len(messages) != 1:
-        return None
-    if not all(m.is_text() for m in messages):
-        return None
-    return system, message_text(messages[-1])

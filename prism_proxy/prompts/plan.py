@@ -22,22 +22,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from prism_proxy.api.chat import ChatCompletionRequest
 from prism_proxy.api.completions import CompletionRequest
 from prism_proxy.api.generate import GenerateRequest
-from prism_proxy.api.segments import SegmentedPrompt
+from prism_proxy.api.hints import PrismHint
+from prism_proxy.api.messages import ChatMessage
+from prism_proxy.api.segments import SegmentedPrompt, format_validation_error
 from prism_proxy.prompts.conversation import find_turns, turns_job
 from prism_proxy.prompts.evidence import ScopedEvidence
-from prism_proxy.prompts.jobs import (
-    PromptError,
-    TokenJob,
-    chat_defaults,
-    find_documents,
-    hinted_prompt,
-    message_text,
-    private_job,
-    segmented_job,
-)
+from prism_proxy.prompts.extraction import find_documents
+from prism_proxy.prompts.jobs import PromptError, TokenJob, private_job, segmented_job
 from prism_proxy.prompts.serializer import Serializer
 from prism_proxy.prompts.tool_results import ToolResults, arrange_tool_messages
 from prism_tokens.chat import NotRenderable, content_format, template_messages, template_tools
@@ -98,6 +94,55 @@ class Forward:
 
 # A request's plan: the token path with its job, or the engine's own endpoint.
 Plan = TokenJob | Forward
+
+
+def message_text(message: ChatMessage) -> str:
+    """A message's text (content parts of type `text` joined)."""
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text or "" for part in content)
+
+
+def hinted_prompt(hint: PrismHint, *, system: str | None, suffix: str | None) -> SegmentedPrompt:
+    """The `SegmentedPrompt` of a hint; `system`/`suffix` fill what the hint omits."""
+    suffix = hint.suffix if hint.suffix is not None else suffix
+    if suffix is None:
+        raise PromptError("prism.suffix", "missing, and the request has no prompt to use")
+    data = {
+        "system": hint.system if hint.system is not None else system,
+        "segments": [{"id": s.id, "text": s.text} for s in hint.segments],
+        "suffix": suffix,
+        "reorder": hint.reorder,
+    }
+    try:
+        return SegmentedPrompt.model_validate(data)
+    except ValidationError as exc:
+        path, _, message = format_validation_error(exc).partition(": ")
+        raise PromptError(f"prism.{path}", message) from None
+
+
+def hinted_job(
+    serializer: Serializer,
+    hint: PrismHint,
+    *,
+    system: str | None,
+    suffix: str | None,
+    chat: bool,
+) -> TokenJob:
+    """The token job of a hinted request; `chat` is the endpoint's default, used when
+    the hint does not set `chat` itself."""
+    prompt = hinted_prompt(hint, system=system, suffix=suffix)
+    return segmented_job(serializer, prompt, chat=chat if hint.chat is None else hint.chat)
+
+
+def chat_defaults(messages: Sequence[ChatMessage]) -> tuple[str | None, str | None]:
+    """(system, suffix): the first system/developer message and the last user message."""
+    system = next((message_text(m) for m in messages if m.role in ("system", "developer")), None)
+    suffix = next((message_text(m) for m in reversed(messages) if m.role == "user"), None)
+    return system, suffix
 
 
 def hinted(body: TokenPathBody) -> SegmentedPrompt | None:

@@ -133,26 +133,52 @@ class Serializer:
         """Token ids of one segment's piece (its text and separator), from the (id,
         content hash) cache. A changed text under the same id is a different key, so it
         is never served stale."""
-        piece = text + separator
-        key = (segment_id, _content_hash(piece))
-        return self._segments.get_or_make(key, lambda: array("I", self.tokenizer.encode(piece)))
+        return self._pieces([(segment_id, text + separator)])[0]
 
-    def label_ids(self, label: str) -> array[int]:
-        """Token ids of a position label ("[2] ") or a joiner ("\n\n"), tokenized on its
-        own (cached)."""
-        if not label:
-            return array("I")
-        return self.segment_ids(_LABEL, label, "")
+    def _pieces(self, pieces: Sequence[tuple[str, str]]) -> list[array[int]]:
+        """Token ids of each (segment id, piece text), each piece tokenized on its own:
+        looked up in the cache in one pass (one lock for a whole prompt), the pieces it
+        lacks tokenized and kept. An empty position label is no piece (no lookup)."""
+        keys = [(i, _content_hash(text)) for i, text in pieces if text or i != _LABEL]
+        cached = iter(self._segments.get_many(keys))
+        made: dict[_SegmentKey, array[int]] = {}
+        found: list[array[int]] = []
+        for segment_id, text in pieces:
+            if not text and segment_id == _LABEL:
+                found.append(array("I"))
+                continue
+            ids = next(cached)
+            if ids is None:
+                key = (segment_id, _content_hash(text))
+                ids = made.get(key)
+                if ids is None:
+                    ids = made[key] = array("I", self.tokenizer.encode(text))
+            found.append(ids)
+        if made:
+            self._segments.put_many(made.items())
+        return found
+
+    def _placed(
+        self, prompt: SegmentedPrompt, order: Sequence[str]
+    ) -> list[tuple[array[int], array[int], array[int]]]:
+        """For each segment of `order`: the ids of what precedes it (the joiner, after
+        the first; its position's label) and of its own piece."""
+        by_id = {s.id: s for s in prompt.segments}
+        pieces: list[tuple[str, str]] = []
+        for position, segment_id in enumerate(order, 1):
+            pieces.append((_LABEL, (prompt.joiner or "") if position > 1 else ""))
+            pieces.append((_LABEL, prompt.label(position)))
+            pieces.append((segment_id, by_id[segment_id].text + prompt.separator))
+        ids = self._pieces(pieces)
+        return [(ids[n], ids[n + 1], ids[n + 2]) for n in range(0, len(ids), 3)]
 
     def skeleton_lengths(self, prompt: SegmentedPrompt) -> dict[str, int]:
         """Token count of each segment (request order; its label at its place in the
         request's own order), before choosing an order."""
-        joiner = len(self.label_ids(prompt.joiner)) if prompt.joiner else 0
+        placed = self._placed(prompt, prompt.segment_ids)
         return {
-            s.id: len(self.segment_ids(s.id, s.text, prompt.separator))
-            + len(self.label_ids(prompt.label(position)))
-            + (joiner if position > 1 else 0)
-            for position, s in enumerate(prompt.segments, 1)
+            segment_id: len(joiner) + len(label) + len(piece)
+            for segment_id, (joiner, label, piece) in zip(prompt.segment_ids, placed, strict=True)
         }
 
     def head_tokens(
@@ -237,7 +263,6 @@ class Serializer:
         request's segment ids chosen by the scheduler; default: request order)."""
         chosen = tuple(prompt.segment_ids) if order is None else self._check_order(prompt, order)
         frame = self._frame(prompt.system, chat, prompt.preamble, prompt.user is not None)
-        by_id = {s.id: s for s in prompt.segments}
         input_ids = list(frame.head_ids)
         anchors: list[Anchor] = []
         if input_ids:
@@ -245,12 +270,13 @@ class Serializer:
             # the demand the proxy pushes for it, never by its kind
             anchors.append(Anchor(AnchorKind.SYSTEM, frame.prefix_key, len(input_ids)))
         segment_tokens: dict[str, int] = {}
-        for position, segment_id in enumerate(chosen, 1):
+        for segment_id, (joiner, label, piece) in zip(
+            chosen, self._placed(prompt, chosen), strict=True
+        ):
             start = len(input_ids)
-            if prompt.joiner and position > 1:
-                input_ids.extend(self.label_ids(prompt.joiner))
-            input_ids.extend(self.label_ids(prompt.label(position)))
-            input_ids.extend(self.segment_ids(segment_id, by_id[segment_id].text, prompt.separator))
+            input_ids.extend(joiner)
+            input_ids.extend(label)
+            input_ids.extend(piece)
             segment_tokens[segment_id] = len(input_ids) - start
             if len(input_ids) > start:
                 anchors.append(Anchor(AnchorKind.SEGMENT, segment_id, len(input_ids)))

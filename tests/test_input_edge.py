@@ -107,6 +107,7 @@ async def test_prompt_over_the_limit_is_413_and_nothing_is_queued(sim_url) -> No
             ("/v1/chat/completions", {**ok, "tools": [tool]}),
             ("/v1/completions", {"prompt": ["x" * 600, "y" * 600], "max_tokens": 2}),
             ("/generate", {"input_ids": [[1] * 600, [2] * 600]}),
+            ("/v1/responses", {"model": "m", "input": "x" * 1001, "stream": True}),
         ]:
             async with http.post(proxy.url + path, json=body) as response:
                 assert response.status == 413, (path, await response.text())

@@ -11,11 +11,12 @@ from typing import Any
 from aiohttp import web
 
 from prism_proxy.api.chat import ChatCompletionRequest
+from prism_proxy.api.costs import PromptSize
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import new_rid
 from prism_proxy.edge.errors import ENDPOINT
 from prism_proxy.edge.gateway import Gateway
-from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
+from prism_proxy.edge.intake import DecodeShare, read_body
 from prism_proxy.edge.openai_format import ChatFormat, answer_format
 from prism_proxy.edge.prompt_origin import forward, make_plan, plan_context
 from prism_proxy.edge.structured import GrammarShare
@@ -25,18 +26,20 @@ from prism_proxy.prompts.plan import Forward, plan_chat
 
 async def chat_completions(request: web.Request, gateway: Gateway) -> web.StreamResponse:
     request[ENDPOINT] = "chat"
-    body, raw = await read_body(request, gateway, ChatCompletionRequest)
-    return await serve_chat(request, gateway, body, raw)
+    body, raw, size = await read_body(request, gateway, ChatCompletionRequest)
+    return await serve_chat(request, gateway, body, raw, size)
 
 
 async def serve_chat(
-    request: web.Request, gateway: Gateway, body: ChatCompletionRequest, raw: dict[str, Any]
+    request: web.Request,
+    gateway: Gateway,
+    body: ChatCompletionRequest,
+    raw: dict[str, Any],
+    size: PromptSize,
 ) -> web.StreamResponse:
-    """A checked chat request (`raw` its body as validated), from its size check to its
-    answer, within its decode and grammar shares. The caller's `accounts.client_key`
-    is computed once here and carried."""
-    size = body.prompt_size()
-    check_prompt_size(gateway.config, size)
+    """A checked chat request (`raw` its body as validated, `size` its prompt's, checked),
+    to its answer, within its decode and grammar shares. The caller's
+    `accounts.client_key` is computed once here and carried."""
     client = client_key(request)
     group = body.prompt_cache_key or ""
     # the shares' block here rather than `serve_one_prompt`'s: one file less on the

@@ -26,7 +26,7 @@ from prism_proxy.backend.errors import BackendError
 from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure, json_answer
 from prism_proxy.edge.gateway import Gateway, with_gateway
-from prism_proxy.edge.intake import check_prompt_size, read_body
+from prism_proxy.edge.intake import read_body
 from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES
 
@@ -35,8 +35,7 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 
 async def embeddings(request: web.Request, gateway: Gateway) -> web.StreamResponse:
     request[ENDPOINT] = "embeddings"
-    body, raw = await read_body(request, gateway, EmbeddingRequest)
-    check_prompt_size(gateway.config, body.prompt_size())
+    body, raw, _ = await read_body(request, gateway, EmbeddingRequest)
     # a batch's rid would be a list of the engine's own: one rid names one input
     forwarded = body.forwarded(raw)
     client = client_key(request)
@@ -72,15 +71,13 @@ async def _forward(gateway: Gateway, path: str, body: dict[str, Any]) -> web.Res
 
 async def tokenize(request: web.Request, gateway: Gateway) -> web.Response:
     request[ENDPOINT] = "tokenize"
-    body, raw = await read_body(request, gateway, TokenizeRequest)
-    check_prompt_size(gateway.config, body.prompt_size())
+    body, raw, _ = await read_body(request, gateway, TokenizeRequest)
     return await _forward(gateway, "/v1/tokenize", body.forwarded(raw))
 
 
 async def detokenize(request: web.Request, gateway: Gateway) -> web.Response:
     request[ENDPOINT] = "detokenize"
-    body, raw = await read_body(request, gateway, DetokenizeRequest)
-    check_prompt_size(gateway.config, body.prompt_size())
+    body, raw, _ = await read_body(request, gateway, DetokenizeRequest)
     return await _forward(gateway, "/v1/detokenize", body.forwarded(raw))
 
 

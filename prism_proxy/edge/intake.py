@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -43,13 +43,30 @@ def body_caps(config: ProxyConfig) -> Caps:
     return Caps(config.max_messages, config.max_segments, config.max_prompt_chars)
 
 
+class SizedBody(Protocol):
+    """A body whose prompt has a size (every body `read_body` reads)."""
+
+    def prompt_size(self) -> PromptSize: ...
+
+
 async def read_body(
     request: web.Request, gateway: Gateway, model: type[M]
-) -> tuple[M, dict[str, Any]]:
-    """Parse and validate the JSON body: 413 over the limits, 400 naming the bad field.
-    Costly bodies are judged off the event loop first (`prism_proxy.edge.bodies`)."""
+) -> tuple[M, dict[str, Any], PromptSize]:
+    """Parse and validate the JSON body and check its prompt's size (`sized_body`): 413
+    over the limits, 400 naming the bad field. Costly bodies are judged off the event
+    loop first (`prism_proxy.edge.bodies`). `model` must be a `SizedBody`."""
     raw = await read_raw(request, gateway)
-    return await checked_body(gateway, model, raw), raw
+    body, size = await sized_body(gateway, model, raw)
+    return body, raw, size
+
+
+async def sized_body(gateway: Gateway, model: type[M], raw: dict[str, Any]) -> tuple[M, PromptSize]:
+    """`checked_body`, and the size of its prompt, checked (`check_prompt_size`): no body
+    is served before its size is."""
+    body = await checked_body(gateway, model, raw)
+    size = cast(SizedBody, body).prompt_size()
+    check_prompt_size(gateway.config, size)
+    return body, size
 
 
 async def read_raw(request: web.Request, gateway: Gateway) -> dict[str, Any]:

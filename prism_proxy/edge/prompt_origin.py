@@ -21,7 +21,7 @@ from prism_proxy.edge.accounts import client_key
 from prism_proxy.edge.admit import off_loop, prompt_error
 from prism_proxy.edge.errors import ENDPOINT, ApiError, backend_failure
 from prism_proxy.edge.gateway import Gateway
-from prism_proxy.edge.intake import DecodeShare, check_prompt_size, read_body
+from prism_proxy.edge.intake import DecodeShare, read_body
 from prism_proxy.edge.passthrough import passthrough
 from prism_proxy.edge.structured import GrammarShare
 from prism_proxy.metrics import ProxyMetrics
@@ -183,9 +183,7 @@ async def serve_one_prompt(
     request's decode and grammar shares (`DecodeShare`, `GrammarShare`); `client`: the
     caller's `accounts.client_key`, computed once here."""
     request[ENDPOINT] = endpoint
-    body, raw = await read_body(request, gateway, model)
-    size = body.prompt_size()
-    check_prompt_size(gateway.config, size)
+    body, raw, size = await read_body(request, gateway, model)
     client = client_key(request)
     async with (
         DecodeShare(request, gateway, client, body.decode_ask(), stream=body.stream),

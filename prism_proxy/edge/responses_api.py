@@ -27,7 +27,7 @@ from prism_proxy.edge.admit import new_rid
 from prism_proxy.edge.chat import serve_chat
 from prism_proxy.edge.errors import ENDPOINT, ApiError, json_answer
 from prism_proxy.edge.gateway import Gateway, with_gateway
-from prism_proxy.edge.intake import checked_body, engine_size, read_raw
+from prism_proxy.edge.intake import checked_body, engine_size, read_raw, sized_body
 from prism_proxy.edge.limits import answer_bytes
 from prism_proxy.edge.openai_format import json_bytes
 from prism_proxy.edge.relay import OFFLOAD_ANSWER_BYTES, REWRITER
@@ -116,10 +116,10 @@ async def responses(request: web.Request, gateway: Gateway) -> web.StreamRespons
     if body.stream:
         request[REWRITER] = ChatToResponses(ResponseEvents(body, ids))
     try:
-        chat = await checked_body(gateway, ChatCompletionRequest, chat_raw)
+        chat, size = await sized_body(gateway, ChatCompletionRequest, chat_raw)
         if body.stream:
             _check_held_answer(gateway, chat)
-        answer = await serve_chat(request, gateway, chat, chat_raw)
+        answer = await serve_chat(request, gateway, chat, chat_raw, size)
     except ApiError as exc:
         raise _renamed(exc) from None
     chat_answer = answer.body if isinstance(answer, web.Response) else None

@@ -139,17 +139,19 @@ class Serializer:
         """Token ids of each (segment id, piece text), each piece tokenized on its own:
         looked up in the cache in one pass (one lock for a whole prompt), the pieces it
         lacks tokenized and kept. An empty position label is no piece (no lookup)."""
-        keys = [(i, _content_hash(text)) for i, text in pieces if text or i != _LABEL]
-        cached = iter(self._segments.get_many(keys))
+        keys = [
+            (segment_id, _content_hash(text)) if text or segment_id != _LABEL else None
+            for segment_id, text in pieces
+        ]
+        cached = iter(self._segments.get_many([key for key in keys if key is not None]))
         made: dict[_SegmentKey, array[int]] = {}
         found: list[array[int]] = []
-        for segment_id, text in pieces:
-            if not text and segment_id == _LABEL:
+        for (_, text), key in zip(pieces, keys, strict=True):
+            if key is None:
                 found.append(array("I"))
                 continue
             ids = next(cached)
             if ids is None:
-                key = (segment_id, _content_hash(text))
                 ids = made.get(key)
                 if ids is None:
                     ids = made[key] = array("I", self.tokenizer.encode(text))

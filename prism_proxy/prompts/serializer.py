@@ -137,24 +137,24 @@ class Serializer:
 
     def _pieces(self, pieces: Sequence[tuple[str, str]]) -> list[array[int]]:
         """Token ids of each (segment id, piece text), each piece tokenized on its own:
-        looked up in the cache in one pass (one lock for a whole prompt), the pieces it
-        lacks tokenized and kept. An empty position label is no piece (no lookup)."""
+        the prompt's distinct pieces looked up in the cache in one pass (one lock for a
+        whole prompt), those it lacks tokenized once and kept. An empty position label
+        is no piece (no lookup)."""
         keys = [
             (segment_id, _content_hash(text)) if text or segment_id != _LABEL else None
             for segment_id, text in pieces
         ]
-        cached = iter(self._segments.get_many([key for key in keys if key is not None]))
+        distinct = list(dict.fromkeys(key for key in keys if key is not None))
+        known = dict(zip(distinct, self._segments.get_many(distinct), strict=True))
         made: dict[_SegmentKey, array[int]] = {}
         found: list[array[int]] = []
         for (_, text), key in zip(pieces, keys, strict=True):
             if key is None:
                 found.append(array("I"))
                 continue
-            ids = next(cached)
+            ids = known[key]
             if ids is None:
-                ids = made.get(key)
-                if ids is None:
-                    ids = made[key] = array("I", self.tokenizer.encode(text))
+                ids = known[key] = made[key] = array("I", self.tokenizer.encode(text))
             found.append(ids)
         if made:
             self._segments.put_many(made.items())
